@@ -1,0 +1,3 @@
+from gpuopt_tui.cli import main
+
+raise SystemExit(main())

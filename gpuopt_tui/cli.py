@@ -1,0 +1,107 @@
+"""The `gpuopt-tui` command: the TUI without a subcommand, headless subcommands otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+from gpuopt_tui import __version__
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.paths import log_dir
+
+COMMAND_MODULES = ("run", "runs", "show", "attach", "cancel", "resume", "profiles", "gpu", "plan", "cache")
+
+SSH_HINT = "Over SSH colours may fall back to 256: set TEXTUAL_COLOR_SYSTEM=truecolor if your terminal supports it."
+
+
+def _commands() -> list[ModuleType]:
+    found = []
+    for name in COMMAND_MODULES:
+        try:
+            found.append(importlib.import_module(f"gpuopt_tui.commands.{name}"))
+        except ModuleNotFoundError as e:
+            if e.name != f"gpuopt_tui.commands.{name}":
+                raise
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuopt-tui",
+        description=(
+            "Fast GPU interpretability runs (Integrated Gradients, TracIn, layer probing), a live GPU panel "
+            "and a memory planner. Without a subcommand the terminal UI starts."
+        ),
+        epilog=SSH_HINT,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuopt-tui {__version__}")
+    parser.add_argument(
+        "--runs-dir", type=Path, help="where runs are kept (default: the user data dir; env GPUOPT_TUI_RUNS_DIR)"
+    )
+    parser.add_argument("--no-mouse", action="store_true", help="TUI: ignore the mouse (useful over some SSH clients)")
+    parser.add_argument(
+        "--replay", type=Path, metavar="TRACE", help="TUI: show a recorded GPU trace instead of live NVML"
+    )
+    parser.add_argument("--readonly", action="store_true", help="TUI: never signal processes from the GPU screen")
+    parser.add_argument(
+        "--screen", help="TUI: screen to open first (dashboard, attribution, tracin, ablation, planner, runs, gpu)"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _commands():
+        sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.configure(sub)
+        sub.set_defaults(handler=module.run)
+    return parser
+
+
+def _crash_log(exc: BaseException) -> Path | None:
+    try:
+        directory = log_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "gpuopt-tui.log"
+        with path.open("a", encoding="utf-8") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} gpuopt-tui {__version__} {' '.join(sys.argv)}\n")
+            f.write("".join(traceback.format_exception(exc)))
+        return path
+    except OSError:
+        return None
+
+
+def run_tui(args: argparse.Namespace) -> int:
+    from gpuopt_tui.app import make_app
+
+    app = make_app(replay=args.replay, readonly=args.readonly, screen=args.screen)
+    app.run(mouse=not args.no_mouse)
+    return app.return_code or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.runs_dir:
+        os.environ["GPUOPT_TUI_RUNS_DIR"] = str(args.runs_dir.expanduser().resolve())
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        handler = getattr(args, "handler", None)
+        return handler(args) if handler else run_tui(args)
+    except UserError as e:
+        print(f"gpuopt-tui: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        path = _crash_log(e)
+        where = f"; details in {path}" if path else ""
+        print(f"gpuopt-tui: internal error: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

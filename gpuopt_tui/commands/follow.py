@@ -1,0 +1,125 @@
+"""Following a run from the terminal: rich progress with rate, ETA and GPU memory, until it ends."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.format import human_bytes, human_duration
+from gpuopt_tui.core.runs import RunWatcher, cancel_run, log_tail
+
+POLL_S = 0.25
+console = Console(stderr=True, highlight=False)
+
+
+def _stats(event: dict[str, Any]) -> str:
+    parts = []
+    unit = event.get("unit", "items")
+    if event.get("rate"):
+        parts.append(f"{event['rate']:.1f} {unit}/s")
+    if event.get("eta") is not None:
+        parts.append(f"ETA {human_duration(event['eta'])}")
+    if event.get("gpu_reserved"):
+        parts.append(f"GPU {human_bytes(event['gpu_reserved'])} (peak {human_bytes(event.get('gpu_peak', 0))})")
+    return "  ".join(parts)
+
+
+def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
+    """Print how a run ended; returns the CLI exit code for it."""
+    kind = event["type"]
+    if kind == "finished":
+        console.print(f"[green]finished[/] {run_dir.name}")
+        for key, value in (event.get("summary") or {}).items():
+            if not isinstance(value, (dict, list)):
+                console.print(f"  {key}: {value}")
+        console.print(f"  results: {run_dir / 'results'}")
+        return 0
+    if kind == "cancelled":
+        console.print(f"[yellow]cancelled[/] {run_dir.name}: {event.get('message', '')}")
+        console.print(f"  resume with: gpuopt-tui resume {run_dir.name}")
+        return 130
+    console.print(f"[red]failed[/] {run_dir.name}: {event.get('message', '')}")
+    tail = log_tail(run_dir, 15)
+    if tail:
+        console.print("  last lines of log.txt:")
+        for line in tail:
+            console.print(f"    {line}", markup=False)
+    return 1
+
+
+def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
+    """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach)."""
+    tail = EventTail(run_dir / "events.jsonl")
+    watcher = RunWatcher(run_dir.parent)
+    interrupted = False
+    attempt_seen = False
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        if interrupted or not cancel_on_interrupt:
+            raise KeyboardInterrupt
+        interrupted = True
+        console.print("[yellow]cancelling: the run stops after its current chunk (Ctrl-C again to kill it)[/]")
+        try:
+            cancel_run(run_dir)
+        except Exception as e:  # the run may have just ended by itself
+            console.print(f"  {e}")
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        transient=False,
+    )
+    task = progress.add_task(run_dir.name, total=None, stats="starting…")
+    try:
+        with progress:
+            while True:
+                for event in tail.read():
+                    etype = event["type"]
+                    if etype == "started":
+                        attempt_seen = True
+                        progress.update(task, stats=f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
+                    elif etype == "progress":
+                        label = event.get("stage") or run_dir.name
+                        progress.update(
+                            task,
+                            description=label,
+                            completed=event.get("done", 0),
+                            total=event.get("total"),
+                            stats=_stats(event),
+                        )
+                    elif etype in ("log", "warning"):
+                        style = "yellow" if etype == "warning" else "dim"
+                        progress.console.print(f"[{style}]{event.get('message', '')}[/]", markup=True)
+                    elif etype in TERMINAL_TYPES and attempt_seen:
+                        progress.stop()
+                        code = print_outcome(run_dir, event)
+                        return 130 if interrupted and code == 130 else (1 if code == 130 else code)
+                info = watcher.info(run_dir)
+                if info.status == "crashed":
+                    progress.stop()
+                    return print_outcome(run_dir, {"type": "failed", "message": info.message})
+                if info.status in TERMINAL_TYPES and not attempt_seen and tail.events:
+                    attempt_seen = True  # attached after the run ended: replay its outcome
+                time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        if cancel_on_interrupt:
+            cancel_run(run_dir, force=True)
+            console.print(f"[red]killed[/]: finished shards were kept; resume with gpuopt-tui resume {run_dir.name}")
+            return 130
+        console.print(f"detached; the run goes on. Re-attach with: gpuopt-tui attach {run_dir.name}")
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,68 @@
+"""`gpuopt-tui profiles`: list, show and validate profiles."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.io import find_profile, list_profiles, load_profile, profile_to_toml
+from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
+from gpuopt_tui.core.profiles.schema import describe
+
+NAME = "profiles"
+HELP = "list profiles, show one resolved, validate files, or list a kind's keys"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--show", metavar="PROFILE", help="print a profile with every default filled in")
+    group.add_argument("--validate", nargs="+", metavar="FILE", help="check profile files; exit 1 if any is invalid")
+    group.add_argument("--keys", choices=sorted(PROFILE_CLASSES), help="list every key of a run kind with its help")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --show: apply overrides first",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Console(highlight=False)
+    if args.show:
+        print(profile_to_toml(load_profile(find_profile(args.show), args.overrides)), end="")
+        return 0
+    if args.validate:
+        bad = 0
+        for name in args.validate:
+            try:
+                profile = load_profile(find_profile(name))
+                out.print(f"[green]ok[/] {name} ({profile.kind})")
+            except UserError as e:
+                bad += 1
+                out.print(f"[red]invalid[/] {e}", markup=True)
+        return 1 if bad else 0
+    if args.keys:
+        table = Table(box=None, header_style="bold")
+        for col in ("key", "type", "default", "help"):
+            table.add_column(col, overflow="fold")
+        for f in describe(PROFILE_CLASSES[args.keys]):
+            kind = f.type_name + (' | "auto"' if f.auto else "")
+            if f.choices:
+                kind = " | ".join(f.choices)
+            table.add_row(f.key, kind, repr(f.default), f.help)
+        out.print(table)
+        return 0
+    table = Table(box=None, header_style="bold")
+    for col in ("name", "kind", "where", "description"):
+        table.add_column(col, overflow="fold")
+    for e in list_profiles():
+        where = "shipped" if e.shipped else str(e.path)
+        desc = f"[red]{e.error}[/]" if e.error else e.description
+        table.add_row(e.name, e.kind, where, desc)
+    out.print(table)
+    return 0

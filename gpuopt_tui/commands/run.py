@@ -1,0 +1,39 @@
+"""`gpuopt-tui run PROFILE`: start a run in the background and follow it (or detach)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuopt_tui.commands.follow import console, follow
+from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.runs import start_run
+
+NAME = "run"
+HELP = "start a run from a profile (a .toml path or a profile name, see `gpuopt-tui profiles`)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profile", help="profile file or name, e.g. demo-attribution")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a profile value, e.g. --set attribution.n_steps=100 (repeatable)",
+    )
+    parser.add_argument("--detach", action="store_true", help="start the run and return at once")
+    parser.epilog = "Exit codes: 0 finished, 1 failed, 130 cancelled with Ctrl-C (the run stops cleanly)."
+
+
+def run(args: argparse.Namespace) -> int:
+    path = find_profile(args.profile)
+    profile = load_profile(path, args.overrides)
+    run_dir = start_run(profile, source=path)
+    console.print(f"started {run_dir.name}  ({profile.kind}: {profile.name})")
+    console.print(f"  run directory: {run_dir}")
+    if args.detach:
+        console.print(f"  follow it with: gpuopt-tui attach {run_dir.name}")
+        print(run_dir.name)
+        return 0
+    return follow(run_dir, cancel_on_interrupt=True)

@@ -1,0 +1,46 @@
+"""`gpuopt-tui show ID`: everything about one run: status, error, log tail, results."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from gpuopt_tui.core.format import human_time
+from gpuopt_tui.core.runs import RunWatcher, find_run, log_tail
+
+NAME = "show"
+HELP = "show one run: status, message, progress, the tail of its log and its result files"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="ID", help="run id or a unique prefix of it")
+    parser.add_argument("--lines", type=int, default=20, help="log lines to show")
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = find_run(args.run_id)
+    info = RunWatcher(run_dir.parent).info(run_dir)
+    out = Console(highlight=False)
+    out.print(f"[bold]{info.id}[/]  {info.kind}  '{info.name}'  status: [bold]{info.status}[/]")
+    out.print(f"  created {human_time(info.created)}   attempt {info.attempt}   pid {info.pid or '-'}")
+    out.print(f"  directory {info.dir}")
+    if info.message:
+        out.print(f"  message: {info.message}")
+    if info.progress:
+        out.print(
+            f"  progress: {info.progress.get('done')}/{info.progress.get('total')} {info.progress.get('unit', '')}"
+        )
+    if info.corrupt_lines:
+        out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in events.jsonl were skipped[/]")
+    results = sorted(p for p in (run_dir / "results").glob("*") if p.is_file())
+    if results:
+        out.print("  results:")
+        for p in results:
+            out.print(f"    {p}")
+    tail = log_tail(run_dir, args.lines)
+    if tail:
+        out.print(f"  last {len(tail)} lines of log.txt:")
+        for line in tail:
+            out.print(f"    {line}", markup=False)
+    return 0

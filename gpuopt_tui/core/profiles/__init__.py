@@ -1,0 +1,1 @@
+"""Experiment profiles: TOML files validated into typed objects, one schema per run kind."""

@@ -1,0 +1,216 @@
+"""Reading, overriding, finding and saving profile files.
+
+Profiles are TOML. Loading validates them into the kind's dataclass (`schema.build`); saving keeps the
+user's comments and layout (tomlkit) and replaces the file atomically.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
+from gpuopt_tui.core.profiles.common import ProfileBase
+from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
+from gpuopt_tui.core.profiles.schema import build, describe, to_plain
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """A profile file found on disk, with enough to list it (or the reason it cannot be used)."""
+
+    name: str
+    path: Path
+    kind: str
+    description: str
+    shipped: bool
+    error: str = ""
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(source, "", f"not valid TOML: {e}") from None
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the profile ({e})") from None
+
+
+def profile_class(data: Mapping[str, Any], source: str) -> type[ProfileBase]:
+    kind = data.get("kind")
+    if kind is None:
+        raise ProfileError(source, "kind", f"missing; expected one of: {', '.join(PROFILE_CLASSES)}")
+    if kind not in PROFILE_CLASSES:
+        close = difflib.get_close_matches(str(kind), list(PROFILE_CLASSES), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ProfileError(
+            source, "kind", f"unknown run kind {kind!r}{hint}; expected one of: {', '.join(PROFILE_CLASSES)}"
+        )
+    return PROFILE_CLASSES[kind]
+
+
+def profile_from_data(data: Mapping[str, Any], source: str) -> ProfileBase:
+    cls = profile_class(data, source)
+    body = {k: v for k, v in data.items() if k != "kind"}
+    profile = build(cls, body, source)
+    if not profile.name:
+        profile.name = Path(source).stem if source.endswith(".toml") else cls.kind
+    return profile
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key=value` -> (key, value), the value read as a TOML value (a bare word stays a string)."""
+    key, sep, raw = item.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key:
+        raise UserError(f"--set {item!r}: expected key=value, e.g. --set attribution.n_steps=100")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], items: Iterable[str], source: str = "--set") -> dict[str, Any]:
+    """Apply `--set` overrides to raw profile data. A key without a section is accepted when unambiguous."""
+    cls = profile_class(data, source)
+    keys = [f.key for f in describe(cls)]
+    for item in items:
+        key, value = parse_override(item)
+        if key not in keys and key != "kind":
+            matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
+            if len(matches) != 1:
+                close = difflib.get_close_matches(key, keys, n=3)
+                why = f"ambiguous ({', '.join(matches)})" if matches else "no such key"
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ProfileError(source, key, f"{why}{hint}")
+            key = matches[0]
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return data
+
+
+def load_profile(path: Path, overrides: Iterable[str] = ()) -> ProfileBase:
+    """Load, override and validate a profile file."""
+    source = str(path)
+    data = parse_toml(read_text(path), source)
+    overrides = list(overrides)
+    if overrides:
+        apply_overrides(data, overrides)
+    return profile_from_data(data, source)
+
+
+def profile_to_toml(profile: ProfileBase) -> str:
+    """A complete TOML text for a profile (the frozen copy kept in a run directory)."""
+    doc = tomlkit.document()
+    doc["kind"] = profile.kind
+    for key, value in to_plain(profile).items():
+        doc[key] = value
+    return tomlkit.dumps(doc)
+
+
+def _update(node: Any, values: Mapping[str, Any]) -> None:
+    """Set changed values in a tomlkit container in place, keeping comments and order."""
+    for key, value in values.items():
+        if isinstance(value, Mapping) and key in node and isinstance(node[key], Mapping):
+            _update(node[key], value)
+        elif key not in node or node[key] != value:
+            node[key] = value
+
+
+def save_profile(profile: ProfileBase, path: Path) -> None:
+    """Write `profile` to `path`; when the file exists its comments and layout are kept."""
+    try:
+        original = path.read_text(encoding="utf-8") if path.exists() else ""
+        doc = tomlkit.parse(original) if original else tomlkit.document()
+    except (OSError, tomlkit.exceptions.ParseError) as e:
+        raise UserError(f"{path}: cannot update the existing file ({e})") from None
+    values = {"kind": profile.kind, **to_plain(profile)}
+    _update(doc, values)
+    atomic_write_text(path, tomlkit.dumps(doc))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file so that it is either the old or the new content, never half of each."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write here ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"{path}: cannot write here ({e.strerror or e})") from None
+
+
+def profile_dirs() -> list[tuple[Path, bool]]:
+    """Directories searched for profiles by name: the user's first, then the shipped ones."""
+    return [(user_profiles_dir(), False), (shipped_profiles_dir(), True)]
+
+
+def find_profile(name_or_path: str) -> Path:
+    """A path as given, or a profile name looked up in the user's and the shipped profiles."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".toml" or os.sep in name_or_path:
+        if not path.exists():
+            raise UserError(f"{path}: no such profile file")
+        return path
+    for directory, _ in profile_dirs():
+        candidate = directory / f"{name_or_path}.toml"
+        if candidate.exists():
+            return candidate
+    names = sorted({e.name for e in list_profiles()})
+    close = difflib.get_close_matches(name_or_path, names, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise UserError(f"no profile named {name_or_path!r} (give a .toml path or one of: {', '.join(names)}).{hint}")
+
+
+def list_profiles() -> list[ProfileEntry]:
+    """Every profile in the user's and the shipped directories; broken files are listed with their error."""
+    entries: list[ProfileEntry] = []
+    seen: set[str] = set()
+    for directory, shipped in profile_dirs():
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*.toml")):
+            if path.stem in seen:
+                continue  # a user's profile shadows a shipped one of the same name
+            seen.add(path.stem)
+            try:
+                data = parse_toml(read_text(path), str(path))
+                kind = str(data.get("kind", "?"))
+                entries.append(ProfileEntry(path.stem, path, kind, str(data.get("description", "")), shipped))
+            except UserError as e:
+                entries.append(ProfileEntry(path.stem, path, "?", "", shipped, error=str(e)))
+    return entries

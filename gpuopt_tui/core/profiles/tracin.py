@@ -1,0 +1,57 @@
+"""Schema of a TracIn influence profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, RunSection
+from gpuopt_tui.core.profiles.schema import Failure, opt, section
+
+
+@dataclass
+class CheckpointSpec:
+    path: str = opt("", "State-dict file (.safetensors, or a torch file loaded with weights_only=True)")
+    lr: float = opt(1.0, "Learning rate in effect when this checkpoint was saved", min=0.0)
+
+
+@dataclass
+class TracInSection:
+    checkpoints: list[CheckpointSpec] = opt(
+        [], "Checkpoints with their learning rates (empty with the demo model = the demo's own)"
+    )
+    train_path: str = opt("", "Training examples (jsonl/csv, same fields as [data]); empty = demo train split")
+    n_train: int = opt(0, "Training examples to score (0 = all)", min=0)
+    n_test: int = opt(16, "Test examples to explain (0 = all)", min=0)
+    layers: str = opt(
+        "last",
+        "Parameters that count: all, last (the last n_last_layers modules), or names",
+        choices=("all", "last", "names"),
+    )
+    n_last_layers: int = opt(2, "How many final modules count when layers = last", min=1)
+    layer_names: list[str] = opt([], "Module names whose parameters count when layers = names")
+    projection_dim: int = opt(0, "Seeded random projection of gradients to this size (0 = exact)", min=0)
+    batch_size: int = opt(64, "Training examples per micro-batch (halved on out-of-memory)", min=1)
+    use_amp: bool = opt(True, "Mixed-precision forward on the GPU; scores always accumulate in fp32")
+    amp_dtype: str = opt("fp16", "Autocast dtype when use_amp is on", choices=("bf16", "fp16"))
+    gradient_checkpointing: bool = opt(False, "Recompute activations to save memory (slower)")
+    cleanup_every: int = opt(1000, "Free cached GPU memory every N examples (0 = never)", min=0)
+    top_k: int = opt(10, "Proponents and opponents kept per test example", min=1)
+    save_matrix_max: int = opt(50_000_000, "Save the full score matrix when it has at most this many entries", min=0)
+    filter_same_label: bool = opt(
+        False, "Score only training examples sharing the test example's label (batch filtering)"
+    )
+
+    def check(self, fail: Failure) -> None:
+        if self.layers == "names" and not self.layer_names:
+            fail("layer_names", "layers = names needs at least one module name")
+
+
+@dataclass
+class TracInProfile(ProfileBase):
+    kind: ClassVar[str] = "tracin"
+    title: ClassVar[str] = "TracIn training-data influence"
+    run: RunSection = section(RunSection, "How and where to run")
+    model: ModelSection = section(ModelSection, "The model whose checkpoints are scored")
+    data: DataSection = section(DataSection, "Test examples to explain")
+    tracin: TracInSection = section(TracInSection, "TracIn settings")

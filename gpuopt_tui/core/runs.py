@@ -1,0 +1,353 @@
+"""Runs: child processes that outlive the terminal, each with its own directory.
+
+A run directory holds `meta.json` (what was launched), `profile.toml` (the frozen profile), `pid.json`
+(the process of the current attempt), `events.jsonl`, `log.txt`, `results/` and `state/` (finished shards
+kept for resume). The status of a run is derived from its last lifecycle event and whether its process is
+alive, so any process (the TUI after a restart, `gpuopt-tui runs`) sees the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.paths import runs_dir
+from gpuopt_tui.core.profiles.common import ProfileBase
+from gpuopt_tui.core.profiles.io import atomic_write_text, load_profile, profile_to_toml
+
+ENGINE_MODULES = {
+    "attribution": "attribution/job.py",
+    "tracin": "tracin/job.py",
+    "ablation": "ablation/job.py",
+    "plan": "planjob.py",
+}
+LIFECYCLE = TERMINAL_TYPES | {"started"}
+ACTIVE = frozenset({"starting", "running"})
+RESUMABLE = frozenset({"cancelled", "failed", "crashed"})
+_children: dict[int, subprocess.Popen[bytes]] = {}  # processes this process started, reaped when polled
+
+
+def engine_available(kind: str) -> bool:
+    """Whether this installation has an engine for `kind` (checked without importing it, so no torch)."""
+    relative = ENGINE_MODULES.get(kind)
+    return bool(relative) and (Path(__file__).resolve().parents[1] / "jobs" / relative).is_file()
+
+
+# --- process liveness -----------------------------------------------------------------------------------------
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (Linux), None where /proc is not available."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state_and_rest = stat.rsplit(")", 1)[1].split()
+    if state_and_rest[0] in ("Z", "X"):
+        return -1  # a zombie: finished, waiting to be reaped
+    return int(state_and_rest[19])
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """True while the process lives; a recorded start time guards against a reused pid."""
+    child = _children.get(pid)
+    if child is not None and child.poll() is not None:
+        del _children[pid]
+        return False
+    current = _proc_start_time(pid)
+    if current == -1:
+        return False
+    if current is not None:
+        return start_time is None or current == start_time
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- run records ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunInfo:
+    """A run as listed: identity, status and its latest progress."""
+
+    id: str
+    dir: Path
+    kind: str
+    name: str
+    created: float
+    status: str  # starting, running, finished, failed, cancelled, crashed, missing
+    pid: int | None = None
+    attempt: int = 0
+    message: str = ""
+    progress: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    ended: float | None = None
+    corrupt_lines: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def fraction(self) -> float | None:
+        done, total = self.progress.get("done"), self.progress.get("total")
+        if isinstance(done, (int, float)) and isinstance(total, (int, float)) and total > 0:
+            return min(1.0, done / total)
+        return None
+
+
+class RunWatcher:
+    """Keeps an incremental reader per run so repeated refreshes read only new events."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or runs_dir()
+        self._tails: dict[str, EventTail] = {}
+        self._state: dict[str, dict[str, Any]] = {}
+
+    def run_dirs(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return sorted((p for p in self.root.iterdir() if (p / "meta.json").is_file()), reverse=True)
+
+    def refresh(self) -> list[RunInfo]:
+        """All runs, newest first."""
+        infos = [self.info(d) for d in self.run_dirs()]
+        live = {i.id for i in infos}
+        for gone in set(self._tails) - live:
+            self._tails.pop(gone, None)
+            self._state.pop(gone, None)
+        return infos
+
+    def info(self, run_dir: Path) -> RunInfo:
+        run_id = run_dir.name
+        try:
+            meta = json.loads((run_dir / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return RunInfo(run_id, run_dir, "?", run_id, 0.0, "missing", message="run directory is gone or unreadable")
+        tail = self._tails.setdefault(run_id, EventTail(run_dir / "events.jsonl"))
+        state = self._state.setdefault(run_id, {"last": None, "progress": {}, "attempt": 0, "summary": {}})
+        for event in tail.read():
+            etype = event["type"]
+            if etype == "progress":
+                state["progress"] = event
+            elif etype in LIFECYCLE:
+                state["last"] = event
+                if etype == "started":
+                    state["attempt"] = int(event.get("attempt", state["attempt"] + 1))
+                    state["progress"] = {}
+                elif etype == "finished":
+                    state["summary"] = event.get("summary") or {}
+        tail.events.clear()  # only the folded state is kept
+        info = RunInfo(
+            id=run_id,
+            dir=run_dir,
+            kind=str(meta.get("kind", "?")),
+            name=str(meta.get("name", run_id)),
+            created=float(meta.get("created", 0.0)),
+            status="starting",
+            attempt=state["attempt"],
+            progress=state["progress"],
+            summary=state["summary"],
+            corrupt_lines=tail.corrupt_lines,
+        )
+        pid_info = _read_json(run_dir / "pid.json")
+        info.pid = pid_info.get("pid")
+        alive = bool(info.pid) and pid_alive(int(info.pid), pid_info.get("start_time"))
+        last = state["last"]
+        if (
+            last is not None
+            and last["type"] in TERMINAL_TYPES
+            and not (alive and pid_info.get("attempt", 0) > state["attempt"])
+        ):
+            info.status = last["type"]
+            info.message = str(last.get("message", ""))
+            info.ended = last.get("t")
+        elif alive or (not pid_info and time.time() - info.created < 10):
+            info.status = "running" if last is not None else "starting"
+        else:
+            info.status = "crashed"
+            info.message = "the run's process ended without reporting why; see its log"
+        return info
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def find_run(run_id: str, root: Path | None = None) -> Path:
+    """A run directory by id or unique id prefix."""
+    root = root or runs_dir()
+    exact = root / run_id
+    if (exact / "meta.json").is_file():
+        return exact
+    matches = [p for p in RunWatcher(root).run_dirs() if p.name.startswith(run_id)] if run_id else []
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise UserError(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}")
+    raise UserError(f"no run {run_id!r} in {root} (see `gpuopt-tui runs`)")
+
+
+def log_tail(run_dir: Path, lines: int = 20) -> list[str]:
+    path = run_dir / "log.txt"
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+# --- creating, launching, cancelling, resuming ----------------------------------------------------------------
+
+_PATH_FIELD_NAMES = ("path", "config")
+
+
+def _absolute_paths(obj: Any, base: Path) -> None:
+    """Make relative file paths in a profile absolute, relative to the profile file's directory."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            _absolute_paths(value, base)
+        elif isinstance(value, list):
+            for item in value:
+                if is_dataclass(item):
+                    _absolute_paths(item, base)
+        elif (
+            isinstance(value, str)
+            and value
+            and (f.name in _PATH_FIELD_NAMES or f.name.endswith("_path"))
+            and not Path(value).expanduser().is_absolute()
+        ):
+            setattr(obj, f.name, str((base / Path(value).expanduser()).resolve()))
+        elif isinstance(value, str) and value.startswith("~"):
+            setattr(obj, f.name, str(Path(value).expanduser()))
+
+
+def create_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
+    """Make a run directory with the frozen profile; returns it. Does not start the process."""
+    if not engine_available(profile.kind):
+        raise UserError(f"the '{profile.kind}' run kind has no engine in this version of gpuopt-tui")
+    _absolute_paths(profile, source.parent.resolve() if source else Path.cwd())
+    root = root or runs_dir()
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.kind}-{secrets.token_hex(2)}"
+    run_dir = root / run_id
+    try:
+        run_dir.mkdir(parents=True)
+        for sub in ("results", "state"):
+            (run_dir / sub).mkdir()
+    except OSError as e:
+        raise UserError(
+            f"cannot create the run directory {run_dir} ({e.strerror or e}); "
+            "choose another with --runs-dir or GPUOPT_TUI_RUNS_DIR"
+        ) from None
+    meta = {
+        "id": run_id,
+        "kind": profile.kind,
+        "name": profile.name or profile.kind,
+        "created": time.time(),
+        "source": str(source) if source else "",
+    }
+    atomic_write_text(run_dir / "profile.toml", profile_to_toml(profile))
+    atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
+    return run_dir
+
+
+def launch(run_dir: Path) -> int:
+    """Start (or restart) the run's process in its own session; returns its pid."""
+    attempt = int(_read_json(run_dir / "pid.json").get("attempt", 0)) + 1
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    try:
+        with (run_dir / "log.txt").open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuopt_tui.jobs", str(run_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session: SIGHUP / Ctrl-C of the terminal do not reach it
+                cwd=run_dir,
+                env=env,
+            )
+    except OSError as e:
+        raise UserError(f"cannot start the run in {run_dir} ({e.strerror or e})") from None
+    _children[proc.pid] = proc
+    record = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid), "attempt": attempt}
+    atomic_write_text(run_dir / "pid.json", json.dumps(record))
+    return proc.pid
+
+
+def start_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
+    run_dir = create_run(profile, source, root)
+    launch(run_dir)
+    return run_dir
+
+
+def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
+    """Ask a running run to stop (SIGTERM to its process group); `force` kills it (SIGKILL)."""
+    info = RunWatcher(run_dir.parent).info(run_dir)
+    if not info.active or info.pid is None:
+        raise UserError(f"run {info.id} is not running (it is {info.status})")
+    try:
+        os.killpg(info.pid, signal.SIGKILL if force else signal.SIGTERM)
+    except ProcessLookupError:
+        raise UserError(f"run {info.id} has already stopped") from None
+    except PermissionError:
+        raise UserError(f"run {info.id} belongs to another user; cannot signal pid {info.pid}") from None
+    if force:
+        _append_event(run_dir, "cancelled", message="killed (SIGKILL); shards finished before were kept")
+    return info
+
+
+def resume_run(run_dir: Path) -> int:
+    """Restart a cancelled, failed or crashed run; its engine skips the shards already finished."""
+    info = RunWatcher(run_dir.parent).info(run_dir)
+    if info.status not in RESUMABLE:
+        raise UserError(f"run {info.id} is {info.status}; only cancelled, failed or crashed runs can be resumed")
+    load_profile(run_dir / "profile.toml")  # fail early and clearly if the frozen profile is unreadable
+    return launch(run_dir)
+
+
+def delete_run(run_dir: Path) -> None:
+    info = RunWatcher(run_dir.parent).info(run_dir)
+    if info.active:
+        raise UserError(f"run {info.id} is still running; cancel it first")
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _append_event(run_dir: Path, type: str, **fields: Any) -> None:
+    with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"t": round(time.time(), 3), "type": type, **fields}) + "\n")
+
+
+def wait_for(run_dir: Path, statuses: frozenset[str], timeout: float) -> RunInfo:
+    """Poll until the run reaches one of `statuses` or `timeout` seconds pass; returns the last info."""
+    watcher = RunWatcher(run_dir.parent)
+    deadline = time.monotonic() + timeout
+    while True:
+        info = watcher.info(run_dir)
+        if info.status in statuses or time.monotonic() > deadline:
+            return info
+        time.sleep(0.1)

@@ -1,0 +1,108 @@
+"""What an engine gets from the runner: events, cancellation, shards for resume, directories.
+
+Kept free of torch so that it can be imported and tested anywhere; the runner plugs in a callable that adds
+GPU memory figures to progress events.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuopt_tui.core.events import EventWriter
+
+
+class JobCancelled(Exception):
+    """Raised by `JobContext.check_cancelled` once a cancel request (SIGTERM) has arrived."""
+
+
+class JobContext:
+    def __init__(
+        self,
+        run_dir: Path,
+        events: EventWriter,
+        cache_dir: Path,
+        memory_fields: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.results_dir = run_dir / "results"
+        self.state_dir = run_dir / "state"
+        self.cache_dir = cache_dir
+        for d in (self.results_dir, self.state_dir, self.cache_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.events = events
+        self._memory_fields = memory_fields or dict
+        self._cancel = threading.Event()
+        self._rate_window: list[tuple[float, int]] = []
+
+    # -- cancellation -------------------------------------------------------------------------------------
+    def request_cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise JobCancelled
+
+    # -- events --------------------------------------------------------------------------------------------
+    def event(self, type: str, **fields: Any) -> None:
+        self.events.emit(type, **fields)
+
+    def log(self, message: str, level: str = "info") -> None:
+        print(f"[{level}] {message}", flush=True)
+        self.events.emit("log", level=level, message=message)
+
+    def warn(self, message: str) -> None:
+        print(f"[warning] {message}", flush=True)
+        self.events.emit("warning", message=message)
+
+    def metric(self, name: str, value: Any, **extra: Any) -> None:
+        self.events.emit("metric", name=name, value=value, **extra)
+
+    def artifact(self, path: Path, description: str) -> None:
+        rel = os.path.relpath(path, self.run_dir)
+        self.events.emit("artifact", path=rel, description=description)
+
+    def progress(self, done: int, total: int, *, unit: str = "samples", stage: str = "", **extra: Any) -> None:
+        """Report progress; throttled to a few events a second, the last step (done == total) always."""
+        now = time.monotonic()
+        window = self._rate_window
+        window.append((now, done))
+        while len(window) > 2 and now - window[0][0] > 30.0:  # rate over the last ~30 s
+            window.pop(0)
+        t0, d0 = window[0]
+        rate = (done - d0) / (now - t0) if now > t0 and done > d0 else None
+        eta = (total - done) / rate if rate else None
+        fields = {"done": done, "total": total, "unit": unit, "rate": rate, "eta": eta, **extra}
+        if stage:
+            fields["stage"] = stage
+        self.events.progress(force=done >= total, **fields, **self._memory_fields())
+
+    def reset_rate(self) -> None:
+        """Forget rate history, e.g. when a new stage with a different unit starts."""
+        self._rate_window.clear()
+
+    # -- shards (finished pieces of work kept for resume) ----------------------------------------------------
+    def shard_path(self, name: str) -> Path:
+        return self.state_dir / name
+
+    def shard_done(self, name: str) -> bool:
+        return self.shard_path(name).exists()
+
+    def finished_shards(self) -> list[str]:
+        return sorted(p.name for p in self.state_dir.iterdir() if not p.name.endswith(".tmp"))
+
+    def save_shard(self, name: str, write: Callable[[Path], None]) -> Path:
+        """Call `write(tmp_path)`, then move the file into place atomically: a shard exists whole or not at all."""
+        final = self.shard_path(name)
+        tmp = final.with_name(final.name + ".tmp")
+        write(tmp)
+        os.replace(tmp, final)
+        return final

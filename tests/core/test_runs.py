@@ -1,0 +1,137 @@
+"""Run directories and statuses, derived from events and process liveness."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
+from gpuopt_tui.core.runs import RunWatcher, cancel_run, create_run, find_run, pid_alive, resume_run
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "runs"
+    monkeypatch.setenv("GPUOPT_TUI_RUNS_DIR", str(root))
+    return root
+
+
+def make_run(runs_root: Path, **data: object) -> Path:
+    profile = profile_from_data({"kind": "attribution", **data}, "demo.toml")
+    return create_run(profile, source=runs_root.parent / "profiles" / "demo.toml", root=runs_root)
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def set_pid(run_dir: Path, proc: subprocess.Popen[bytes] | None, attempt: int = 1) -> None:
+    pid = proc.pid if proc else 999_999_999
+    (run_dir / "pid.json").write_text(json.dumps({"pid": pid, "start_time": None, "attempt": attempt}))
+
+
+def test_create_run_freezes_profile_with_absolute_paths(runs_root: Path) -> None:
+    run_dir = make_run(runs_root, data={"source": "jsonl", "path": "data/x.jsonl"})
+    frozen = load_profile(run_dir / "profile.toml")
+    assert frozen.data.path == str((runs_root.parent / "profiles" / "data" / "x.jsonl").resolve())
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["kind"] == "attribution" and meta["id"] == run_dir.name
+    assert (run_dir / "results").is_dir() and (run_dir / "state").is_dir()
+
+
+def test_status_follows_events_and_liveness(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    watcher = RunWatcher(runs_root)
+    proc = sleeper()
+    try:
+        set_pid(run_dir, proc)
+        assert watcher.info(run_dir).status == "starting"
+        events = EventWriter(run_dir / "events.jsonl")
+        events.emit("started", pid=proc.pid, attempt=1)
+        events.progress(force=True, done=3, total=10, rate=1.5, eta=4.0)
+        info = watcher.info(run_dir)
+        assert (info.status, info.progress["done"], info.fraction) == ("running", 3, 0.3)
+        events.emit("failed", message="CUDA out of memory at batch 4")
+        info = watcher.info(run_dir)
+        assert (info.status, info.message) == ("failed", "CUDA out of memory at batch 4")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_dead_process_without_final_event_is_crashed(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    EventWriter(run_dir / "events.jsonl").emit("started", pid=1, attempt=1)
+    set_pid(run_dir, None)
+    info = RunWatcher(runs_root).info(run_dir)
+    assert info.status == "crashed" and "log" in info.message
+
+
+def test_deleted_and_corrupt_runs_are_reported_not_raised(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    (run_dir / "events.jsonl").write_bytes(b'{"t": 1, "type": "started", "attempt": 1}\n\x00\xff garbage\n{"t": 2, "ty')
+    set_pid(run_dir, None)
+    watcher = RunWatcher(runs_root)
+    info = watcher.info(run_dir)
+    assert info.corrupt_lines == 1 and info.status == "crashed"
+    (run_dir / "meta.json").unlink()
+    assert watcher.info(run_dir).status == "missing"
+    assert watcher.refresh() == []
+
+
+def test_cancel_signals_the_process_group(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    proc = sleeper()
+    set_pid(run_dir, proc)
+    EventWriter(run_dir / "events.jsonl").emit("started", pid=proc.pid, attempt=1)
+    cancel_run(run_dir)
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+    with pytest.raises(UserError, match="not running"):
+        cancel_run(run_dir)
+
+
+def test_resume_only_stopped_runs(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    EventWriter(run_dir / "events.jsonl").emit("finished", summary={})
+    set_pid(run_dir, None)
+    with pytest.raises(UserError, match="only cancelled, failed or crashed"):
+        resume_run(run_dir)
+
+
+def test_find_run_by_prefix(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    assert find_run(run_dir.name[:-2], runs_root) == run_dir
+    with pytest.raises(UserError, match="no run"):
+        find_run("nope", runs_root)
+
+
+def test_unwritable_runs_dir_is_a_clear_error(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        blocked = tmp_path / "file-not-dir"
+        blocked.write_text("")  # root ignores permissions; a file in the way fails for everyone
+        root = blocked / "runs"
+    else:
+        root = tmp_path / "ro"
+        root.mkdir(mode=0o500)
+    profile = profile_from_data(parse_toml('kind = "attribution"', "x"), "x.toml")
+    with pytest.raises(UserError, match="cannot create the run directory.*--runs-dir"):
+        create_run(profile, root=root)
+
+
+def test_pid_alive_detects_exit_and_reuse() -> None:
+    proc = sleeper()
+    assert pid_alive(proc.pid)
+    assert not pid_alive(proc.pid, start_time=1)  # another process's start time: a reused pid
+    proc.kill()
+    proc.wait()
+    time.sleep(0.05)
+    assert not pid_alive(proc.pid)
