@@ -225,32 +225,43 @@ def log_tail(run_dir: Path, lines: int = 20) -> list[str]:
 _PATH_FIELD_NAMES = ("path", "config")
 
 
-def _absolute_paths(obj: Any, base: Path) -> None:
-    """Make relative file paths in a profile absolute, relative to the profile file's directory."""
+def _path_fields(obj: Any, prefix: str = "") -> list[tuple[Any, str, str]]:
+    """(owner, attribute, dotted key) of every non-empty file path in a profile.
+
+    Path fields are recognised by name: `path`, `config` and anything ending in `_path`.
+    """
+    found: list[tuple[Any, str, str]] = []
     for f in fields(obj):
         value = getattr(obj, f.name)
         if is_dataclass(value):
-            _absolute_paths(value, base)
+            found += _path_fields(value, f"{prefix}{f.name}.")
         elif isinstance(value, list):
-            for item in value:
+            for i, item in enumerate(value):
                 if is_dataclass(item):
-                    _absolute_paths(item, base)
-        elif (
-            isinstance(value, str)
-            and value
-            and (f.name in _PATH_FIELD_NAMES or f.name.endswith("_path"))
-            and not Path(value).expanduser().is_absolute()
-        ):
-            setattr(obj, f.name, str((base / Path(value).expanduser()).resolve()))
-        elif isinstance(value, str) and value.startswith("~"):
-            setattr(obj, f.name, str(Path(value).expanduser()))
+                    found += _path_fields(item, f"{prefix}{f.name}[{i}].")
+        elif isinstance(value, str) and value and (f.name in _PATH_FIELD_NAMES or f.name.endswith("_path")):
+            found.append((obj, f.name, prefix + f.name))
+    return found
+
+
+def resolve_paths(profile: ProfileBase, base: Path) -> None:
+    """Make relative paths absolute (relative to the profile file's directory) and check that they exist."""
+    for owner, attr, key in _path_fields(profile):
+        path = Path(getattr(owner, attr)).expanduser()
+        if not path.is_absolute():
+            path = (base / path).resolve()
+        setattr(owner, attr, str(path))
+        if not path.exists():
+            raise UserError(f"{key} = {path}: no such file or directory")
+        if key == "model.path" and not (path / "config.json").is_file():
+            raise UserError(f"model.path = {path}: expected a model directory with a config.json")
 
 
 def create_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
     """Make a run directory with the frozen profile; returns it. Does not start the process."""
     if not engine_available(profile.kind):
         raise UserError(f"the '{profile.kind}' run kind has no engine in this version of gpuopt-tui")
-    _absolute_paths(profile, source.parent.resolve() if source else Path.cwd())
+    resolve_paths(profile, source.parent.resolve() if source else Path.cwd())
     root = root or runs_dir()
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.kind}-{secrets.token_hex(2)}"
     run_dir = root / run_id

@@ -54,14 +54,26 @@ def test_defaults_fill_missing_keys(tmp_path: Path) -> None:
     ("text", "key", "expected"),
     [
         ('kind = "attribution"\n[attribution]\nn_stepz = 3\n', "attribution.n_stepz", "did you mean 'n_steps'"),
-        ('kind = "attribution"\n[attribution]\nn_steps = "many"\n', "attribution.n_steps", 'expected an integer, got "many"'),
-        ('kind = "attribution"\n[attribution]\nn_steps = 0\n', "attribution.n_steps", "expected an integer >= 1, got 0"),
+        (
+            'kind = "attribution"\n[attribution]\nn_steps = "many"\n',
+            "attribution.n_steps",
+            'expected an integer, got "many"',
+        ),
+        (
+            'kind = "attribution"\n[attribution]\nn_steps = 0\n',
+            "attribution.n_steps",
+            "expected an integer >= 1, got 0",
+        ),
         ('kind = "attribution"\n[attribution]\nmethod = "simpson"\n', "attribution.method", "expected one of"),
         ('kind = "attribution"\n[attribution]\nuse_amp = 1\n', "attribution.use_amp", "expected true or false"),
         ('kind = "attribution"\nattribution = 3\n', "attribution", "expected a table"),
         ('kind = "attributon"\n', "kind", "did you mean 'attribution'"),
         ("name = 'x'\n", "kind", "missing"),
-        ('kind = "tracin"\n[tracin]\ncheckpoints = [{ path = "a", lr = -1.0 }]\n', "tracin.checkpoints[0].lr", ">= 0.0"),
+        (
+            'kind = "tracin"\n[tracin]\ncheckpoints = [{ path = "a", lr = -1.0 }]\n',
+            "tracin.checkpoints[0].lr",
+            ">= 0.0",
+        ),
         ('kind = "attribution"\n[model]\nadapter = "hf"\n', "model.path", "local model directory"),
     ],
 )

@@ -40,12 +40,26 @@ def set_pid(run_dir: Path, proc: subprocess.Popen[bytes] | None, attempt: int = 
 
 
 def test_create_run_freezes_profile_with_absolute_paths(runs_root: Path) -> None:
+    data_file = runs_root.parent / "profiles" / "data" / "x.jsonl"
+    data_file.parent.mkdir(parents=True)
+    data_file.write_text('{"text": "a b", "label": 1}\n')
     run_dir = make_run(runs_root, data={"source": "jsonl", "path": "data/x.jsonl"})
     frozen = load_profile(run_dir / "profile.toml")
-    assert frozen.data.path == str((runs_root.parent / "profiles" / "data" / "x.jsonl").resolve())
+    assert frozen.data.path == str(data_file.resolve())
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["kind"] == "attribution" and meta["id"] == run_dir.name
     assert (run_dir / "results").is_dir() and (run_dir / "state").is_dir()
+
+
+def test_missing_files_are_reported_before_launch(runs_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"model.path = .*nope: no such file or directory"):
+        make_run(runs_root, model={"adapter": "hf", "path": str(tmp_path / "nope")})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="expected a model directory with a config.json"):
+        make_run(runs_root, model={"adapter": "hf", "path": str(tmp_path / "empty")})
+    with pytest.raises(UserError, match=r"data.path = .*missing.jsonl"):
+        make_run(runs_root, data={"source": "jsonl", "path": "missing.jsonl"})
+    assert not runs_root.exists() or not any(runs_root.iterdir())
 
 
 def test_status_follows_events_and_liveness(runs_root: Path) -> None:

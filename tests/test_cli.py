@@ -1,0 +1,106 @@
+"""The headless CLI: help everywhere, and bad input as a clear message with a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.cli import build_parser, main
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuopt_tui", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def subcommands() -> list[str]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+def test_help_of_the_command_and_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    names = subcommands()
+    assert {"run", "runs", "attach", "cancel", "resume", "show", "profiles"} <= set(names)
+    for args in ([], *([n] for n in names)):
+        with pytest.raises(SystemExit) as done:
+            main([*args, "--help"])
+        assert done.value.code == 0
+        assert "usage: gpuopt-tui" in capsys.readouterr().out
+
+
+def test_help_runs_as_a_process_without_importing_torch() -> None:
+    code = "import sys; from gpuopt_tui.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("profile_text", "args", "message"),
+    [
+        ('kind = "attribution"\n[attribution\n', [], "not valid TOML"),
+        ('kind = "probing"\n', [], "unknown run kind 'probing'"),
+        ('kind = "attribution"\n[model]\nadapter = "hf"\npath = "no/such/model"\n', [], "model.path ="),
+        ('kind = "attribution"\n', ["--set", "n_steps=zero"], 'expected an integer, got "zero"'),
+    ],
+)
+def test_run_with_bad_input_fails_cleanly(tmp_path: Path, profile_text: str, args: list[str], message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(profile_text)
+    result = cli("run", str(path), *args, env={"GPUOPT_TUI_HOME": str(tmp_path / "home")})
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert str(path) in result.stderr or "model.path" in result.stderr or "--set" not in args
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unwritable_runs_dir_fails_cleanly(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = cli("--runs-dir", str(blocker / "runs"), "run", "demo-attribution", "--detach")
+    assert result.returncode == 1
+    assert "cannot create the run directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["attach", "cancel", "resume", "show"])
+def test_unknown_run_id(tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    os.environ["GPUOPT_TUI_RUNS_DIR"] = str(tmp_path)
+    try:
+        assert main([command, "no-such-run"]) == 1
+    finally:
+        del os.environ["GPUOPT_TUI_RUNS_DIR"]
+    assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+def test_profiles_listing_and_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "demo-attribution" in out and "demo-tracin" in out
+    assert main(["profiles", "--keys", "attribution"]) == 0
+    assert "attribution.n_steps" in capsys.readouterr().out
+    assert main(["profiles", "--show", "demo-attribution", "--set", "n_steps=9"]) == 0
+    assert "n_steps = 9" in capsys.readouterr().out
+
+
+def test_internal_errors_go_to_a_log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("GPUOPT_TUI_HOME", str(tmp_path))
+
+    def boom(args: object) -> int:
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr("gpuopt_tui.commands.runs.run", boom)
+    assert main(["runs"]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: unexpected" in err
+    log = tmp_path / "logs" / "gpuopt-tui.log"
+    assert "Traceback" in log.read_text() and str(log) in err
