@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`gpuopt-tui gpu --once --csv | head`): quiet, like other Unix tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         path = _crash_log(e)
         where = f"; details in {path}" if path else ""

@@ -8,11 +8,19 @@ from typing import ClassVar
 from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, RunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
+LAYER_MODES = ("all", "last", "names")
+GRADIENT_METHODS = ("auto", "closed_form", "vmap")
+FILTER_CHOICES = ("none", "same_label", "shared_entity")
+
 
 @dataclass
 class CheckpointSpec:
     path: str = opt("", "State-dict file (.safetensors, or a torch file loaded with weights_only=True)")
     lr: float = opt(1.0, "Learning rate in effect when this checkpoint was saved", min=0.0)
+
+    def check(self, fail: Failure) -> None:
+        if not self.path:
+            fail("path", "each checkpoint needs path = its state-dict file")
 
 
 @dataclass
@@ -25,22 +33,36 @@ class TracInSection:
     n_test: int = opt(16, "Test examples to explain (0 = all)", min=0)
     layers: str = opt(
         "last",
-        "Parameters that count: all, last (the last n_last_layers modules), or names",
-        choices=("all", "last", "names"),
+        "Parameters that count: all, last (the last n_last_layers modules the forward runs), or names",
+        choices=LAYER_MODES,
     )
     n_last_layers: int = opt(2, "How many final modules count when layers = last", min=1)
-    layer_names: list[str] = opt([], "Module names whose parameters count when layers = names")
-    projection_dim: int = opt(0, "Seeded random projection of gradients to this size (0 = exact)", min=0)
-    batch_size: int = opt(64, "Training examples per micro-batch (halved on out-of-memory)", min=1)
-    use_amp: bool = opt(True, "Mixed-precision forward on the GPU; scores always accumulate in fp32")
+    layer_names: list[str] = opt([], "Module (or parameter) names whose parameters count when layers = names")
+    method: str = opt(
+        "auto",
+        "Per-example gradients: closed_form (Linear layers only: one batched backward, trunk without graph), "
+        "vmap (torch.func, any parameters), or auto (closed_form whenever it applies)",
+        choices=GRADIENT_METHODS,
+    )
+    projection_dim: int = opt(
+        0, "Seeded random projection: each parameter's gradient to at most this many numbers (0 = exact)", min=0
+    )
+    batch_size: int = opt(64, "Examples per micro-batch (halved on out-of-memory)", min=1)
+    use_amp: bool = opt(True, "Mixed-precision forward on the GPU (fp32 on the CPU); scores accumulate in fp32")
     amp_dtype: str = opt("fp16", "Autocast dtype when use_amp is on", choices=("bf16", "fp16"))
-    gradient_checkpointing: bool = opt(False, "Recompute activations to save memory (slower)")
+    gradient_checkpointing: bool = opt(
+        False, "Recompute activations in the backward pass to save memory (closed_form only; slower)"
+    )
     cleanup_every: int = opt(1000, "Free cached GPU memory every N examples (0 = never)", min=0)
     top_k: int = opt(10, "Proponents and opponents kept per test example", min=1)
     save_matrix_max: int = opt(50_000_000, "Save the full score matrix when it has at most this many entries", min=0)
-    filter_same_label: bool = opt(
-        False, "Score only training examples sharing the test example's label (batch filtering)"
+    filter: str = opt(
+        "none",
+        "Batch filtering: score a training example against a test example only when they share the label "
+        "(same_label) or an entity of a knowledge-graph triple (shared_entity)",
+        choices=FILTER_CHOICES,
     )
+    shard_size: int = opt(4096, "Training examples per resumable shard", min=1)
 
     def check(self, fail: Failure) -> None:
         if self.layers == "names" and not self.layer_names:

@@ -1,0 +1,558 @@
+"""Integrated Gradients throughput on a BERT-base classifier: the engine against the one-step loop and Captum.
+
+Builds BERT-base from a BertConfig (random weights, SDPA attention), attributes N samples of seq_len tokens
+with riemann_right over `inputs_embeds` ([PAD] baseline keeping [CLS]/[SEP]) and measures samples/s, peak GPU
+memory and the error of each method's token scores against the engine's fp32 result (per sample
+max |a - b| / max |b|; median and max over samples). FLOPs of one (sample, step) forward + input-gradient
+backward come from torch.utils.flop_counter; the bf16 GEMM rate is measured in the same run, so
+"% of limit" = samples/s x steps x FLOPs per sample-step / GEMM rate.
+
+Also: the original setting of 2000 steps on a few samples, and a variable-length dataset with and without
+length bucketing.
+
+    python benchmarks/ig_bench.py --out benchmarks/results/ig_h100.md     # on the GPU (writes .md and .json)
+    python benchmarks/ig_bench.py --quick                                # tiny model on the CPU, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import BertConfig, BertForSequenceClassification
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpuopt_tui.jobs.attribution import (
+    ChunkPlanner,
+    integrated_gradients,
+    integrated_gradients_reference,
+)
+from gpuopt_tui.jobs.attribution.check import relative_difference
+
+METHOD = "riemann_right"
+PAD, CLS, SEP = 0, 101, 102
+
+
+# --- setup ---------------------------------------------------------------------------------------------------
+@dataclass
+class Setup:
+    model: BertForSequenceClassification
+    device: torch.device
+    ids: Tensor  # [N, S]
+    mask: Tensor  # [N, S]
+    target: Tensor  # [N] predicted class
+    steps: int
+    call: Callable[..., Any] | None = None  # the model, or a torch.compile'd model
+
+    def forward(self, embeds: Tensor, mask: Tensor | None, context: Any = None) -> Tensor:
+        # An all-ones mask is dropped here, outside any compiled region, so SDPA may use flash attention
+        # (Hugging Face drops it too, but not while torch.compile traces the model).
+        if mask is not None and bool(mask.all()):
+            mask = None
+        return (self.call or self.model)(inputs_embeds=embeds, attention_mask=mask).logits
+
+    def embed(self, rows: Tensor | slice, length: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Embeddings, [PAD] baseline (keeping [CLS]/[SEP] and padding) and mask of some samples."""
+        ids, mask = self.ids[rows], self.mask[rows]
+        if length is not None:
+            ids, mask = ids[:, :length], mask[:, :length]
+        table = self.model.get_input_embeddings()
+        with torch.no_grad():
+            emb = table(ids)
+            keep = ((ids == CLS) | (ids == SEP) | (mask == 0)).unsqueeze(-1)
+            base = torch.where(keep, emb, table.weight[PAD])
+        return emb, base, mask
+
+
+def build_model(quick: bool, device: torch.device) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    if quick:
+        config = BertConfig(
+            vocab_size=200,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+        )
+    else:
+        config = BertConfig()  # BERT-base: 12 layers, hidden 768, 12 heads, vocab 30522
+    config.num_labels = 2
+    config._attn_implementation = "sdpa"
+    model = BertForSequenceClassification(config).eval().to(device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def make_tokens(
+    n: int, seq: int, vocab: int, gen: torch.Generator, lengths: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """[CLS] w1 .. wk [SEP] [PAD]..: full length unless `lengths` (real tokens per sample) is given."""
+    ids = torch.randint(1000 if vocab > 1000 else 5, vocab, (n, seq), generator=gen)
+    lengths = torch.full((n,), seq) if lengths is None else lengths
+    positions = torch.arange(seq)[None]
+    mask = (positions < lengths[:, None]).long()
+    ids[:, 0] = CLS if vocab > CLS else 2
+    ids[torch.arange(n), lengths - 1] = SEP if vocab > SEP else 3
+    ids[mask == 0] = PAD
+    return ids, mask
+
+
+def predicted(setup_model: BertForSequenceClassification, ids: Tensor, mask: Tensor) -> Tensor:
+    with torch.no_grad():
+        return setup_model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+
+
+# --- measuring -----------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    method: str
+    samples: int
+    seconds: float
+    peak_gib: float | None
+    scores: Tensor = field(repr=False)  # [samples, S] token scores on the CPU
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(method: str, device: torch.device, run: Callable[[], Tensor], repeat: int, note: str = "") -> Row:
+    """Warm up once, then time `repeat` runs (best one); peak memory over the timed runs."""
+    run()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    best, scores = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        scores = run()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    assert scores is not None
+    print(f"  {method:<58} {scores.shape[0] / best:9.2f} samples/s", flush=True)
+    return Row(method, scores.shape[0], best, peak, scores.cpu(), note)
+
+
+def ours(
+    setup: Setup,
+    n: int,
+    batch: int,
+    alpha: int | str,
+    precision: str,
+    *,
+    steps: int | None = None,
+    endpoint: str | None = None,
+    bucketing: bool = False,
+) -> Callable[[], Tensor]:
+    """The engine over the first `n` samples, `batch` at a time (sorted by length and trimmed if bucketing)."""
+
+    def run() -> Tensor:
+        planner = ChunkPlanner(alpha)
+        out = torch.zeros(n, setup.ids.shape[1], device=setup.device)
+        lengths = setup.mask[:n].sum(1)
+        order = torch.argsort(lengths, descending=True, stable=True) if bucketing else torch.arange(n)
+        for start in range(0, n, batch):
+            rows = order[start : start + batch].to(setup.device)
+            length = int(lengths[rows].max()) if bucketing else None
+            emb, base, mask = setup.embed(rows, length)
+            result = integrated_gradients(
+                setup.forward,
+                emb,
+                base,
+                mask,
+                setup.target[rows],
+                n_steps=steps or setup.steps,
+                method=METHOD,
+                alpha_batch_size=planner,
+                precision=precision,
+                endpoint_precision=endpoint,
+                model=setup.model,
+            )
+            out[rows, : emb.shape[1]] = result.token_scores().float()
+        return out
+
+    return run
+
+
+def naive(setup: Setup, n: int) -> Callable[[], Tensor]:
+    """One sample and one step at a time (the engine's reference loop), fp32."""
+
+    def run() -> Tensor:
+        emb, base, mask = setup.embed(slice(0, n))
+        result = integrated_gradients_reference(
+            setup.forward, emb, base, mask, setup.target[:n], n_steps=setup.steps, method=METHOD, model=setup.model
+        )
+        return result.token_scores().float()
+
+    return run
+
+
+def captum(
+    setup: Setup, n: int, batch: int, internal_batch_size: int, amp: torch.dtype | None, steps: int | None = None
+) -> Callable[[], Tensor]:
+    """Captum IntegratedGradients over inputs_embeds; with `amp`, autocast around the forward only."""
+    from captum.attr import IntegratedGradients
+
+    def forward(embeds: Tensor, mask: Tensor) -> Tensor:
+        with torch.autocast(setup.device.type, dtype=amp) if amp else contextlib.nullcontext():
+            return setup.forward(embeds, mask).float()
+
+    ig = IntegratedGradients(forward)
+
+    def run() -> Tensor:
+        out = []
+        for start in range(0, n, batch):
+            rows = slice(start, min(n, start + batch))
+            emb, base, mask = setup.embed(rows)
+            attributions = ig.attribute(
+                emb,
+                base,
+                target=setup.target[rows],
+                additional_forward_args=(mask,),
+                n_steps=steps or setup.steps,
+                method=METHOD,
+                internal_batch_size=internal_batch_size,
+            )
+            out.append(attributions.sum(-1).float())
+        return torch.cat(out)
+
+    return run
+
+
+# --- hardware figures ------------------------------------------------------------------------------------------
+def gemm_rate(device: torch.device, quick: bool) -> tuple[float, str]:
+    """Measured matmul FLOP/s: bf16 on the GPU, fp32 on the CPU (its dtype is returned too)."""
+    n = 1024 if quick else 8192
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    iters = 5 if quick else 50
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    sync(device)
+    return 2 * n**3 * iters / (time.perf_counter() - start), str(dtype).removeprefix("torch.")
+
+
+def flops_per_sample_step(setup: Setup, rows: int = 4) -> float:
+    """FLOPs of one forward + gradient w.r.t. the input embeddings, per row (torch's FLOP counter)."""
+    emb, _, mask = setup.embed(slice(0, rows))
+    points = emb.clone().requires_grad_()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = setup.forward(points, mask)
+        torch.autograd.grad(out.gather(1, setup.target[:rows, None]).sum(), points)
+    return counter.get_total_flops() / rows
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+# --- the runs -----------------------------------------------------------------------------------------------------
+def grid(quick: bool, samples: int) -> list[tuple[str, int, int | str]]:
+    """(precision, samples per batch, steps per chunk) of the engine rows."""
+    if quick:
+        return [("fp32", 4, 8), ("bf16", 4, 8), ("bf16", 8, "auto")]  # CPU autocast: bf16 only
+    wide = min(64, samples)
+    return [
+        ("fp32", 8, 50),
+        ("tf32", 8, 50),
+        ("bf16", 8, 50),
+        ("bf16", 16, 50),
+        ("bf16", 32, 50),
+        ("bf16", wide, 25),
+        ("bf16", 16, "auto"),
+        ("bf16", wide, "auto"),
+        ("fp16", 16, 50),
+    ]
+
+
+@contextlib.contextmanager
+def section(title: str) -> Iterator[None]:
+    print(f"\n{title}", flush=True)
+    yield
+
+
+def main_table(args: argparse.Namespace, setup: Setup, has_captum: bool) -> list[Row]:
+    n, device = args.samples, setup.device
+    rows: list[Row] = []
+    with section(f"{n} samples x {setup.steps} steps"):
+        reference = measure("ours fp32, 8 samples x all steps (reference)", device, ours(setup, n, 8, 50, "fp32"), 1)
+        rows.append(reference)
+        naive_n = min(args.naive_samples, n)
+        rows.append(measure("naive: one sample, one step at a time (fp32)", device, naive(setup, naive_n), 1))
+        if has_captum:
+            small = min(args.steps, 50)
+            large = 8 * args.steps
+            for ibs in (small, large):
+                name = f"Captum IntegratedGradients fp32, internal_batch_size={ibs}"
+                rows.append(measure(name, device, captum(setup, n, 8, ibs, None), args.repeat))
+            if device.type == "cuda":
+                name = f"Captum, bf16 autocast around the forward, internal_batch_size={large}"
+                rows.append(measure(name, device, captum(setup, n, 8, large, torch.bfloat16), args.repeat))
+        for prec, batch, alpha in grid(args.quick, n):
+            name = f"ours {prec}, {batch} samples x {alpha} steps a chunk"
+            rows.append(measure(name, device, ours(setup, n, batch, alpha, prec), args.repeat))
+        if device.type == "cuda":
+            name = "ours bf16, 16 x 50, strict fp32 F(x)/F(baseline)"
+            rows.append(measure(name, device, ours(setup, n, 16, 50, "bf16", endpoint="fp32"), args.repeat))
+        if args.compile:
+            compiled = dataclasses.replace(setup, call=torch.compile(setup.model))
+            start = time.perf_counter()
+            ours(compiled, min(n, 16), 16, 50, "bf16")()
+            sync(device)
+            note = f"compile + first batch {time.perf_counter() - start:.0f} s, not timed"
+            name = "ours bf16, 16 x 50, torch.compile'd model"
+            rows.append(measure(name, device, ours(compiled, n, 16, 50, "bf16"), args.repeat, note))
+    return rows
+
+
+def long_table(args: argparse.Namespace, setup: Setup, has_captum: bool) -> list[Row]:
+    n, steps, device = args.long_samples, args.long_steps, setup.device
+    rows: list[Row] = []
+    with section(f"{n} samples x {steps} steps"):
+        rows.append(
+            measure("ours fp32, auto chunks (reference)", device, ours(setup, n, n, "auto", "fp32", steps=steps), 1)
+        )
+        for prec in ("bf16", "fp16") if device.type == "cuda" else ("bf16",):
+            name = f"ours {prec}, {n} samples, auto chunks"
+            rows.append(measure(name, device, ours(setup, n, n, "auto", prec, steps=steps), args.repeat))
+        if has_captum:
+            ibs = 8 * min(args.steps, 50)
+            name = f"Captum fp32, internal_batch_size={ibs}"
+            rows.append(measure(name, device, captum(setup, n, n, ibs, None, steps=steps), 1))
+    return rows
+
+
+def bucket_table(args: argparse.Namespace, setup: Setup) -> list[Row]:
+    n, device = args.samples, setup.device
+    prec = "bf16" if device.type == "cuda" else "fp32"
+    batch = 16 if not args.quick else 4
+    rows: list[Row] = []
+    with section(f"{n} samples of {args.min_length}..{args.seq} tokens"):
+        padded = ours(setup, n, batch, "auto", prec)
+        rows.append(measure(f"ours {prec}, padded to {args.seq}, dataset order", device, padded, args.repeat))
+        bucketed = ours(setup, n, batch, "auto", prec, bucketing=True)
+        rows.append(measure(f"ours {prec}, length-bucketed and trimmed", device, bucketed, args.repeat))
+    return rows
+
+
+# --- reporting ----------------------------------------------------------------------------------------------------
+def table(
+    rows: list[Row], reference: Row, naive_rate: float | None, step_flops: float | None, gemm: float, steps: int
+) -> list[dict[str, Any]]:
+    """Rows as plain dicts; `step_flops` None where samples differ in length (no % of limit then)."""
+    out = []
+    for row in rows:
+        error = relative_difference(row.scores, reference.scores[: row.samples])
+        limit_share = row.rate * steps * step_flops / gemm if step_flops else None
+        out.append(
+            {
+                "method": row.method,
+                "samples": row.samples,
+                "samples_per_s": row.rate,
+                "x_naive": row.rate / naive_rate if naive_rate else None,
+                "pct_of_limit": None if limit_share is None else 100 * limit_share,
+                "peak_gib": row.peak_gib,
+                "rel_err_median": float(error.median()),
+                "rel_err_max": float(error.max()),
+                "note": row.note,
+            }
+        )
+    return out
+
+
+def markdown_table(entries: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| method | samples | samples/s | x naive | % of limit | peak GiB | rel. error vs fp32 (median / max) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in entries:
+        x = f"{e['x_naive']:.1f}" if e["x_naive"] else "-"
+        peak = f"{e['peak_gib']:.1f}" if e["peak_gib"] is not None else "-"
+        share = f"{e['pct_of_limit']:.1f}%" if e["pct_of_limit"] is not None else "-"
+        note = f" ({e['note']})" if e["note"] else ""
+        lines.append(
+            f"| {e['method']}{note} | {e['samples']} | {e['samples_per_s']:.2f} | {x} | {share} | "
+            f"{peak} | {e['rel_err_median']:.1e} / {e['rel_err_max']:.1e} |"
+        )
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model on the CPU: checks the script in seconds")
+    parser.add_argument("--out", type=Path, help="write a markdown results file here (and a .json next to it)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--naive-samples", type=int, default=4, help="samples for the one-step-at-a-time loop")
+    parser.add_argument("--long-steps", type=int, default=2000)
+    parser.add_argument("--long-samples", type=int, default=4)
+    parser.add_argument("--min-length", type=int, default=16, help="shortest sample of the variable-length set")
+    parser.add_argument("--repeat", type=int, default=2, help="timed runs per method (the best counts)")
+    parser.add_argument("--compile", action="store_true", help="also measure a torch.compile'd forward")
+    parser.add_argument("--skip-captum", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.samples, args.steps, args.seq = min(args.samples, 8), min(args.steps, 8), min(args.seq, 32)
+        args.naive_samples, args.long_steps, args.long_samples = 2, 64, 2
+        args.min_length, args.repeat = 6, 1
+        args.device = "cpu" if args.device == "auto" else args.device
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = (
+        torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if args.device == "auto"
+        else torch.device(args.device)
+    )
+    has_captum = not args.skip_captum
+    if has_captum:
+        try:
+            import captum  # noqa: F401
+        except ImportError:
+            print("captum is not installed: its rows are skipped", flush=True)
+            has_captum = False
+    model = build_model(args.quick, device)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids, mask = make_tokens(args.samples, args.seq, vocab, gen)
+    ids, mask = ids.to(device), mask.to(device)
+    setup = Setup(model, device, ids, mask, predicted(model, ids, mask), args.steps)
+
+    gemm, gemm_dtype = gemm_rate(device, args.quick)
+    step_flops = flops_per_sample_step(setup)
+    limit = gemm / (step_flops * args.steps)
+    print(
+        f"{device_name(device)}: {gemm_dtype} GEMM {gemm / 1e12:.3g} TFLOP/s; {step_flops / 1e9:.2f} GFLOP per "
+        f"sample-step; limit {limit:.1f} samples/s at {args.steps} steps",
+        flush=True,
+    )
+
+    main_rows = main_table(args, setup, has_captum)
+    naive_rate = next(r.rate for r in main_rows if r.method.startswith("naive"))
+    results = {"main": table(main_rows, main_rows[0], naive_rate, step_flops, gemm, args.steps)}
+
+    long_rows = long_table(args, setup, has_captum)
+    results["long"] = table(long_rows, long_rows[0], None, step_flops, gemm, args.long_steps)
+
+    lengths = torch.randint(args.min_length, args.seq + 1, (args.samples,), generator=gen)
+    var_ids, var_mask = make_tokens(args.samples, args.seq, vocab, gen, lengths)
+    var_ids, var_mask = var_ids.to(device), var_mask.to(device)
+    var_setup = Setup(model, device, var_ids, var_mask, predicted(model, var_ids, var_mask), args.steps)
+    bucket_rows = bucket_table(args, var_setup)
+    results["bucketing"] = table(bucket_rows, bucket_rows[0], None, None, gemm, args.steps)
+
+    meta = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "captum": _version("captum") if has_captum else None,
+        "command": "python " + shlex.join(sys.argv),
+        "model": "BERT-base (random weights)" if not args.quick else "tiny BERT (quick check)",
+        "samples": args.samples,
+        "steps": args.steps,
+        "seq_len": args.seq,
+        "method": METHOD,
+        "gemm_flops": gemm,
+        "gemm_dtype": gemm_dtype,
+        "flops_per_sample_step": step_flops,
+        "limit_samples_per_s": limit,
+        "mean_length_variable_set": float(lengths.float().mean()),
+    }
+    report = render(meta, results, args)
+    print("\n" + report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report, encoding="utf-8")
+        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, **results}, indent=1), encoding="utf-8")
+        print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    return 0
+
+
+def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    best = max(results["main"], key=lambda e: e["samples_per_s"])
+    padded, bucketed = results["bucketing"]
+    lines = [
+        "# Integrated Gradients benchmark",
+        "",
+        f"- date: {meta['date']}",
+        f"- device: {meta['device']}",
+        f"- torch {meta['torch']}, transformers {meta['transformers']}, captum {meta['captum'] or 'not run'}",
+        f"- command: `{meta['command']}`",
+        f"- model: {meta['model']}, SDPA attention; {meta['samples']} samples x {meta['seq_len']} tokens, "
+        f"{meta['steps']} steps ({meta['method']}), IG over inputs_embeds, [PAD] baseline keeping [CLS]/[SEP]",
+        f"- {meta['gemm_dtype']} GEMM measured in this run: {meta['gemm_flops'] / 1e12:.3g} TFLOP/s; one "
+        f"(sample, step) forward + input-gradient backward: {meta['flops_per_sample_step'] / 1e9:.2f} GFLOP "
+        f"(torch.utils.flop_counter); limit {meta['limit_samples_per_s']:.1f} samples/s",
+        "- rel. error: per sample max |a - b| / max |b| of the token scores against ours fp32; median / max "
+        "over samples",
+        "",
+        f"## {meta['samples']} samples x {meta['steps']} steps",
+        "",
+        *markdown_table(results["main"]),
+        "",
+        f"Fastest: {best['method']}, {best['samples_per_s']:.1f} samples/s = {best['pct_of_limit']:.1f}% of the "
+        f"limit, rel. error {best['rel_err_max']:.1e} (max).",
+        "",
+        f"## {args.long_samples} samples x {args.long_steps} steps",
+        "",
+        *markdown_table(results["long"]),
+        "",
+        f"## Variable length ({args.min_length}..{meta['seq_len']} tokens, mean "
+        f"{meta['mean_length_variable_set']:.0f}): length bucketing",
+        "",
+        *markdown_table(results["bucketing"]),
+        "",
+        f"Bucketing: {bucketed['samples_per_s'] / padded['samples_per_s']:.2f}x the padded rate.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

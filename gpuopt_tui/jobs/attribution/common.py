@@ -1,0 +1,131 @@
+"""Pieces shared by the batched and the one-step-at-a-time Integrated Gradients paths."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from gpuopt_tui.jobs.device import autocast
+from gpuopt_tui.jobs.models.base import tile_rows
+
+#: forward(inputs_embeds [N, *S, H], attention_mask [N, *S] or None, context) -> [N, C] outputs (or [N]
+#: scalars when no target is given). `context` holds the tensors that do not depend on the attributed
+#: input (first dim N, already tiled to the rows of the call); it is {} when there is none.
+ForwardFn = Callable[[Tensor, "Tensor | None", Mapping[str, Tensor]], Tensor]
+#: class (or candidate) index per sample [B], "predicted" (argmax of F(x)), or None for scalar outputs.
+Target = Tensor | Literal["predicted"] | None
+
+
+@dataclass
+class IGResult:
+    """Integrated Gradients of one batch. Float tensors are fp32 (float64 when the inputs are)."""
+
+    attributions: Tensor  # [B, *S, H]: (x - baseline) * integrated gradients
+    deltas: Tensor  # [B]: sum(attributions) - (F(x) - F(baseline)), signed
+    scores: Tensor  # [B]: F(x), the explained output
+    baseline_scores: Tensor  # [B]: F(baseline)
+    outputs: Tensor  # [B, C] (or [B]): the full forward output at x, e.g. logits
+    target: Tensor | None  # [B] long: the explained output index, None for scalar outputs
+
+    def token_scores(self) -> Tensor:
+        """[B, *S]: attribution per token (sum over the embedding dimension)."""
+        return self.attributions.sum(-1)
+
+
+def accumulation_dtype(inputs: Tensor) -> torch.dtype:
+    """fp32, or the input's dtype when it is wider (float64 reference runs)."""
+    return torch.promote_types(inputs.dtype, torch.float32)
+
+
+@contextlib.contextmanager
+def frozen_parameters(module: nn.Module | None) -> Iterator[None]:
+    """Parameters need no gradient during IG (only the input does); their flags are restored afterwards."""
+    params = list(module.parameters()) if module is not None else []
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+def module_of(forward: ForwardFn, model: nn.Module | None) -> nn.Module | None:
+    """The module whose parameters to freeze: `model`, else the forward itself or the module it is bound to."""
+    if model is not None:
+        return model
+    owner = getattr(forward, "__self__", forward)
+    for candidate in (owner, getattr(owner, "model", None)):  # a module, or an adapter's bound method
+        if isinstance(candidate, nn.Module):
+            return candidate
+    return None
+
+
+def selected(outputs: Tensor, target: Tensor | None) -> Tensor:
+    """The explained output per row [N]: outputs[i, target[i]], or the outputs themselves for scalars."""
+    if target is None:
+        if outputs.dim() != 1:
+            raise ValueError(f"without a target the forward must return one scalar per row, got {outputs.shape}")
+        return outputs
+    return outputs.reshape(outputs.shape[0], -1).gather(1, target.unsqueeze(1)).squeeze(1)
+
+
+def resolve_endpoint_precision(step_precision: str, override: str | None = None) -> str:
+    """Precision of the F(x), F(baseline) forward: never autocast. fp32 when the steps run in fp32; with
+    reduced-precision steps, TF32 matmuls on the GPU (about 1e-3 relative on the outputs, where strict fp32
+    matmuls would cost as much as several bf16 steps)."""
+    if override is not None:
+        if override not in ("fp32", "tf32"):
+            raise ValueError(f'endpoint_precision must be "fp32" or "tf32", got {override!r}')
+        return override
+    return "fp32" if step_precision == "fp32" else "tf32"
+
+
+def endpoint_outputs(
+    forward: ForwardFn,
+    inputs: Tensor,
+    baselines: Tensor,
+    mask: Tensor | None,
+    context: Mapping[str, Tensor],
+    precision: str,
+) -> tuple[Tensor, Tensor]:
+    """Forward outputs at x and at the baseline (one call of 2B rows, no gradient) in `precision`."""
+    batch = inputs.shape[0]
+    with torch.no_grad(), autocast(inputs.device, precision):
+        out = forward(
+            torch.cat([inputs, baselines]),
+            None if mask is None else tile_rows(mask, 2),
+            tile_rows(context, 2),
+        )
+    out = out.to(accumulation_dtype(inputs))
+    return out[:batch], out[batch:]
+
+
+def resolve_target(target: Target, outputs: Tensor) -> Tensor | None:
+    if isinstance(target, str):
+        if target != "predicted":
+            raise ValueError(f'target must be a tensor, "predicted" or None, got {target!r}')
+        return outputs.reshape(outputs.shape[0], -1).argmax(-1)
+    return None if target is None else target.to(device=outputs.device, dtype=torch.long)
+
+
+def finish(
+    integrated_grads: Tensor,
+    inputs: Tensor,
+    baselines: Tensor,
+    out_x: Tensor,
+    out_b: Tensor,
+    target: Tensor | None,
+) -> IGResult:
+    """Attributions = (x - baseline) * integrated gradients, and the convergence deltas, in fp32 (or wider)."""
+    dtype = integrated_grads.dtype
+    attributions = (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
+    scores, base_scores = selected(out_x, target), selected(out_b, target)
+    deltas = attributions.reshape(attributions.shape[0], -1).sum(1) - (scores - base_scores)
+    return IGResult(attributions, deltas, scores, base_scores, out_x, target)

@@ -1,0 +1,53 @@
+"""Convergence deltas: how far the attributions are from adding up to F(x) - F(baseline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpuopt_tui.jobs.attribution.rules import CONVERGENCE_ORDER
+
+MIN_DIFFERENCE = 1e-6  # |F(x) - F(baseline)| below this is treated as this (avoids dividing by ~0)
+
+
+def relative_deltas(deltas: Tensor, scores: Tensor, baseline_scores: Tensor) -> Tensor:
+    """|delta| / |F(x) - F(baseline)| per sample."""
+    return deltas.abs() / (scores - baseline_scores).abs().clamp_min(MIN_DIFFERENCE)
+
+
+def delta_summary(
+    deltas: Tensor, scores: Tensor, baseline_scores: Tensor, *, n_steps: int, method: str, threshold: float
+) -> dict[str, Any]:
+    """Median and p95 of |delta| and of the relative delta; a warning with a suggested step count when the
+    median relative delta exceeds `threshold` (assuming the rule's error shrinks as n_steps^-order)."""
+    rel = relative_deltas(deltas, scores, baseline_scores).double()
+    absolute = deltas.abs().double()
+    median_rel = float(rel.median())
+    summary: dict[str, Any] = {
+        "median_abs": float(absolute.median()),
+        "p95_abs": float(torch.quantile(absolute, 0.95)),
+        "median_rel": median_rel,
+        "p95_rel": float(torch.quantile(rel, 0.95)),
+        "max_rel": float(rel.max()),
+        "threshold_rel": threshold,
+        "warning": None,
+        "suggested_n_steps": None,
+    }
+    if median_rel > threshold > 0:
+        order = CONVERGENCE_ORDER[method]
+        suggested = round(n_steps * (median_rel / threshold) ** (1.0 / order))
+        suggested = min(100_000, _round_up(max(suggested, n_steps + 1)))
+        summary["suggested_n_steps"] = suggested
+        summary["warning"] = (
+            f"median convergence delta is {median_rel:.1%} of F(x) - F(baseline) (threshold {threshold:.1%}): "
+            f"the integral is not converged; try n_steps = {suggested}"
+        )
+    return summary
+
+
+def _round_up(n: int) -> int:
+    """Round up to 2 significant digits (e.g. 137 -> 140, 2412 -> 2500)."""
+    unit = 10 ** max(0, len(str(n)) - 2)
+    return -(-n // unit) * unit

@@ -1,0 +1,134 @@
+"""Integrated Gradients of one batch of an adapter's data, with the settings of a profile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import torch
+from torch import Tensor
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.attribution import AttributionSection
+from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings, baseline_token_id
+from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
+from gpuopt_tui.jobs.attribution.common import ForwardFn
+from gpuopt_tui.jobs.attribution.ig import integrated_gradients
+from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
+from gpuopt_tui.jobs.device import amp_dtype_supported, precision
+from gpuopt_tui.jobs.models import Adapter, Batch
+
+#: Per-sample results of `attribute_batch` (token_scores is [B, *S], the others [B]).
+RESULT_KEYS = ("token_scores", "deltas", "scores", "baseline_scores", "target", "prediction", "probability")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the engine needs from a profile's [attribution] section, resolved for the model and device."""
+
+    n_steps: int
+    method: str
+    precision: str  # fp32, tf32, bf16 or fp16
+    target: str  # "predicted", "label" or a class index
+    baseline: str
+    baseline_token: int | None  # the id filling content positions; None for zero vectors
+    optimized: bool
+    alpha_batch_size: int | Literal["auto"]
+    memory_fraction: float
+    compile: bool
+
+    @classmethod
+    def resolve(cls, section: AttributionSection, adapter: Adapter, device: torch.device) -> Settings:
+        prec = precision(section.use_amp, section.amp_dtype, section.tf32) if device.type == "cuda" else "fp32"
+        if not amp_dtype_supported(device, prec):
+            prec = "fp16"  # GPUs before Ampere have no bf16
+        return cls(
+            n_steps=section.n_steps,
+            method=section.method,
+            precision=prec,
+            target=section.target,
+            baseline=section.baseline,
+            baseline_token=baseline_token_id(adapter, section.baseline, section.custom_baseline_token),
+            optimized=section.use_optimized,
+            alpha_batch_size=section.alpha_batch_size,
+            memory_fraction=section.memory_fraction,
+            compile=section.compile,
+        )
+
+    def planner(self, on_event: Callable[..., object] | None = None) -> ChunkPlanner:
+        return ChunkPlanner(
+            self.alpha_batch_size,
+            memory_fraction=self.memory_fraction,
+            on_event=on_event,
+        )
+
+
+def model_forward(adapter: Adapter, settings: Settings) -> ForwardFn:
+    """The adapter's forward from embeddings; compiled when the profile asks for it (only the forward: the
+    gradient is taken outside the compiled region). Build it once per run, not once per batch."""
+    if settings.compile:
+        return cast(ForwardFn, torch.compile(adapter.logits_from_embeds))
+    return adapter.logits_from_embeds
+
+
+def batch_target(spec: str, batch: Batch, n_outputs: int) -> Tensor | str:
+    """The explained output per sample: "predicted", the dataset labels, or one fixed index."""
+    if spec == "predicted":
+        return spec
+    if spec == "label":
+        if "labels" not in batch:
+            raise UserError('attribution.target = "label" but the data has no labels (see data.label_field)')
+        return batch["labels"]
+    index = int(spec)
+    if index >= n_outputs:
+        raise UserError(f"attribution.target = {spec}: the model has {n_outputs} outputs (0..{n_outputs - 1})")
+    return torch.full((batch["input_ids"].shape[0],), index, dtype=torch.long, device=batch["input_ids"].device)
+
+
+def attribute_batch(
+    adapter: Adapter,
+    batch: Batch,
+    settings: Settings,
+    planner: ChunkPlanner,
+    on_chunk: Callable[[int, int], None] | None = None,
+    forward: ForwardFn | None = None,
+) -> dict[str, Tensor]:
+    """IG of one batch already on the adapter's device; per-sample results (RESULT_KEYS) on the CPU.
+
+    `on_chunk(done, total)` reports progress within the batch (steps when batched, samples otherwise);
+    `forward` defaults to the adapter's `logits_from_embeds` (see `model_forward`).
+    """
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        embeds = adapter.word_embeddings()(ids)
+        context = adapter.encode_context(batch)
+    baselines = baseline_embeddings(adapter, ids, mask, embeds, settings.baseline_token)
+    n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
+    target = batch_target(settings.target, batch, n_outputs)
+    forward = forward or adapter.logits_from_embeds
+    common = {
+        "n_steps": settings.n_steps,
+        "method": settings.method,
+        "precision": settings.precision,
+        "context": context,
+        "model": adapter.model,
+    }
+    if settings.optimized:
+        result = integrated_gradients(
+            forward, embeds, baselines, mask, target, alpha_batch_size=planner, on_chunk=on_chunk, **common
+        )
+    else:
+        result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_sample=on_chunk, **common)
+    target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
+    probabilities = result.outputs.float().softmax(-1)
+    values = {
+        "token_scores": result.token_scores().float(),
+        "deltas": result.deltas,
+        "scores": result.scores,
+        "baseline_scores": result.baseline_scores,
+        "target": target_index,
+        "prediction": result.outputs.argmax(-1),
+        "probability": probabilities.gather(1, target_index.unsqueeze(1)).squeeze(1),
+    }
+    return {k: v.detach().cpu().contiguous() for k, v in values.items()}

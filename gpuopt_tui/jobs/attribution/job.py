@@ -1,0 +1,244 @@
+"""The attribution run: Integrated Gradients over a dataset, in resumable shards, with result files.
+
+Samples are ordered by length (when `length_bucketing` is on) and cut into batches; each batch is trimmed to
+its longest real length, attributed, and saved as a shard in the run's state directory. A resumed run skips
+the batches whose shard exists. At the end the shards are gathered into the result files (see outputs.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
+from gpuopt_tui.jobs.attribution.check import compare_paths
+from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas
+from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, model_forward
+from gpuopt_tui.jobs.attribution.outputs import (
+    Collected,
+    sample_records,
+    token_ranking,
+    write_json,
+    write_jsonl,
+    write_tensors,
+)
+from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.jobs.data import TextDataset, length_sorted_order, load_dataset, trim_batch
+from gpuopt_tui.jobs.device import free_memory, is_oom, resolve_device
+from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
+
+PLAN_FILE = "plan.json"
+RESULT_SETTINGS = ("n_steps", "method", "precision", "target", "baseline", "baseline_token", "optimized")
+RANKING = "mean share of the sample's total |attribution| per occurrence (structure tokens and zeros excluded)"
+
+
+def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
+    section = profile.attribution
+    device = resolve_device(profile.run.device)
+    adapter = load_adapter(profile.model, device, ctx.cache_dir)
+    ds = load_dataset(profile.data, adapter).head(section.n_samples)
+    settings = Settings.resolve(section, adapter, device)
+    plan = plan_batches(ds, section.batch_size, section.length_bucketing)
+    _check_plan(ctx, settings, plan)
+    mode = "batched" if settings.optimized else "one sample and one step at a time"
+    ctx.log(
+        f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {settings.n_steps} steps "
+        f"({settings.method}, {settings.precision}, {mode})"
+    )
+    _attribute_pending(ctx, adapter, ds, settings, plan)
+    collected, seconds = _gather(ctx, ds, len(plan))
+    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds)
+    if section.check_samples > 0:
+        check = compare_paths(adapter, ds, settings, section.check_samples)
+        write_json(ctx.results_dir / "check.json", check)
+        ctx.artifact(ctx.results_dir / "check.json", "optimized vs original: relative difference of the scores")
+        ctx.metric("check_max_rel_diff", check["max_rel_diff"])
+        summary["check_max_rel_diff"] = check["max_rel_diff"]
+    return summary
+
+
+def plan_batches(ds: TextDataset, batch_size: int, bucketing: bool) -> list[list[int]]:
+    """Sample indices of each batch: longest first when bucketing, else dataset order."""
+    order = length_sorted_order(ds) if bucketing else list(range(len(ds)))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def shard_name(j: int) -> str:
+    return f"batch_{j:05d}.safetensors"
+
+
+def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> None:
+    """Shards of an earlier attempt are reused only if they were made with the same batches and the same
+    settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
+    shaping = {k: getattr(settings, k) for k in RESULT_SETTINGS}
+    record = json.loads(json.dumps({"settings": shaping, "batches": plan}))
+    path = ctx.shard_path(PLAN_FILE)
+    if path.exists():
+        if json.loads(path.read_text(encoding="utf-8")) != record:
+            raise UserError(f"{ctx.state_dir}: the saved shards were made with other settings or data")
+        return
+    ctx.save_shard(PLAN_FILE, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
+
+
+def _attribute_pending(
+    ctx: JobContext,
+    adapter: Adapter,
+    ds: TextDataset,
+    settings: Settings,
+    plan: list[list[int]],
+) -> None:
+    """Attribute every batch of the plan that has no shard yet; one shard per finished batch."""
+    planner = settings.planner(ctx.event)
+    forward = model_forward(adapter, settings)
+    total = len(ds)
+    pending = [j for j in range(len(plan)) if not ctx.shard_done(shard_name(j))]
+    done = total - sum(len(plan[j]) for j in pending)
+    if done:
+        ctx.log(f"resuming: {len(plan) - len(pending)} of {len(plan)} batches were already done")
+    ctx.reset_rate()
+    ctx.progress(done, total, stage="attribution")
+
+    def attribute(batch: Batch, offset: int) -> dict[str, Tensor]:
+        """IG of a batch; when even one step does not fit in memory, its two halves one after the other."""
+        rows = batch["input_ids"].shape[0]
+
+        def on_chunk(part: int, parts: int) -> None:
+            ctx.check_cancelled()
+            ctx.progress(offset + rows * part // parts, total, stage="attribution")
+
+        try:
+            return attribute_batch(adapter, batch, settings, planner, on_chunk, forward)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            if rows == 1:
+                raise UserError(
+                    "out of GPU memory with one sample and one step: lower data.max_length or use a larger GPU"
+                ) from exc
+        free_memory(adapter.device)
+        half = rows // 2
+        ctx.event("oom_split", rows=rows, halves=[half, rows - half])
+        first = attribute(select_rows(batch, slice(0, half)), offset)
+        second = attribute(select_rows(batch, slice(half, None)), offset + half)
+        return {k: torch.cat([first[k], second[k]]) for k in RESULT_KEYS}
+
+    for j in pending:
+        indices = plan[j]
+        batch = to_device(trim_batch(ds.batch(indices), ds.token_fields), adapter.device)
+        start = time.perf_counter()
+        values = attribute(batch, done)
+        values["index"] = torch.tensor(indices, dtype=torch.long)
+        metadata = {"seconds": f"{time.perf_counter() - start:.6f}"}
+        ctx.save_shard(shard_name(j), _shard_writer(values, metadata))
+        done += len(indices)
+        ctx.progress(done, total, stage="attribution")
+
+
+def _shard_writer(values: dict[str, Tensor], metadata: dict[str, str]) -> Callable[[Path], None]:
+    return lambda path: save_file(values, str(path), metadata=metadata)
+
+
+def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected, float]:
+    """The shards as dataset-ordered tensors, and the compute seconds they took altogether."""
+    ids = ds.tensors["input_ids"]
+    token_scores = torch.zeros(ids.shape, dtype=torch.float32)
+    values: dict[str, Tensor] = {}
+    seconds = 0.0
+    for j in range(n_batches):
+        with safe_open(str(ctx.shard_path(shard_name(j))), "pt") as f:
+            seconds += float((f.metadata() or {}).get("seconds", 0.0))
+            shard = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+        index = shard.pop("index")
+        scores = shard.pop("token_scores")
+        token_scores[index, ..., : scores.shape[-1]] = scores
+        for key, value in shard.items():
+            values.setdefault(key, torch.zeros(len(ds), dtype=value.dtype))[index] = value
+    collected = Collected(
+        input_ids=ids,
+        attention_mask=ds.tensors["attention_mask"],
+        token_scores=token_scores,
+        deltas=values["deltas"],
+        relative_deltas=relative_deltas(values["deltas"], values["scores"], values["baseline_scores"]),
+        scores=values["scores"],
+        baseline_scores=values["baseline_scores"],
+        target=values["target"],
+        prediction=values["prediction"],
+        probability=values["probability"],
+        labels=ds.labels,
+    )
+    return collected, seconds
+
+
+def _write_results(
+    ctx: JobContext,
+    adapter: Adapter,
+    ds: TextDataset,
+    collected: Collected,
+    section: AttributionSection,
+    settings: Settings,
+    seconds: float,
+) -> dict[str, Any]:
+    """The three result files; returns the short summary for the run's `finished` event."""
+    structure = adapter.special_ids.non_content()
+    files = {
+        "jsonl": ctx.results_dir / "attributions.jsonl",
+        "tensors": ctx.results_dir / "attributions.safetensors",
+        "summary": ctx.results_dir / "summary.json",
+    }
+    records = sample_records(collected, ds.texts, adapter.tokens, structure, section.top_k_sample)
+    write_jsonl(files["jsonl"], records)
+    write_tensors(files["tensors"], collected)
+    deltas = delta_summary(
+        collected.deltas,
+        collected.scores,
+        collected.baseline_scores,
+        n_steps=settings.n_steps,
+        method=settings.method,
+        threshold=section.delta_warning,
+    )
+    if deltas["warning"]:
+        ctx.warn(deltas["warning"])
+    rate = len(ds) / seconds if seconds > 0 else None
+    top = token_ranking(collected, adapter.tokens, structure, section.top_k, section.min_token_count)
+    summary = {
+        "n_samples": len(ds),
+        "model": adapter.name,
+        "data": ds.origin,
+        "settings": {
+            **dataclasses.asdict(settings),
+            "device": str(adapter.device),
+            "batch_size": section.batch_size,
+            "length_bucketing": section.length_bucketing,
+            "top_k": section.top_k,
+            "top_k_sample": section.top_k_sample,
+            "min_token_count": section.min_token_count,
+        },
+        "timing": {"compute_seconds": seconds, "samples_per_s": rate},
+        "deltas": deltas,
+        "ranking": RANKING,
+        "top_k": top,
+        "per_sample_top": "the `top` field of each line of attributions.jsonl",
+        "files": {k: p.name for k, p in files.items()},
+    }
+    write_json(files["summary"], summary)
+    ctx.artifact(files["jsonl"], "per-sample token attributions (one JSON line per sample)")
+    ctx.artifact(files["tensors"], "padded score tensor, token ids, lengths and deltas (safetensors)")
+    ctx.artifact(files["summary"], "top tokens, convergence deltas, settings and timing")
+    ctx.metric("samples_per_s", rate)
+    ctx.metric("delta_median_rel", deltas["median_rel"])
+    return {
+        "n_samples": len(ds),
+        "samples_per_s": rate,
+        "delta_median_rel": deltas["median_rel"],
+        "top_tokens": [entry["token"] for entry in top[:5]],
+    }

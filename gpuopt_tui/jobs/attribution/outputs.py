@@ -1,0 +1,179 @@
+"""Result files of an attribution run and the token rankings they hold.
+
+- attributions.jsonl: one line per sample (dataset order): index, text, tokens, scores (one per real token;
+  nested per candidate for two-tower inputs), target, label, prediction, probability, delta, relative_delta,
+  and `top`: the sample's top_k_sample tokens by |score| as [position, token, score].
+- attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
+  [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`.
+- summary.json: the overall token ranking, delta statistics, settings and timing.
+
+The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
+sample's total |attribution|, so that every sample has the same say whatever the size of its
+F(x) - F(baseline). Tokens seen fewer than `min_count` times are left out (a single occurrence gives a noisy
+mean). Each entry also lists the mean |attribution|, the mean signed attribution and the count. Structure
+tokens ([CLS], [SEP], padding) and positions with exactly zero attribution (e.g. the candidates of a
+two-tower input other than the explained one) are ranked neither overall nor per sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+
+@dataclass
+class Collected:
+    """Per-sample results in dataset order (N samples, S the dataset's padded input shape)."""
+
+    input_ids: Tensor  # [N, *S]
+    attention_mask: Tensor  # [N, *S]
+    token_scores: Tensor  # [N, *S] fp32, zero on padding
+    deltas: Tensor  # [N]
+    relative_deltas: Tensor  # [N]
+    scores: Tensor  # [N] F(x) of the target
+    baseline_scores: Tensor  # [N] F(baseline) of the target
+    target: Tensor  # [N]
+    prediction: Tensor  # [N]
+    probability: Tensor  # [N]
+    labels: Tensor | None  # [N]
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` then rename over `path`: readers never see a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8"))
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    write_atomically(path, write)
+
+
+def write_tensors(path: Path, collected: Collected) -> None:
+    mask = collected.attention_mask
+    tensors = {
+        "scores": collected.token_scores.float(),
+        "input_ids": collected.input_ids.long(),
+        "lengths": mask.sum(-1).long(),
+        "deltas": collected.deltas.float(),
+        "target": collected.target.long(),
+        "prediction": collected.prediction.long(),
+        "probability": collected.probability.float(),
+    }
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
+
+
+def sample_records(
+    collected: Collected,
+    texts: Sequence[Any],
+    to_tokens: Callable[[Sequence[int]], list[str]],
+    structure_ids: set[int],
+    top_k_sample: int,
+) -> Iterator[dict[str, Any]]:
+    """The JSONL records, one per sample (a generator: large runs are streamed to disk)."""
+    for i in range(collected.input_ids.shape[0]):
+        ids, mask, scores = collected.input_ids[i], collected.attention_mask[i], collected.token_scores[i]
+        record: dict[str, Any] = {
+            "index": i,
+            "text": texts[i],
+            "tokens": _nested(ids, mask, lambda row: to_tokens(row.tolist())),
+            "scores": _nested(scores, mask, lambda row: [round(float(s), 7) for s in row]),
+            "target": int(collected.target[i]),
+            "label": None if collected.labels is None else int(collected.labels[i]),
+            "prediction": int(collected.prediction[i]),
+            "probability": float(collected.probability[i]),
+            "delta": float(collected.deltas[i]),
+            "relative_delta": float(collected.relative_deltas[i]),
+            "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
+        }
+        yield record
+
+
+def _nested(values: Tensor, mask: Tensor, convert: Callable[[Tensor], list[Any]]) -> list[Any]:
+    """Values at the real positions of one sample; a list per sequence when the sample has several."""
+    if values.dim() == 1:
+        return convert(values[mask.bool()])
+    return [_nested(v, m, convert) for v, m in zip(values, mask)]
+
+
+def _sample_top(
+    ids: Tensor,
+    mask: Tensor,
+    scores: Tensor,
+    to_tokens: Callable[[Sequence[int]], list[str]],
+    structure_ids: set[int],
+    k: int,
+) -> list[list[Any]]:
+    rankable = _rankable(ids, mask, scores, structure_ids)
+    positions = rankable.nonzero()
+    values = scores[rankable]
+    order = values.abs().argsort(descending=True)[:k]
+    tokens = to_tokens(ids[rankable][order].tolist())
+    top = []
+    for j, token in zip(order.tolist(), tokens):
+        pos = positions[j].tolist()
+        top.append([pos[0] if len(pos) == 1 else pos, token, round(float(values[j]), 7)])
+    return top
+
+
+def _rankable(ids: Tensor, mask: Tensor, scores: Tensor, structure_ids: set[int]) -> Tensor:
+    structure = torch.tensor(sorted(structure_ids), dtype=ids.dtype)
+    return mask.bool() & ~torch.isin(ids, structure) & (scores != 0)
+
+
+def token_ranking(
+    collected: Collected,
+    to_tokens: Callable[[Sequence[int]], list[str]],
+    structure_ids: set[int],
+    k: int,
+    min_count: int,
+) -> list[dict[str, Any]]:
+    """The top `k` token strings by mean share of their sample's |attribution| (see the module docstring)."""
+    scores = collected.token_scores.double()
+    totals = scores.abs().reshape(scores.shape[0], -1).sum(1).clamp_min(1e-30)
+    shares = scores.abs() / totals.view(-1, *([1] * (scores.dim() - 1)))
+    keep = _rankable(collected.input_ids, collected.attention_mask, scores, structure_ids)
+    ids, scores, shares = collected.input_ids[keep], scores[keep], shares[keep]
+    if ids.numel() == 0:
+        return []
+    size = int(ids.max()) + 1
+    count = torch.bincount(ids, minlength=size)
+    denominator = count.clamp_min(1)
+    mean_share = torch.bincount(ids, weights=shares, minlength=size) / denominator
+    mean_abs = torch.bincount(ids, weights=scores.abs(), minlength=size) / denominator
+    mean = torch.bincount(ids, weights=scores, minlength=size) / denominator
+    mean_share[count < max(1, min_count)] = -1.0
+    top = [int(i) for i in mean_share.argsort(descending=True)[:k] if mean_share[i] >= 0]
+    names = to_tokens(top)
+    return [
+        {
+            "token": name,
+            "id": i,
+            "mean_share": float(mean_share[i]),
+            "mean_abs": float(mean_abs[i]),
+            "mean": float(mean[i]),
+            "count": int(count[i]),
+        }
+        for i, name in zip(top, names)
+    ]

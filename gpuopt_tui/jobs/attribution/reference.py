@@ -1,0 +1,72 @@
+"""The one-sample, one-step-at-a-time Integrated Gradients loop: the accuracy reference and the CPU path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from gpuopt_tui.jobs.attribution.common import (
+    ForwardFn,
+    IGResult,
+    Target,
+    accumulation_dtype,
+    endpoint_outputs,
+    finish,
+    frozen_parameters,
+    module_of,
+    resolve_endpoint_precision,
+    resolve_target,
+    selected,
+)
+from gpuopt_tui.jobs.attribution.rules import step_rule
+from gpuopt_tui.jobs.device import autocast
+
+
+def integrated_gradients_reference(
+    forward: ForwardFn,
+    inputs_embeds: Tensor,
+    baselines: Tensor,
+    attention_mask: Tensor | None = None,
+    target: Target = "predicted",
+    *,
+    n_steps: int = 50,
+    method: str = "gausslegendre",
+    precision: str = "fp32",
+    endpoint_precision: str | None = None,
+    context: Mapping[str, Tensor] | None = None,
+    model: nn.Module | None = None,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> IGResult:
+    """Same contract as `integrated_gradients`, computed with one forward/backward per (sample, step).
+
+    `on_sample(done_samples, n_samples)` is called after every sample.
+    """
+    if baselines.shape != inputs_embeds.shape:
+        raise ValueError(f"baselines {tuple(baselines.shape)} differ from inputs {tuple(inputs_embeds.shape)}")
+    acc = accumulation_dtype(inputs_embeds)
+    inputs, baselines = inputs_embeds.detach().to(acc), baselines.detach().to(acc)
+    context = dict(context or {})
+    alphas, weights = step_rule(method, n_steps)
+    batch = inputs.shape[0]
+    with frozen_parameters(module_of(forward, model)):
+        endpoints = resolve_endpoint_precision(precision, endpoint_precision)
+        out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, context, endpoints)
+        target = resolve_target(target, out_x)
+        grads = torch.zeros_like(inputs)
+        for i in range(batch):
+            one = slice(i, i + 1)
+            mask = None if attention_mask is None else attention_mask[one]
+            sample_context = {k: v[one] for k, v in context.items()}
+            sample_target = None if target is None else target[one]
+            for alpha, weight in zip(alphas.tolist(), weights.tolist()):
+                point = (baselines[one] + alpha * (inputs[one] - baselines[one])).requires_grad_()
+                with torch.enable_grad():
+                    with autocast(inputs.device, precision):
+                        out = forward(point, mask, sample_context)
+                    (grad,) = torch.autograd.grad(selected(out.to(acc), sample_target).sum(), point)
+                grads[i] += weight * grad[0]
+            if on_sample is not None:
+                on_sample(i + 1, batch)
+    return finish(grads, inputs, baselines, out_x, out_b, target)

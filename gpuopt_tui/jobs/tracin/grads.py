@@ -1,0 +1,265 @@
+"""Per-example gradients of the chosen parameters, kept in a form whose inner products are cheap.
+
+Two ways to get them:
+- closed form, when every chosen parameter is the weight or bias of an nn.Linear: one batched forward with
+  hooks that record each chosen layer's input a (and recompute its output z in full precision), one
+  backward of the summed losses to those outputs only. The per-example gradients are then g a^T (weight)
+  and g (bias) with g = dL/dz. Nothing below the first chosen layer needs a graph, so the trunk runs as
+  under no_grad, in the autocast precision. A layer applied to one vector per example keeps its weight
+  gradient factored as (g, a): <g a^T, g' a'^T> = (g.g')(a.a').
+- vmap: `torch.func.vmap(torch.func.grad(...))` over the adapter's functional loss, for any parameters.
+
+Both assume that an example's loss depends on that example alone (true for models in eval mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.tracin import GRADIENT_METHODS
+from gpuopt_tui.jobs.device import autocast
+from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.tracin.params import only_these_require_grad
+from gpuopt_tui.jobs.tracin.project import Projector
+
+#: A parameter's per-example gradient: dense [B, *shape], or the factors (g [B, m], a [B, n]) of g a^T.
+Block = Tensor | tuple[Tensor, Tensor]
+
+
+@dataclass
+class GradFeatures:
+    """Per-example gradients of B examples: `dense` [B, D] holds flattened (or projected) gradients and
+    `outer` the factored Linear-weight gradients. TracIn scores are inner products of these."""
+
+    dense: Tensor
+    outer: list[tuple[Tensor, Tensor]]
+
+    def __len__(self) -> int:
+        return self.dense.shape[0]
+
+    def inner(self, other: GradFeatures) -> Tensor:
+        """[len(self), len(other)] gradient inner products."""
+        scores = self.dense @ other.dense.T
+        for (g, a), (g2, a2) in zip(self.outer, other.outer, strict=True):
+            scores += (g @ g2.T) * (a @ a2.T)
+        return scores
+
+    def sqnorm(self) -> Tensor:
+        """[B] squared gradient norms."""
+        norms = self.dense.square().sum(1)
+        for g, a in self.outer:
+            norms += g.square().sum(1) * a.square().sum(1)
+        return norms
+
+    @classmethod
+    def empty(cls, like: GradFeatures, n: int) -> GradFeatures:
+        """Room for `n` examples of the same layout as `like` (filled with `put`)."""
+        outer = [(g.new_empty(n, g.shape[1]), a.new_empty(n, a.shape[1])) for g, a in like.outer]
+        return cls(like.dense.new_empty(n, like.dense.shape[1]), outer)
+
+    def put(self, offset: int, part: GradFeatures) -> None:
+        """Copy `part` into rows offset .. offset + len(part)."""
+        rows = slice(offset, offset + len(part))
+        self.dense[rows] = part.dense
+        for (g, a), (pg, pa) in zip(self.outer, part.outer, strict=True):
+            g[rows], a[rows] = pg, pa
+
+
+def linear_owners(model: nn.Module, names: Sequence[str]) -> dict[str, tuple[str, nn.Linear, str]] | None:
+    """parameter name -> (module name, Linear, "weight" or "bias") when every chosen parameter belongs to
+    exactly one nn.Linear (a weight shared with another module would miss its other uses); else None."""
+    owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        for attr, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append((mod_name, module, attr))
+    params = dict(model.named_parameters())
+    found: dict[str, tuple[str, nn.Linear, str]] = {}
+    for name in names:
+        uses = owners.get(id(params[name]), [])
+        if len(uses) != 1 or not isinstance(uses[0][1], nn.Linear):
+            return None
+        mod_name, module, attr = uses[0]
+        found[name] = (mod_name, module, attr)  # type: ignore[assignment]
+    return found
+
+
+class GradientComputer:
+    """Computes `GradFeatures` of batches for one set of parameters, the same way for train and test."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        names: Sequence[str],
+        *,
+        method: str = "auto",
+        precision: str = "fp32",
+        projector: Projector | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        if not names:
+            raise UserError("no parameters chosen for TracIn")
+        if method not in GRADIENT_METHODS:
+            raise UserError(f"method must be one of {', '.join(GRADIENT_METHODS)}, got {method!r}")
+        self.adapter = adapter
+        self.model = adapter.model
+        self.names = list(names)
+        self.precision = precision
+        self.projector = projector
+        self.gradient_checkpointing = gradient_checkpointing
+        self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        owners = linear_owners(self.model, self.names) if method != "vmap" else None
+        if method == "closed_form" and owners is None:
+            raise UserError(
+                "method = closed_form needs every chosen parameter to be the weight or bias of an nn.Linear "
+                "used once; choose other layers or method = vmap"
+            )
+        self.method = "closed_form" if owners is not None else "vmap"
+        self._owners = owners or {}
+        if gradient_checkpointing and self.method == "vmap":
+            raise UserError(
+                "gradient_checkpointing needs the closed-form gradients (torch.func's vmap(grad) cannot "
+                "recompute activations); choose Linear layers only, or turn it off"
+            )
+
+    def features(self, batch: Mapping[str, Tensor]) -> GradFeatures:
+        blocks = self._closed_form(batch) if self.method == "closed_form" else self._vmap(batch)
+        return self._assemble(blocks, len(next(iter(batch.values()))))
+
+    # -- vmap ---------------------------------------------------------------------------------------------
+    def _vmap(self, batch: Mapping[str, Tensor]) -> list[tuple[str, Block]]:
+        wanted = set(self.names)
+        params = {n: p.detach() for n, p in self.model.named_parameters() if n in wanted}
+        adapter = self.adapter
+
+        def one(p: dict[str, Tensor], example: dict[str, Tensor]) -> Tensor:
+            row = {k: v.unsqueeze(0) for k, v in example.items()}
+            return adapter.functional_loss(p, row)[0]
+
+        # The outer no_grad keeps autograd from recording the module's own parameters; grad() still
+        # differentiates `p`.
+        try:
+            with torch.no_grad(), autocast(adapter.device, self.precision):
+                grads = torch.func.vmap(torch.func.grad(one), in_dims=(None, 0))(params, dict(batch))
+        except RuntimeError as exc:
+            if "vmap" not in str(exc) or "data-dependent" not in str(exc):
+                raise
+            raise UserError(
+                f"{adapter.name}: the model's forward branches on tensor values, which torch.func.vmap cannot "
+                "run per example; choose Linear layers only (method = closed_form) or adapt the model's inputs"
+            ) from exc
+        return [(n, grads[n]) for n in self.names]
+
+    # -- closed form -----------------------------------------------------------------------------------------
+    def _closed_form(self, batch: Mapping[str, Tensor]) -> list[tuple[str, Block]]:
+        modules = {mod_name: module for mod_name, module, _ in self._owners.values()}
+        records: dict[str, list[tuple[Tensor, Tensor]]] = {m: [] for m in modules}
+        capturing = [True]
+
+        def hook_for(mod_name: str) -> Callable[..., Tensor]:
+            def hook(module: nn.Linear, args: tuple, kwargs: dict, output: Any) -> Tensor:
+                a = args[0] if args else kwargs["input"]
+                with torch.autocast(a.device.type, enabled=False):
+                    z = F.linear(a.to(module.weight.dtype), module.weight, module.bias)
+                if capturing[0]:  # not when checkpointing recomputes the forward in the backward pass
+                    records[mod_name].append((a.detach(), z))
+                return z
+
+            return hook
+
+        handles = [m.register_forward_hook(hook_for(n), with_kwargs=True) for n, m in modules.items()]
+        try:
+            with only_these_require_grad(self.model, self.names), self._recompute():
+                with autocast(self.adapter.device, self.precision):
+                    losses = self.adapter.loss_per_example(batch)
+                capturing[0] = False
+                zs = [z for calls in records.values() for _, z in calls]
+                grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True) if zs else ()
+        finally:
+            for handle in handles:
+                handle.remove()
+        n = losses.shape[0]
+        dz = iter(grads)
+        per_module: dict[str, tuple[Tensor, Tensor]] = {}  # [B, positions, out], [B, positions, in]
+        for mod_name, calls in records.items():
+            if not calls:
+                continue
+            outs, ins = [], []
+            for a, z in calls:  # every call of the layer adds its positions
+                g = next(dz)
+                outs.append(_rows(torch.zeros_like(z) if g is None else g, n, mod_name))
+                ins.append(_rows(a, n, mod_name))
+            per_module[mod_name] = (torch.cat(outs, 1).to(self.dtype), torch.cat(ins, 1).to(self.dtype))
+        blocks: list[tuple[str, Block]] = []
+        for name in self.names:
+            mod_name, module, attr = self._owners[name]
+            if mod_name not in per_module:  # the layer did not run: zero gradient
+                shape = getattr(module, attr).shape
+                blocks.append((name, torch.zeros(n, *shape, device=self.adapter.device, dtype=self.dtype)))
+                continue
+            g, a = per_module[mod_name]
+            if attr == "bias":
+                blocks.append((name, g.sum(1)))
+            elif a.shape[1] == 1:
+                blocks.append((name, (g[:, 0], a[:, 0])))
+            else:
+                blocks.append((name, torch.einsum("bpo,bpi->boi", g, a)))
+        return blocks
+
+    @contextlib.contextmanager
+    def _recompute(self) -> Iterator[None]:
+        """Gradient checkpointing for the backward pass. Hugging Face layers only checkpoint in training
+        mode, so the training flag is set on those layers alone: dropout and the like stay in eval mode."""
+        if not self.gradient_checkpointing:
+            yield
+            return
+        self.adapter.set_gradient_checkpointing(True)
+        layers = [m for m in self.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        if not layers:
+            self.adapter.set_gradient_checkpointing(False)
+            raise UserError(f"{self.adapter.name}: the model does not support gradient checkpointing")
+        for m in layers:
+            m.training = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.training = False
+            self.adapter.set_gradient_checkpointing(False)
+            # Hugging Face's enable also hooks the input embeddings to require grad; disable leaves that hook,
+            # which would make every later trunk forward build a graph.
+            if hasattr(self.model, "disable_input_require_grads"):
+                self.model.disable_input_require_grads()
+
+    # -- both --------------------------------------------------------------------------------------------------
+    def _assemble(self, blocks: list[tuple[str, Block]], n: int) -> GradFeatures:
+        dense: list[Tensor] = []
+        outer: list[tuple[Tensor, Tensor]] = []
+        proj = self.projector
+        device = self.adapter.device
+        for name, block in blocks:
+            if isinstance(block, tuple):
+                g, a = (t.to(device, self.dtype) for t in block)
+                outer.append(proj.outer(name, g, a) if proj else (g, a))
+            else:
+                x = block.to(device, self.dtype)
+                dense.append(proj.dense(name, x) if proj else x.reshape(n, -1))
+        flat = torch.cat(dense, 1) if dense else torch.zeros(n, 0, device=device, dtype=self.dtype)
+        return GradFeatures(flat, outer)
+
+
+def _rows(t: Tensor, n: int, mod_name: str) -> Tensor:
+    """[n, positions, features] view of a layer input/output whose first dimension is the example."""
+    if t.shape[0] != n:
+        raise UserError(
+            f"layer {mod_name}: its input does not have the example dimension first ({tuple(t.shape)}); "
+            "use method = vmap"
+        )
+    return t.reshape(n, -1, t.shape[-1])

@@ -1,0 +1,316 @@
+"""The TracIn run: checkpoints x training set x test set from a profile, resumable, with result files.
+
+Result files (in results/):
+- influence.jsonl: one line per test example: index, text, label, and its top_k `proponents` and
+  `opponents` (training index, score, text, label).
+- self_influence.jsonl and self_influence.csv: every scored training example ranked by self-influence
+  sum_c lr_c * ||g_c||^2, highest first (mislabeled examples tend to rank high).
+- scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
+  scored training indices, when n_test * n_train <= save_matrix_max.
+- summary.json: settings, parameter count, timing, and for the demo the flipped-label AUC of self-influence.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.schema import to_plain
+from gpuopt_tui.core.profiles.tracin import TracInProfile
+from gpuopt_tui.jobs.attribution.outputs import write_atomically, write_json, write_jsonl
+from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.jobs.data import TextDataset, load_dataset, trim_batch
+from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
+from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
+from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
+from gpuopt_tui.jobs.tracin.filters import get_filter
+from gpuopt_tui.jobs.tracin.params import select_parameters
+from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, tracin_scores
+
+PLAN_FILE = "tracin_plan.json"
+
+
+class ContextReporter(Reporter):
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+
+    def progress(self, done: int, total: int, stage: str) -> None:
+        self.ctx.progress(done, total, unit="train gradients", stage=stage)
+
+    def event(self, type: str, **fields: Any) -> None:
+        self.ctx.event(type, **fields)
+
+    def check_cancelled(self) -> None:
+        self.ctx.check_cancelled()
+
+
+class ContextStore:
+    """Shards as safetensors files in the run's state directory (written atomically)."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+
+    def has(self, name: str) -> bool:
+        return self.ctx.shard_done(name)
+
+    def load(self, name: str) -> dict[str, Tensor] | None:
+        return load_file(str(self.ctx.shard_path(name))) if self.has(name) else None
+
+    def save(self, name: str, tensors: dict[str, Tensor]) -> None:
+        self.ctx.save_shard(name, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp)))
+
+    def delete(self, name: str) -> None:
+        self.ctx.shard_path(name).unlink(missing_ok=True)
+
+
+def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
+    section = profile.tracin
+    device = resolve_device(profile.run.device)
+    adapter = load_adapter(profile.model, device, ctx.cache_dir)
+    train, test = _datasets(profile, adapter)
+    checkpoints = resolve_checkpoints(section.checkpoints, adapter)
+    probe = to_device(trim_batch(test.batch([0]), test.token_fields), device)
+    names = select_parameters(adapter, probe, section.layers, section.n_last_layers, section.layer_names)
+    options = TracInOptions(
+        method=section.method,
+        precision=_precision(ctx, device, section.use_amp, section.amp_dtype),
+        projection_dim=section.projection_dim,
+        seed=profile.run.seed,
+        batch_size=section.batch_size,
+        gradient_checkpointing=section.gradient_checkpointing,
+        cleanup_every=section.cleanup_every,
+        shard_size=section.shard_size,
+        top_k=section.top_k,
+        keep_matrix=len(test) * len(train) <= section.save_matrix_max,
+    )
+    _check_plan(ctx, options, names, checkpoints, train, test, section.filter)
+    saved = [name for name in ctx.finished_shards() if name.startswith("tracin_c")]
+    if saved:
+        ctx.log(f"resuming: {len(saved)} finished (checkpoint, block) shards found")
+    ctx.log(
+        f"{adapter.describe()}; {len(train)} training x {len(test)} test examples, {len(checkpoints)} checkpoints, "
+        f"{len(names)} parameter tensors ({section.layers}), precision {options.precision}"
+    )
+    result = tracin_scores(
+        adapter,
+        checkpoints,
+        train,
+        test,
+        names,
+        options,
+        pair_filter=get_filter(section.filter),
+        store=ContextStore(ctx),
+        reporter=ContextReporter(ctx),
+    )
+    return _write_results(ctx, profile, adapter, train, test, checkpoints, result)
+
+
+def _datasets(profile: TracInProfile, adapter: Adapter) -> tuple[TextDataset, TextDataset]:
+    section = profile.tracin
+    test = load_dataset(profile.data, adapter).head(section.n_test)
+    if section.train_path:
+        train = load_dataset(profile.data, adapter, path=section.train_path)
+    elif profile.data.source == "demo":
+        train = load_dataset(profile.data, adapter, split="train")
+    else:
+        raise UserError("tracin.train_path: the training examples are needed (a jsonl or csv file)")
+    train = train.head(section.n_train)
+    for name, ds in (("test", test), ("training", train)):
+        if len(ds) == 0:
+            raise UserError(f"no {name} examples to score ({ds.origin})")
+        if ds.labels is None:
+            raise UserError(f"the {name} examples ({ds.origin}) have no labels, which TracIn's loss needs")
+    return train, test
+
+
+def _precision(ctx: JobContext, device: torch.device, use_amp: bool, amp_dtype: str) -> str:
+    """The forward precision: autocast on the GPU when asked for, fp32 on the CPU."""
+    if device.type != "cuda":
+        return "fp32"
+    chosen = precision(use_amp, amp_dtype)
+    if not amp_dtype_supported(device, chosen):
+        ctx.warn("this GPU has no bf16 support: using fp16 autocast instead")
+        return "fp16"
+    return chosen
+
+
+def _check_plan(
+    ctx: JobContext,
+    options: TracInOptions,
+    names: list[str],
+    checkpoints: list[Checkpoint],
+    train: TextDataset,
+    test: TextDataset,
+    filter_name: str,
+) -> None:
+    """Shards of an earlier attempt are reused only if they were made with the same settings and data."""
+    digest = hashlib.sha256()
+    for ds in (train, test):
+        for key in sorted(ds.tensors):
+            digest.update(key.encode())
+            digest.update(ds.tensors[key].contiguous().numpy().tobytes())
+    record = {
+        "method": options.method,
+        "precision": options.precision,
+        "projection_dim": options.projection_dim,
+        "seed": options.seed,
+        "shard_size": options.shard_size,
+        "filter": filter_name,
+        "parameters": names,
+        "checkpoints": [[str(c.path), c.lr] for c in checkpoints],
+        "data": digest.hexdigest(),
+    }
+    path = ctx.shard_path(PLAN_FILE)
+    if path.exists():
+        if json.loads(path.read_text(encoding="utf-8")) != record:
+            raise UserError(f"{ctx.state_dir}: the saved shards were made with other settings or data")
+        return
+    ctx.save_shard(PLAN_FILE, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
+
+
+# --- results ----------------------------------------------------------------------------------------------------
+def _write_results(
+    ctx: JobContext,
+    profile: TracInProfile,
+    adapter: Adapter,
+    train: TextDataset,
+    test: TextDataset,
+    checkpoints: list[Checkpoint],
+    result: InfluenceResult,
+) -> dict[str, Any]:
+    section = profile.tracin
+    files = {
+        "influence": ctx.results_dir / "influence.jsonl",
+        "self_jsonl": ctx.results_dir / "self_influence.jsonl",
+        "self_csv": ctx.results_dir / "self_influence.csv",
+        "summary": ctx.results_dir / "summary.json",
+    }
+    flipped = _flipped(train)
+    ranked = _self_influence_ranking(train, result, flipped)
+    write_jsonl(files["influence"], _influence_records(train, test, result))
+    write_jsonl(files["self_jsonl"], ranked)
+    _write_csv(files["self_csv"], ranked)
+    ctx.artifact(files["influence"], "top proponents and opponents of each test example")
+    ctx.artifact(files["self_jsonl"], "training examples ranked by self-influence")
+    ctx.artifact(files["self_csv"], "training examples ranked by self-influence (CSV)")
+    if result.matrix is not None:
+        files["matrix"] = ctx.results_dir / "scores.safetensors"
+        tensors = {
+            "scores": result.matrix.float().contiguous(),
+            "train_index": result.train_rows,
+            "self_influence": result.self_influence.float(),
+        }
+        write_atomically(files["matrix"], lambda tmp: save_file(tensors, str(tmp)))
+        ctx.artifact(files["matrix"], "full score matrix [n_test, n_scored] with the scored training indices")
+    stats = result.stats
+    seconds = stats["seconds"]
+    computed = stats["n_scored"] * stats["checkpoints_loaded"] / len(checkpoints)
+    rate = computed / seconds if seconds > 0 and computed else None
+    auc = flipped_auc(result.self_influence, result.train_rows, flipped) if flipped is not None else None
+    summary = {
+        "model": adapter.describe(),
+        "n_train": len(train),
+        "n_test": len(test),
+        "n_scored": stats["n_scored"],
+        "train": train.origin,
+        "test": test.origin,
+        "checkpoints": [{"path": str(c.path), "lr": c.lr} for c in checkpoints],
+        "settings": to_plain(section),
+        "method": stats["method"],
+        "precision": stats["precision"],
+        "n_parameters": stats["n_parameters"],
+        "parameter_tensors": stats["parameters"],
+        "gradient_size": stats["gradient_size"],
+        "timing": {"compute_seconds": seconds, "train_examples_per_s": rate},
+        "oom_retries": stats["oom_retries"],
+        "final_batch_size": stats["final_batch_size"],
+        "flipped_label_auc": auc,
+        "top_self_influence": [entry["index"] for entry in ranked[:10]],
+        "files": {k: p.name for k, p in files.items()},
+    }
+    write_json(files["summary"], summary)
+    ctx.artifact(files["summary"], "settings, timing and summary figures")
+    ctx.metric("train_examples_per_s", rate)
+    if auc is not None:
+        ctx.metric("flipped_label_auc", auc)
+    return {"n_scored": stats["n_scored"], "train_examples_per_s": rate, "flipped_label_auc": auc}
+
+
+def _label(ds: TextDataset, i: int) -> int | None:
+    return None if ds.labels is None else int(ds.labels[i])
+
+
+def _neighbours(train: TextDataset, top: TopK, i: int) -> list[dict[str, Any]]:
+    return [
+        {"index": r, "score": s, "text": train.texts[r], "label": _label(train, r)}
+        for r, s in zip(top.rows[i].tolist(), top.scores[i].tolist())
+        if r >= 0
+    ]
+
+
+def _influence_records(train: TextDataset, test: TextDataset, result: InfluenceResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": i,
+            "text": test.texts[i],
+            "label": _label(test, i),
+            "proponents": _neighbours(train, result.proponents, i),
+            "opponents": _neighbours(train, result.opponents, i),
+        }
+        for i in range(len(test))
+    ]
+
+
+def _flipped(train: TextDataset) -> set[int] | None:
+    """Training indices whose labels the demo flipped on purpose (None for other data)."""
+    flipped = train.meta.get("flipped")
+    return None if flipped is None else {int(i) for i in flipped if int(i) < len(train)}
+
+
+def _self_influence_ranking(
+    train: TextDataset, result: InfluenceResult, flipped: set[int] | None
+) -> list[dict[str, Any]]:
+    order = result.self_influence.argsort(descending=True, stable=True).tolist()
+    rows = result.train_rows.tolist()
+    ranked = []
+    for rank, j in enumerate(order, 1):
+        i = rows[j]
+        entry = {
+            "rank": rank,
+            "index": i,
+            "self_influence": float(result.self_influence[j]),
+            "label": _label(train, i),
+            "text": train.texts[i],
+        }
+        if flipped is not None:
+            entry["flipped"] = i in flipped
+        ranked.append(entry)
+    return ranked
+
+
+def _write_csv(path: Path, ranked: list[dict[str, Any]]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(ranked[0]) if ranked else ["rank"])
+            writer.writeheader()
+            writer.writerows(ranked)
+
+    write_atomically(path, write)
+
+
+def flipped_auc(self_influence: Tensor, rows: Tensor, flipped: set[int]) -> float | None:
+    """Probability that a flipped example has higher self-influence than a clean one (ties count half)."""
+    is_flipped = torch.tensor([int(r) in flipped for r in rows.tolist()], dtype=torch.bool)
+    pos, neg = self_influence[is_flipped].double(), self_influence[~is_flipped].double()
+    if not len(pos) or not len(neg):
+        return None
+    wins = sum(float((p > neg).sum() + 0.5 * (p == neg).sum()) for p in pos)
+    return wins / (len(pos) * len(neg))

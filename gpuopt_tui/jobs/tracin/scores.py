@@ -1,0 +1,379 @@
+"""TracInCP: influence(train z, test z') = sum over checkpoints c of lr_c * <grad L(z; w_c), grad L(z'; w_c)>.
+
+Checkpoints are the outer loop: each is loaded once, the test gradients are computed once per checkpoint, and
+the training examples stream past them in micro-batches. Training examples are cut into blocks; after each
+(checkpoint, block) the block's running sums (scores against every test example, and self-influence
+sum_c lr_c * ||g_c||^2) are saved as a shard, so a resumed run redoes at most one block. Top-k proponents
+and opponents are merged block by block at the end. Scores accumulate in fp32 (float64 for float64 models).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.data import TextDataset, trim_batch
+from gpuopt_tui.jobs.device import free_memory, is_oom
+from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
+from gpuopt_tui.jobs.tracin.filters import PairFilter
+from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
+from gpuopt_tui.jobs.tracin.params import count_parameters
+from gpuopt_tui.jobs.tracin.project import Projector
+
+
+@dataclass
+class TracInOptions:
+    method: str = "auto"  # auto | closed_form | vmap (see grads.py)
+    precision: str = "fp32"  # forward precision: fp32, bf16 or fp16 (jobs.device.autocast)
+    projection_dim: int = 0  # 0 = exact gradients
+    seed: int = 0  # projection seed
+    batch_size: int = 64  # micro-batch, halved on out-of-memory
+    gradient_checkpointing: bool = False
+    cleanup_every: int = 0  # examples between memory clean-ups (0 = never)
+    shard_size: int = 4096  # training examples per saved block
+    top_k: int = 10
+    keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
+
+
+@dataclass
+class TopK:
+    """Per test example: `rows` [n_test, k] (training rows, -1 where fewer than k were scored), `scores`."""
+
+    rows: Tensor
+    scores: Tensor
+
+
+@dataclass
+class InfluenceResult:
+    train_rows: Tensor  # [M] training rows that were scored, ascending (all of them without a filter)
+    self_influence: Tensor  # [M]
+    proponents: TopK  # the k highest scores per test example
+    opponents: TopK  # the k lowest
+    matrix: Tensor | None  # [n_test, M]; NaN where the filter left the pair out
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Reporter:
+    """Where the engine reports progress and events and asks whether to stop; this one ignores it all."""
+
+    def progress(self, done: int, total: int, stage: str) -> None:
+        pass
+
+    def event(self, type: str, **fields: Any) -> None:
+        pass
+
+    def check_cancelled(self) -> None:
+        pass
+
+
+class ShardStore(Protocol):
+    def has(self, name: str) -> bool: ...
+    def load(self, name: str) -> dict[str, Tensor] | None: ...
+    def save(self, name: str, tensors: dict[str, Tensor]) -> None: ...
+    def delete(self, name: str) -> None: ...
+
+
+class MemoryStore:
+    """Shards kept in a dict (library use without resume)."""
+
+    def __init__(self) -> None:
+        self.shards: dict[str, dict[str, Tensor]] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.shards
+
+    def load(self, name: str) -> dict[str, Tensor] | None:
+        return self.shards.get(name)
+
+    def save(self, name: str, tensors: dict[str, Tensor]) -> None:
+        self.shards[name] = tensors
+
+    def delete(self, name: str) -> None:
+        self.shards.pop(name, None)
+
+
+def shard_name(checkpoint: int, block: int) -> str:
+    return f"tracin_c{checkpoint:03d}_b{block:05d}.safetensors"
+
+
+# --- micro-batches -------------------------------------------------------------------------------------------
+class MicroBatcher:
+    """Feeds rows of a dataset to a `GradientComputer` in micro-batches; on out-of-memory halves the size
+    (for the rest of the run) and retries."""
+
+    def __init__(self, size: int, reporter: Reporter) -> None:
+        self.size = size
+        self.reporter = reporter
+        self.ooms = 0
+
+    def run(
+        self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int]
+    ) -> Iterator[tuple[int, GradFeatures]]:
+        """(offset into `rows`, features of the micro-batch starting there)."""
+        start = 0
+        while start < len(rows):
+            size = min(self.size, len(rows) - start)
+            feats = self._attempt(computer, ds, rows[start : start + size])
+            if feats is None:
+                gc.collect()  # the failed attempt's tensors
+                free_memory(computer.adapter.device)
+                if size == 1:
+                    raise UserError(
+                        "out of memory with one example per micro-batch: use a projection (projection_dim), "
+                        "fewer layers, mixed precision, or a larger GPU"
+                    )
+                self.size = size // 2
+                self.ooms += 1
+                self.reporter.event("oom_retry", batch_size=size, retry_batch_size=self.size)
+                continue
+            yield start, feats
+            del feats  # not held while the next micro-batch is computed
+            start += size
+
+    @staticmethod
+    def _attempt(computer: GradientComputer, ds: TextDataset, rows: Sequence[int]) -> GradFeatures | None:
+        """The features of `rows`, or None when memory ran out."""
+        batch = to_device(trim_batch(ds.batch(rows), ds.token_fields), computer.adapter.device)
+        try:
+            return computer.features(batch)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            return None
+
+    def features(self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int]) -> GradFeatures:
+        """The features of every row, gathered in one preallocated block (no second copy)."""
+        out: GradFeatures | None = None
+        for offset, part in self.run(computer, ds, rows):
+            out = out if out is not None else GradFeatures.empty(part, len(rows))
+            out.put(offset, part)
+        if out is None:
+            raise ValueError("no rows")
+        return out
+
+
+class Cleanup:
+    """Collects garbage and frees cached GPU memory every `every` examples (0 = never)."""
+
+    def __init__(self, every: int, device: torch.device) -> None:
+        self.every = every
+        self.device = device
+        self.count = 0
+        self.runs = 0
+
+    def step(self, examples: int) -> None:
+        self.count += examples
+        if self.every and self.count >= self.every:
+            self.count = 0
+            self.runs += 1
+            gc.collect()
+            free_memory(self.device)
+
+
+# --- top-k ------------------------------------------------------------------------------------------------------
+class TopKMerger:
+    """The k largest (or smallest) scores per row over column blocks seen one at a time; NaN = not scored."""
+
+    def __init__(self, n_rows: int, k: int, largest: bool) -> None:
+        self.k = k
+        self.largest = largest
+        self.fill = float("-inf") if largest else float("inf")
+        self.scores = torch.empty(n_rows, 0)
+        self.rows = torch.empty(n_rows, 0, dtype=torch.long)
+
+    def update(self, scores: Tensor, rows: Tensor) -> None:
+        scores = torch.where(scores.isnan(), self.fill, scores)
+        cand = torch.cat([self.scores.to(scores.dtype), scores], 1)
+        cand_rows = torch.cat([self.rows, rows.expand(scores.shape[0], -1)], 1)
+        top = cand.topk(min(self.k, cand.shape[1]), dim=1, largest=self.largest)
+        self.scores, self.rows = top.values, cand_rows.gather(1, top.indices)
+
+    def result(self) -> TopK:
+        missing = self.scores == self.fill
+        return TopK(self.rows.masked_fill(missing, -1), self.scores.masked_fill(missing, float("nan")))
+
+
+# --- the computation -----------------------------------------------------------------------------------------------
+def tracin_scores(
+    adapter: Adapter,
+    checkpoints: Sequence[Checkpoint],
+    train: TextDataset,
+    test: TextDataset,
+    params: Sequence[str],
+    options: TracInOptions | None = None,
+    *,
+    pair_filter: PairFilter | None = None,
+    store: ShardStore | None = None,
+    reporter: Reporter | None = None,
+) -> InfluenceResult:
+    """TracInCP scores of `train` examples on `test` examples over `checkpoints`, for the parameters `params`
+    (names from `select_parameters`). Loads each checkpoint into `adapter.model` in turn."""
+    opts = options or TracInOptions()
+    reporter = reporter or Reporter()
+    store = store if store is not None else MemoryStore()
+    if not checkpoints:
+        raise UserError("TracIn needs at least one checkpoint")
+    device = adapter.device
+    dtype = torch.promote_types(next(adapter.model.parameters()).dtype, torch.float32)
+    projector = Projector(opts.projection_dim, opts.seed, device, dtype) if opts.projection_dim else None
+    computer = GradientComputer(
+        adapter,
+        params,
+        method=opts.method,
+        precision=opts.precision,
+        projector=projector,
+        gradient_checkpointing=opts.gradient_checkpointing,
+    )
+    keys = _filter_keys(pair_filter, test, train)
+    scored = _scored_rows(train, pair_filter, keys)
+    blocks = [scored[i : i + opts.shard_size] for i in range(0, len(scored), opts.shard_size)]
+    n_test, n_ckpt = len(test), len(checkpoints)
+    done_through = [_latest_shard(store, j, n_ckpt) for j in range(len(blocks))]
+    total = n_ckpt * len(scored)
+    done = sum((done_through[j] + 1) * len(rows) for j, rows in enumerate(blocks))
+    batcher = MicroBatcher(opts.batch_size, reporter)
+    cleanup = Cleanup(opts.cleanup_every, device)
+    loaded = 0
+    start = time.perf_counter()
+    for c, ckpt in enumerate(checkpoints):
+        pending = [j for j in range(len(blocks)) if done_through[j] < c]
+        if not pending:
+            continue
+        test_feats = None  # the previous checkpoint's are freed before this one's are computed
+        adapter.load_weights(ckpt.path)
+        loaded += 1
+        stage = f"checkpoint {c + 1}/{n_ckpt}"
+        test_feats = batcher.features(computer, test, range(n_test)) if n_test else None
+        for j in pending:
+            rows = blocks[j]
+            prev = store.load(shard_name(c - 1, j)) if c else None
+            scores = torch.zeros(n_test, len(rows), device=device, dtype=dtype)
+            selfinf = torch.zeros(len(rows), device=device, dtype=dtype)
+            if prev is not None:
+                scores += prev["scores"].to(device, dtype)
+                selfinf += prev["self_influence"].to(device, dtype)
+            for offset, feats in batcher.run(computer, train, rows):
+                part = slice(offset, offset + len(feats))
+                if test_feats is not None:
+                    scores[:, part] += ckpt.lr * test_feats.inner(feats)
+                selfinf[part] += ckpt.lr * feats.sqnorm()
+                done += len(feats)
+                cleanup.step(len(feats))
+                del feats  # not held while the next micro-batch is computed
+                reporter.progress(done, total, stage)
+                reporter.check_cancelled()
+            store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
+            if c:
+                store.delete(shard_name(c - 1, j))
+            done_through[j] = c
+    seconds = time.perf_counter() - start
+    result = _gather(store, blocks, n_test, n_ckpt, pair_filter, keys, opts)
+    result.stats = {
+        "method": computer.method,
+        "parameters": list(params),
+        "n_parameters": count_parameters(adapter.model, params),
+        "gradient_size": _feature_size(adapter, params, projector),
+        "precision": opts.precision,
+        "projection_dim": opts.projection_dim,
+        "checkpoints_loaded": loaded,
+        "n_scored": len(scored),
+        "seconds": seconds,
+        "final_batch_size": batcher.size,
+        "oom_retries": batcher.ooms,
+        "cleanups": cleanup.runs,
+    }
+    return result
+
+
+def self_influence(
+    adapter: Adapter,
+    checkpoints: Sequence[Checkpoint],
+    train: TextDataset,
+    params: Sequence[str],
+    options: TracInOptions | None = None,
+) -> Tensor:
+    """sum_c lr_c * ||grad L(z; w_c)||^2 for every training example [N] (high = unusual or mislabeled)."""
+    opts = dataclasses.replace(options or TracInOptions(), keep_matrix=False)
+    return tracin_scores(adapter, checkpoints, train, train.subset([]), params, opts).self_influence
+
+
+def _filter_keys(pair_filter: PairFilter | None, test: TextDataset, train: TextDataset) -> tuple[Tensor, Tensor] | None:
+    if pair_filter is None:
+        return None
+    return pair_filter.example_keys(test.tensors, "test"), pair_filter.example_keys(train.tensors, "training")
+
+
+def _scored_rows(
+    train: TextDataset, pair_filter: PairFilter | None, keys: tuple[Tensor, Tensor] | None, chunk: int = 65536
+) -> list[int]:
+    """Training rows to score (those the filter pairs with some test example), longest first: batches then
+    hold examples of similar length, and the first one shows whether memory suffices."""
+    rows = torch.arange(len(train))
+    if pair_filter is not None and keys is not None and len(train):
+        test_keys, train_keys = keys
+        wanted = [pair_filter.mask(test_keys, train_keys[i : i + chunk]).any(0) for i in range(0, len(train), chunk)]
+        rows = rows[torch.cat(wanted)]
+    lengths = train.lengths()[rows]
+    return rows[torch.sort(-lengths, stable=True).indices].tolist()
+
+
+def _latest_shard(store: ShardStore, block: int, n_ckpt: int) -> int:
+    """The last checkpoint whose running sums for `block` are saved (-1: none)."""
+    return next((c for c in reversed(range(n_ckpt)) if store.has(shard_name(c, block))), -1)
+
+
+def _gather(
+    store: ShardStore,
+    blocks: list[list[int]],
+    n_test: int,
+    n_ckpt: int,
+    pair_filter: PairFilter | None,
+    keys: tuple[Tensor, Tensor] | None,
+    opts: TracInOptions,
+) -> InfluenceResult:
+    """Final shards -> self-influence, top-k per test example and (optionally) the matrix, in row order."""
+    train_rows = torch.tensor(sorted(r for rows in blocks for r in rows), dtype=torch.long)
+    position = torch.zeros(int(train_rows.max()) + 1 if len(train_rows) else 0, dtype=torch.long)
+    position[train_rows] = torch.arange(len(train_rows))
+    proponents = TopKMerger(n_test, opts.top_k, largest=True)
+    opponents = TopKMerger(n_test, opts.top_k, largest=False)
+    selfinf: Tensor | None = None
+    matrix: Tensor | None = None
+    for j, rows in enumerate(blocks):
+        shard = store.load(shard_name(n_ckpt - 1, j))
+        if shard is None:
+            raise RuntimeError(f"shard {shard_name(n_ckpt - 1, j)} is missing")
+        rows_t = torch.tensor(rows, dtype=torch.long)
+        scores = shard["scores"]
+        if pair_filter is not None and keys is not None:
+            scores = scores.masked_fill(~pair_filter.mask(keys[0], keys[1][rows_t]), float("nan"))
+        proponents.update(scores, rows_t)
+        opponents.update(scores, rows_t)
+        cols = position[rows_t]
+        if selfinf is None:
+            selfinf = torch.zeros(len(train_rows), dtype=scores.dtype)
+            if opts.keep_matrix:
+                matrix = torch.full((n_test, len(train_rows)), float("nan"), dtype=scores.dtype)
+        selfinf[cols] = shard["self_influence"]
+        if matrix is not None:
+            matrix[:, cols] = scores
+    if selfinf is None:
+        selfinf = torch.zeros(0)
+        matrix = torch.zeros(n_test, 0) if opts.keep_matrix else None
+    return InfluenceResult(train_rows, selfinf, proponents.result(), opponents.result(), matrix)
+
+
+def _feature_size(adapter: Adapter, params: Sequence[str], projector: Projector | None) -> int:
+    """Numbers per example gradient: the parameter count, or its projected size."""
+    shapes = dict(adapter.model.named_parameters())
+    if projector is None:
+        return count_parameters(adapter.model, params)
+    return sum(projector.size(tuple(shapes[n].shape)) for n in params)

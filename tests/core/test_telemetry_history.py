@@ -1,0 +1,78 @@
+"""History: a time window per GPU, bucketed for plots; fed by the replayed trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.core.telemetry import GpuSample, History, ReplaySource, Snapshot
+
+SYNTHETIC = Path(__file__).parents[1] / "fixtures" / "traces" / "synthetic_3gpu.jsonl"
+
+
+def snap(t: float, util: int | None, used: int = 4, lost: bool = False) -> Snapshot:
+    gpu = GpuSample(index=0, memory_used=used, memory_total=8, util_sm=util, lost=lost)
+    return Snapshot(time=t, gpus=(gpu,))
+
+
+def test_points_older_than_the_window_are_dropped() -> None:
+    history = History(window_s=10)
+    for t in range(25):
+        history.add(snap(float(t), util=t))
+    values = history.values(0, "util")
+    assert [t for t, _ in values] == [float(t) for t in range(14, 25)]
+    assert history.values(0, "memory")[0][1] == 50.0
+
+
+def test_a_snapshot_not_newer_than_the_last_is_ignored() -> None:
+    history = History(window_s=10)
+    assert history.add(snap(5.0, util=1))
+    assert not history.add(snap(5.0, util=2))
+    assert not history.add(snap(4.0, util=3))
+    assert history.values(0, "util") == [(5.0, 1.0)]
+
+
+def test_buckets_hold_the_peak_and_none_where_nothing_was_sampled() -> None:
+    history = History(window_s=10)
+    for t, util in [(1.0, 10), (1.5, 80), (2.2, 30), (9.9, 5), (10.0, 7)]:
+        history.add(snap(t, util))
+    # window (0, 10] in 5 buckets of 2 s: [0,2) [2,4) [4,6) [6,8) [8,10]
+    assert history.buckets(0, "util", 5) == [80.0, 30.0, None, None, 7.0]
+    assert history.buckets(0, "util", 0) == []
+    assert history.buckets(7, "util", 3) == [None, None, None]  # a GPU never seen
+
+
+def test_a_lost_gpu_and_na_values_leave_gaps() -> None:
+    history = History(window_s=4)
+    history.add(snap(0.5, util=50))
+    history.add(snap(1.5, util=None))
+    history.add(snap(2.5, util=60, lost=True))
+    history.add(snap(3.5, util=70))
+    assert history.last_time == 3.5
+    assert history.buckets(0, "util", 4, now=4.0) == [50.0, None, None, 70.0]
+    assert history.buckets(0, "memory", 4, now=4.0) == [50.0, 50.0, None, 50.0]
+
+
+def test_empty_history_and_bad_arguments() -> None:
+    history = History()
+    assert history.buckets(0, "memory", 3) == [None, None, None]
+    with pytest.raises(ValueError):
+        history.values(0, "power")
+    with pytest.raises(ValueError):
+        History(window_s=0)
+
+
+def test_history_from_a_replayed_trace() -> None:
+    source = ReplaySource(SYNTHETIC, speed=None, loop=False)
+    history = History(window_s=60)
+    frames = source.trace.snapshots
+    for _ in frames:
+        history.add(source.poll())
+    assert history.indices() == [0, 1, 2]
+    memory0 = [v for _, v in history.values(0, "memory")]
+    assert memory0 == sorted(memory0) and memory0[0] == pytest.approx(2.5) and memory0[-1] == pytest.approx(75.0)
+    lost_from = next(i for i, f in enumerate(frames) if f.gpus[2].lost)
+    util2 = [v for _, v in history.values(2, "util")]
+    assert all(v is None for v in util2[lost_from:]) and all(v == 55.0 for v in util2[:lost_from])
+    assert all(v == pytest.approx(0.625) for _, v in history.values(1, "memory"))  # 0.5 of 80 GiB

@@ -1,0 +1,194 @@
+"""The attribution run end to end on a tiny Hugging Face model directory and a jsonl dataset: result files,
+per-sample results against a direct engine call, bucketing, the reference path, cancel + resume."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import EventWriter, read_events
+from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution.job import run_job
+from gpuopt_tui.jobs.context import JobCancelled, JobContext
+
+N_SAMPLES = 22
+WORDS = [f"w{i}" for i in range(55)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny BERT classifier with its tokenizer, and 22 labelled texts of 1 to 14 words."""
+    root = tmp_path_factory.mktemp("ig_job")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
+        initializer_range=0.3,
+    )
+    BertForSequenceClassification(config).save_pretrained(root / "model")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(root / "model")
+    rng = random.Random(4)
+    lines = []
+    for i in range(N_SAMPLES):
+        text = " ".join(rng.choice(WORDS[:20]) for _ in range(rng.randint(1, 14)))
+        lines.append(json.dumps({"text": text, "label": i % 2}))
+    (root / "data.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "unlabelled.jsonl").write_text(json.dumps({"text": "w1 w2"}) + "\n")
+    return root
+
+
+def profile(workdir: Path, data_file: str = "data.jsonl", **attribution: Any):
+    settings = {"n_steps": 8, "method": "riemann_middle", "batch_size": 4, "top_k": 5, "top_k_sample": 3}
+    settings.update(attribution)
+    return profile_from_data(
+        {
+            "kind": "attribution",
+            "run": {"device": "cpu"},
+            "model": {"adapter": "hf", "path": str(workdir / "model")},
+            "data": {"source": "jsonl", "path": str(workdir / data_file), "max_length": 16},
+            "attribution": settings,
+        },
+        "test.toml",
+    )
+
+
+def context(run_dir: Path, cls: type[JobContext] = JobContext) -> JobContext:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return cls(run_dir, EventWriter(run_dir / "events.jsonl"), run_dir / "cache")
+
+
+def results(run_dir: Path) -> tuple[list[dict], dict, dict[str, torch.Tensor]]:
+    lines = (run_dir / "results" / "attributions.jsonl").read_text().splitlines()
+    summary = json.loads((run_dir / "results" / "summary.json").read_text())
+    return [json.loads(line) for line in lines], summary, load_file(run_dir / "results" / "attributions.safetensors")
+
+
+@pytest.fixture(scope="module")
+def finished(workdir: Path) -> Path:
+    run_dir = workdir / "runs" / "plain"
+    run_job(profile(workdir), context(run_dir))
+    return run_dir
+
+
+def test_result_files(finished: Path) -> None:
+    records, summary, tensors = results(finished)
+    assert [r["index"] for r in records] == list(range(N_SAMPLES))
+    for r in records:
+        assert len(r["tokens"]) == len(r["scores"]) >= 3
+        assert r["tokens"][0] == "[CLS]" and r["tokens"][-1] == "[SEP]"
+        assert r["scores"][0] == 0 and r["scores"][-1] == 0  # kept in the [PAD] baseline
+        assert 0 <= r["probability"] <= 1 and r["prediction"] == r["target"]  # target = predicted
+        assert len(r["top"]) == min(3, len(r["tokens"]) - 2)
+        assert all(tok not in ("[CLS]", "[SEP]") for _, tok, _ in r["top"])
+        tops = [abs(s) for _, _, s in r["top"]]
+        assert tops == sorted(tops, reverse=True)
+    assert tensors["scores"].shape[0] == N_SAMPLES
+    lengths = tensors["lengths"]
+    assert lengths.tolist() == [len(r["tokens"]) for r in records]
+    for i in (0, 7, 21):
+        assert tensors["scores"][i, : lengths[i]].tolist() == pytest.approx(records[i]["scores"], abs=1e-6)
+        assert (tensors["scores"][i, lengths[i] :] == 0).all()
+    assert torch.allclose(tensors["deltas"], torch.tensor([r["delta"] for r in records]))
+    assert summary["n_samples"] == N_SAMPLES and summary["settings"]["precision"] == "fp32"
+    assert 0 < len(summary["top_k"]) <= 5
+    means = [entry["mean_share"] for entry in summary["top_k"]]
+    assert means == sorted(means, reverse=True) and all(e["count"] >= 3 for e in summary["top_k"])
+    assert set(summary["deltas"]) >= {"median_rel", "p95_rel", "warning", "suggested_n_steps"}
+    events, _ = read_events(finished / "events.jsonl")
+    assert {e["path"] for e in events if e["type"] == "artifact"} == {
+        "results/attributions.jsonl",
+        "results/attributions.safetensors",
+        "results/summary.json",
+    }
+    progress = [e for e in events if e["type"] == "progress"]
+    assert progress[-1]["done"] == progress[-1]["total"] == N_SAMPLES
+
+
+def test_scores_match_a_direct_engine_call(workdir: Path, finished: Path) -> None:
+    """Sample by sample, outside the job: tokenizer, [PAD] baseline keeping [CLS]/[SEP], the engine."""
+    model = BertForSequenceClassification.from_pretrained(workdir / "model").eval()
+    tokenizer = BertTokenizer.from_pretrained(workdir / "model")
+    records, _, _ = results(finished)
+    for i in (0, 5, 13, 21):
+        enc = tokenizer(records[i]["text"], return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        emb = model.get_input_embeddings()(ids).detach()
+        keep = (ids == tokenizer.cls_token_id) | (ids == tokenizer.sep_token_id)
+        base = torch.where(keep.unsqueeze(-1), emb, model.get_input_embeddings().weight[tokenizer.pad_token_id])
+        result = integrated_gradients(
+            lambda e, m, c: model(inputs_embeds=e, attention_mask=m).logits,
+            emb,
+            base.detach(),
+            mask,
+            n_steps=8,
+            method="riemann_middle",
+        )
+        assert result.token_scores()[0].tolist() == pytest.approx(records[i]["scores"], rel=1e-4, abs=1e-6)
+        assert float(result.deltas[0]) == pytest.approx(records[i]["delta"], abs=1e-5)
+
+
+def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, finished: Path) -> None:
+    expected, _, _ = results(finished)
+    for name, settings in (
+        ("unbucketed", {"length_bucketing": False, "batch_size": 5}),
+        ("reference", {"use_optimized": False, "check_samples": 4}),
+    ):
+        run_dir = workdir / "runs" / name
+        summary = run_job(profile(workdir, **settings), context(run_dir))
+        records, _, _ = results(run_dir)
+        for got, want in zip(records, expected):
+            assert got["tokens"] == want["tokens"]
+            assert got["scores"] == pytest.approx(want["scores"], rel=1e-4, abs=1e-6)
+    check = json.loads((run_dir / "results" / "check.json").read_text())
+    assert check["n_samples"] == 4 and check["max_rel_diff"] < 1e-5
+    assert summary["check_max_rel_diff"] == check["max_rel_diff"]
+
+
+class CancelAfterFirstBatch(JobContext):
+    def save_shard(self, name, write):
+        path = super().save_shard(name, write)
+        if name.startswith("batch_"):
+            self.request_cancel()  # as SIGTERM would, while the next batch is being computed
+        return path
+
+
+def test_cancel_then_resume_gives_the_uninterrupted_results(workdir: Path, finished: Path) -> None:
+    run_dir = workdir / "runs" / "resumed"
+    with pytest.raises(JobCancelled):
+        run_job(profile(workdir), context(run_dir, CancelAfterFirstBatch))
+    assert sorted(p.name for p in (run_dir / "state").glob("batch_*")) == ["batch_00000.safetensors"]
+    assert not (run_dir / "results" / "attributions.jsonl").exists()
+    run_job(profile(workdir), context(run_dir))
+    events, _ = read_events(run_dir / "events.jsonl")
+    assert any("resuming: 1 of 6 batches" in e.get("message", "") for e in events)
+    got, expected = results(run_dir), results(finished)
+    assert got[0] == expected[0]
+    assert torch.equal(got[2]["scores"], expected[2]["scores"])
+    with pytest.raises(UserError, match="other settings"):
+        run_job(profile(workdir, n_steps=9), context(run_dir))
+
+
+def test_user_errors(workdir: Path, tmp_path: Path) -> None:
+    cases = [
+        (profile(workdir, "unlabelled.jsonl", target="label"), 'target = "label" but the data has no labels'),
+        (profile(workdir, target="5"), "has 2 outputs"),
+        (profile(workdir, baseline="custom", custom_baseline_token="nope"), "not a single token"),
+    ]
+    for i, (bad, message) in enumerate(cases):
+        with pytest.raises(UserError, match=message):
+            run_job(bad, context(tmp_path / str(i)))

@@ -1,0 +1,188 @@
+"""The TracIn run kind end to end: a local Hugging Face model, jsonl data, checkpoint files, result files,
+resume, and the errors a user can fix."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_tracin_support import max_rel_error, save_checkpoints
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import EventWriter, read_events
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.jobs.data import load_dataset
+from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
+from gpuopt_tui.jobs.models.hf import load_hf_adapter
+from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores
+from gpuopt_tui.jobs.tracin.job import run_job
+
+WORDS = [f"w{i}" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory, train/test jsonl files and three checkpoints (two safetensors, one torch file)."""
+    root = tmp_path_factory.mktemp("project")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=5 + len(WORDS),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
+        initializer_range=0.3,
+    )
+    BertForSequenceClassification(config).save_pretrained(root / "model")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(root / "model")
+    gen = torch.Generator().manual_seed(1)
+    for name, n in (("train", 12), ("test", 3)):
+        lines = []
+        for _ in range(n):
+            length = int(torch.randint(2, 9, (1,), generator=gen))
+            text = " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (length,), generator=gen))
+            lines.append(json.dumps({"text": text, "label": int(torch.randint(0, 2, (1,), generator=gen))}))
+        (root / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    adapter = load_hf_adapter(root / "model", torch.device("cpu"))
+    checkpoints = save_checkpoints(adapter, root, lrs=(0.3, 0.2, 0.1))
+    torch.save(load_file(str(checkpoints[2].path)), root / "ckpt2.pt")
+    return root
+
+
+def write_profile(root: Path, tmp_path: Path, extra: str = "", checkpoints: str = "") -> Path:
+    checkpoints = checkpoints or (
+        f'{{ path = "{root}/ckpt0.safetensors", lr = 0.3 }}, {{ path = "{root}/ckpt1.safetensors", lr = 0.2 }}, '
+        f'{{ path = "{root}/ckpt2.pt", lr = 0.1 }}'
+    )
+    text = f"""kind = "tracin"
+[run]
+device = "cpu"
+[model]
+adapter = "hf"
+path = "{root}/model"
+[data]
+source = "jsonl"
+path = "{root}/test.jsonl"
+[tracin]
+train_path = "{root}/train.jsonl"
+checkpoints = [{checkpoints}]
+layers = "last"
+n_last_layers = 2
+top_k = 3
+shard_size = 5
+n_test = 0
+{extra}
+"""
+    path = tmp_path / "tracin.toml"
+    path.write_text(text)
+    return path
+
+
+def context(run_dir: Path, tmp_path: Path) -> JobContext:
+    run_dir.mkdir(exist_ok=True)
+    return JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), tmp_path / "cache")
+
+
+def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path) -> None:
+    profile = load_profile(write_profile(project, tmp_path))
+    run_dir = tmp_path / "run"
+    summary = run_job(profile, context(run_dir, tmp_path))
+    results = run_dir / "results"
+    assert summary["n_scored"] == 12 and summary["train_examples_per_s"] > 0
+
+    adapter = load_hf_adapter(project / "model", torch.device("cpu"))
+    train = load_dataset(profile.data, adapter, path=project / "train.jsonl")
+    test = load_dataset(profile.data, adapter)
+    names = select_parameters(adapter, test.batch([0]), "last", 2)
+    expected = tracin_scores(adapter, profile_checkpoints(project), train, test, names, TracInOptions(top_k=3))
+
+    matrix = load_file(str(results / "scores.safetensors"))
+    assert max_rel_error(matrix["scores"], expected.matrix) < 1e-5
+    assert torch.equal(matrix["train_index"], torch.arange(12))
+
+    records = [json.loads(line) for line in (results / "influence.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    for record, rows in zip(records, expected.proponents.rows.tolist()):
+        assert [p["index"] for p in record["proponents"]] == rows
+        assert all(p["text"] == train.texts[p["index"]] for p in record["proponents"] + record["opponents"])
+        assert record["text"] == test.texts[record["index"]]
+
+    with (results / "self_influence.csv").open() as f:
+        ranked = list(csv.DictReader(f))
+    values = [float(r["self_influence"]) for r in ranked]
+    assert len(ranked) == 12 and values == sorted(values, reverse=True)
+    assert int(ranked[0]["index"]) == int(expected.self_influence.argmax())
+    lines = (results / "self_influence.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["rank"] == 1 and len(lines) == 12
+
+    saved = json.loads((results / "summary.json").read_text())
+    assert saved["method"] == "closed_form" and saved["n_parameters"] == 32 * 32 + 32 + 2 * 32 + 2
+    assert saved["flipped_label_auc"] is None
+    events, _ = read_events(run_dir / "events.jsonl")
+    progress = [e for e in events if e["type"] == "progress"]
+    assert progress[-1]["done"] == progress[-1]["total"] == 36 and progress[-1]["unit"] == "train gradients"
+    assert {Path(e["path"]).name for e in events if e["type"] == "artifact"} == {
+        "influence.jsonl",
+        "self_influence.jsonl",
+        "self_influence.csv",
+        "scores.safetensors",
+        "summary.json",
+    }
+
+
+def profile_checkpoints(root: Path) -> list[Checkpoint]:
+    return [
+        Checkpoint(root / "ckpt0.safetensors", 0.3),
+        Checkpoint(root / "ckpt1.safetensors", 0.2),
+        Checkpoint(root / "ckpt2.pt", 0.1),
+    ]
+
+
+def test_resumed_run_reuses_finished_shards(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = load_profile(write_profile(project, tmp_path))
+    run_dir = tmp_path / "run"
+    run_job(profile, context(run_dir, tmp_path))
+    first = (run_dir / "results" / "influence.jsonl").read_text()
+    loads: list[Path] = []
+    monkeypatch.setattr(Adapter, "load_weights", lambda self, path: loads.append(path))
+    run_job(profile, context(run_dir, tmp_path))
+    assert loads == []  # every block's final shard was there
+    assert (run_dir / "results" / "influence.jsonl").read_text() == first
+
+    changed = load_profile(write_profile(project, tmp_path, "projection_dim = 8"))
+    with pytest.raises(UserError, match="made with other settings or data"):
+        run_job(changed, context(run_dir, tmp_path))
+
+
+def test_matrix_is_left_out_above_save_matrix_max(project: Path, tmp_path: Path) -> None:
+    profile = load_profile(write_profile(project, tmp_path, "save_matrix_max = 35"))
+    run_job(profile, context(tmp_path / "run", tmp_path))
+    assert not (tmp_path / "run" / "results" / "scores.safetensors").exists()
+    assert (tmp_path / "run" / "results" / "self_influence.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "message"),
+    [
+        ('{ path = "/nonexistent/c.safetensors", lr = 0.1 }', r"tracin.checkpoints\[0\]: /nonexistent/c.safetensors"),
+        ("BROKEN", "cannot read the checkpoint"),
+        ('{ path = "ROOT/ckpt0.safetensors", lr = 0.0 }', "every learning rate is 0"),
+    ],
+)
+def test_bad_checkpoints_are_user_errors(project: Path, tmp_path: Path, checkpoints: str, message: str) -> None:
+    if checkpoints == "BROKEN":
+        broken = tmp_path / "broken.safetensors"
+        broken.write_bytes(b"not a checkpoint")
+        checkpoints = f'{{ path = "{broken}", lr = 0.1 }}'
+    profile = load_profile(write_profile(project, tmp_path, checkpoints=checkpoints.replace("ROOT", str(project))))
+    with pytest.raises(UserError, match=message):
+        run_job(profile, context(tmp_path / "run", tmp_path))
