@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig tracin planner ablation panel gputests
+# Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
+set -uo pipefail
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 GPUOPT_TUI_HOME=/tmp/gpuopt-home
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_' | sed 's/NVIDIA_//;s/_80GB_HBM3//')
+card=${card:-gpu}
+
+for step in "$@"; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case "$step" in
+    env)
+      { nvidia-smi; python3 -c "import torch, transformers, sys; print(sys.version); print('torch', torch.__version__, 'transformers', transformers.__version__)"; } > "$out/env.txt" 2>&1 ;;
+    ig)
+      python3 -m gpuopt_tui gpu --record "$out/trace_${card}_ig.jsonl" --interval 1 --duration 900 --redact &
+      rec=$!
+      python3 benchmarks/ig_bench.py --compile --out "$out/ig_${card}.md" 2>&1 | tail -60
+      kill "$rec"; wait "$rec" ;;
+    tracin)
+      python3 benchmarks/tracin_bench.py --out "$out/tracin_${card}.md" 2>&1 | tail -40 ;;
+    planner)
+      python3 benchmarks/memory_planner_bench.py --out "$out/memory_planner_${card}.md" 2>&1 | tail -40 ;;
+    ablation)
+      python3 benchmarks/ablation_bench.py --out "$out/ablation_${card}.md" 2>&1 | tail -40 ;;
+    panel)
+      python3 benchmarks/ig_bench.py --skip-captum --samples 256 --out /tmp/ig_load.md >/dev/null 2>&1 &
+      load=$!
+      python3 benchmarks/gpu_panel_bench.py --duration 60 --interval 1 --size 100x30 --tools gpuopt-tui,nvitop --out "$out/gpu_panel_${card}.md" 2>&1 | tail -30
+      kill "$load" 2>/dev/null; wait "$load" 2>/dev/null ;;
+    gputests)
+      python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+ls -la "$out"
