@@ -36,7 +36,9 @@ def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
     if kind == "finished":
         console.print(f"[green]finished[/] {run_dir.name}")
         for key, value in (event.get("summary") or {}).items():
-            if not isinstance(value, (dict, list)):
+            if isinstance(value, float):
+                console.print(f"  {key}: {value:.4g}")
+            elif not isinstance(value, (dict, list)):
                 console.print(f"  {key}: {value}")
         console.print(f"  results: {run_dir / 'results'}")
         return 0
@@ -58,7 +60,6 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     tail = EventTail(run_dir / "events.jsonl")
     watcher = RunWatcher(run_dir.parent)
     interrupted = False
-    attempt_seen = False
     previous = signal.getsignal(signal.SIGINT)
 
     def on_interrupt(signum: int, frame: object) -> None:
@@ -83,13 +84,14 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
         transient=False,
     )
     task = progress.add_task(run_dir.name, total=None, stats="starting…")
+    outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
     try:
         with progress:
             while True:
                 for event in tail.read():
                     etype = event["type"]
                     if etype == "started":
-                        attempt_seen = True
+                        outcome = None
                         progress.update(task, stats=f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
                     elif etype == "progress":
                         label = event.get("stage") or run_dir.name
@@ -103,16 +105,17 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                     elif etype in ("log", "warning"):
                         style = "yellow" if etype == "warning" else "dim"
                         progress.console.print(f"[{style}]{event.get('message', '')}[/]", markup=True)
-                    elif etype in TERMINAL_TYPES and attempt_seen:
-                        progress.stop()
-                        code = print_outcome(run_dir, event)
-                        return 130 if interrupted and code == 130 else (1 if code == 130 else code)
+                    elif etype in TERMINAL_TYPES:
+                        outcome = event
                 info = watcher.info(run_dir)
+                if outcome is not None and not info.active:
+                    progress.stop()
+                    code = print_outcome(run_dir, outcome)
+                    # a cancel that this command asked for exits 130; one from elsewhere is a failure to the caller
+                    return 1 if code == 130 and not interrupted else code
                 if info.status == "crashed":
                     progress.stop()
                     return print_outcome(run_dir, {"type": "failed", "message": info.message})
-                if info.status in TERMINAL_TYPES and not attempt_seen and tail.events:
-                    attempt_seen = True  # attached after the run ended: replay its outcome
                 time.sleep(POLL_S)
     except KeyboardInterrupt:
         if cancel_on_interrupt:

@@ -1,0 +1,82 @@
+"""Local Hugging Face sequence classifiers (`from_pretrained(path)` only, never the hub)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.models.base import Adapter
+
+
+class SequenceClassifierAdapter(Adapter):
+    """Any `AutoModelForSequenceClassification` model: logits [N, num_labels] from [N, seq] tokens."""
+
+    def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+    def functional_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
+        mask = prepared_attention_mask(batch["attention_mask"], self.model)
+        return {"input_ids": batch["input_ids"], "attention_mask": mask}
+
+    def logits_from_embeds(
+        self, inputs_embeds: Tensor, attention_mask: Tensor, context: Mapping[str, Tensor]
+    ) -> Tensor:
+        return self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask).logits
+
+    def classifier_head(self) -> tuple[str, nn.Linear] | None:
+        heads = [
+            (name, mod)
+            for name, mod in self.model.named_modules()
+            if isinstance(mod, nn.Linear) and mod.out_features == self.num_labels
+        ]
+        return heads[-1] if heads else None
+
+
+def prepared_attention_mask(mask: Tensor, model: nn.Module) -> Tensor:
+    """The [N, 1, 1, seq] mask Hugging Face attention layers take once prepared (bool for SDPA, additive
+    float for eager attention), built without looking at the values: transformers' own preparation branches
+    on them (e.g. "no padding at all"), which torch.func.vmap cannot trace."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    keep = mask[:, None, None, :].bool()
+    if impl == "sdpa":
+        return keep
+    if impl != "eager":  # flash-style kernels take the 2D mask only
+        return mask
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(keep.shape, dtype=dtype, device=mask.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def quiet_progress_bars() -> None:
+    """Turn off transformers' per-file progress bars, which would clutter run logs (warnings stay on)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def load_hf_adapter(path: Path, device: torch.device) -> SequenceClassifierAdapter:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    quiet_progress_bars()
+    if not path.is_dir():
+        raise UserError(f"{path}: model directory not found (expected a local Hugging Face model directory)")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: no config.json (expected a directory written by save_pretrained)")
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise UserError(f"{path}: cannot load a sequence-classification model: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise UserError(f"{path}: cannot load the tokenizer saved with the model: {exc}") from exc
+    if tokenizer.pad_token_id is None:
+        raise UserError(f"{path}: the tokenizer has no padding token, which batching needs")
+    labels = model.config.id2label
+    names = [labels[i] for i in range(model.config.num_labels)] if labels else None
+    return SequenceClassifierAdapter(path.name, model, tokenizer, model.config.num_labels, device, label_names=names)

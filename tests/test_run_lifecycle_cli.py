@@ -1,0 +1,76 @@
+"""Runs driven through the real CLI on the demo model: finish, cancel, resume, fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.core.runs import RunWatcher
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, runs: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUOPT_TUI_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuopt_tui", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def lifecycle(run_dir: Path) -> list[str]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e["type"] for e in map(json.loads, lines) if e["type"] != "progress"]
+
+
+def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier: object) -> None:
+    result = cli("run", "demo-attribution", "--set", "n_samples=8", "--set", "n_steps=8", runs=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "finished" in result.stderr
+    (run_dir,) = tmp_path.iterdir()
+    assert lifecycle(run_dir)[0] == "started" and lifecycle(run_dir)[-1] == "finished"
+    rows = (run_dir / "results" / "attributions.jsonl").read_text().splitlines()
+    assert len(rows) == 8
+
+
+def test_cancel_then_resume_completes_every_sample(tmp_path: Path, demo_classifier: object) -> None:
+    # the one-step-at-a-time reference path is slow enough to be cancelled part-way on any machine
+    overrides = ["--set", "n_samples=24", "--set", "n_steps=96", "--set", "batch_size=4", "--set", "use_optimized=false"]
+    started = cli("run", "demo-attribution", *overrides, "--detach", runs=tmp_path)
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    run_dir = tmp_path / run_id
+    watcher = RunWatcher(tmp_path)
+    deadline = time.monotonic() + 120
+    while (watcher.info(run_dir).progress.get("done") or 0) < 4:
+        assert time.monotonic() < deadline, (run_dir / "log.txt").read_text()
+        time.sleep(0.2)
+    cancelled = cli("cancel", run_id, runs=tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr
+    info = watcher.info(run_dir)
+    assert info.status == "cancelled"
+    kept = [p.name for p in (run_dir / "state").iterdir() if p.name.startswith("batch")]
+    assert kept, "finished batches are kept as shards"
+    resumed = cli("resume", run_id, runs=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    events = [e for e in lifecycle(run_dir) if e in ("started", "cancelled", "finished")]
+    assert events == ["started", "cancelled", "started", "finished"]
+    rows = [json.loads(x) for x in (run_dir / "results" / "attributions.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in rows) == sorted({r["index"] for r in rows}) and len(rows) == 24
+
+
+def test_failing_run_reports_message_and_log(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"body": "no text field here", "label": 1}\n')
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'kind = "attribution"\n[data]\nsource = "jsonl"\npath = "{data}"\n')
+    result = cli("run", str(profile), runs=tmp_path / "runs")
+    assert result.returncode == 1
+    assert "failed" in result.stderr and "text" in result.stderr
+    assert "last lines of log.txt" in result.stderr
+    assert "Traceback" not in result.stderr
