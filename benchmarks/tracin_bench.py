@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +48,8 @@ sys.path.insert(0, str(REPO))
 
 from gpuopt_tui.jobs.data import TextDataset  # noqa: E402
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint  # noqa: E402
+from gpuopt_tui.jobs.models.demo.train import TrainPlan  # noqa: E402
+from gpuopt_tui.jobs.models.demo.train import train as train_model  # noqa: E402
 from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter  # noqa: E402
 from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores  # noqa: E402
 
@@ -70,12 +73,13 @@ class Size:
     batch_last: int  # micro-batch of our last-layer modes
     batch_all: int  # micro-batch of our all-parameter modes (halved on out-of-memory)
     projection_dim: int
+    train_epochs: int  # training the benchmark model
 
 
 SIZES = {
-    "quick": Size(32, 2, 2, 64, 100, 16, 64, 8, 32, 16, 64, 8, 32, 8, 16),
-    "small": Size(256, 4, 4, 1024, 30522, 64, 4096, 64, 512, 256, 2048, 128, 512, 16, 1024),
-    "base": Size(768, 12, 12, 3072, 30522, 64, 4096, 64, 128, 128, 1024, 32, 256, 4, 1024),
+    "quick": Size(32, 2, 2, 64, 100, 16, 64, 8, 32, 16, 64, 8, 32, 8, 16, 3),
+    "small": Size(256, 4, 4, 1024, 30522, 64, 4096, 64, 512, 256, 2048, 128, 512, 16, 1024, 6),
+    "base": Size(768, 12, 12, 3072, 30522, 64, 4096, 64, 128, 128, 1024, 32, 256, 4, 1024, 6),
 }
 
 
@@ -106,7 +110,14 @@ Mode = tuple[Row, Callable[[], Tensor]]
 
 
 # --- setup ---------------------------------------------------------------------------------------------------------
+CLS, SEP, FIRST_WORD = 1, 2, 3  # token ids; words start at FIRST_WORD, the signal words first
+N_SIGNALS = 16  # positive and as many negative signal words
+FLIP_FRACTION = 0.05  # training labels flipped on purpose
+
+
 def build(size: Size, device: torch.device, folder: Path) -> tuple[Adapter, list[Checkpoint], TextDataset, TextDataset]:
+    """A BERT classifier trained on the training set (saving three checkpoints with their learning rates), the
+    training set (with its flipped labels in meta["flipped"]) and a clean test set."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
     torch.manual_seed(0)
@@ -118,40 +129,67 @@ def build(size: Size, device: torch.device, folder: Path) -> tuple[Adapter, list
         intermediate_size=size.intermediate,
         max_position_embeddings=max(512, size.seq),
         num_labels=2,
-        initializer_range=0.3,
     )
     model = BertForSequenceClassification(config)
     tokenizer = BertTokenizer(vocab={f"t{i}": i for i in range(size.vocab)} | {"[PAD]": 0})
     adapter = BenchAdapter("bert-bench", model, tokenizer, 2, device)
-    from safetensors.torch import save_file
-
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    checkpoints = []
-    gen = torch.Generator().manual_seed(1)
-    for i, lr in enumerate(LRS):
-        noisy = {
-            k: (
-                v + 0.02 * v.std() * torch.randn(v.shape, generator=gen)
-                if v.is_floating_point() and v.numel() > 1
-                else v
-            )
-            for k, v in state.items()
-        }
-        path = folder / f"ckpt{i}.safetensors"
-        save_file({k: v.contiguous() for k, v in noisy.items()}, str(path))
-        checkpoints.append(Checkpoint(path, lr))
-    return adapter, checkpoints, dataset(size, size.n_train, 2, adapter), dataset(size, size.n_test, 3, adapter)
+    train, test = dataset(size, size.n_train, 2, adapter, FLIP_FRACTION), dataset(size, size.n_test, 3, adapter, 0.0)
+    return adapter, train_checkpoints(adapter, train, size, folder), train, test
 
 
-def dataset(size: Size, n: int, seed: int, adapter: Adapter) -> TextDataset:
+def dataset(size: Size, n: int, seed: int, adapter: Adapter, flip: float) -> TextDataset:
+    """Full-length random token sequences with 2-3 signal words of the label's polarity planted, and 0-1 of
+    the other; a `flip` fraction of the labels is then flipped."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, size.vocab, (n, size.seq), generator=gen)
-    tensors = {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "labels": torch.randint(0, 2, (n,), generator=gen),
-    }
-    return TextDataset(tensors, [""] * n, dict(adapter.token_fields), f"random-{seed}")
+    first_filler = FIRST_WORD + 2 * N_SIGNALS
+    ids = torch.randint(first_filler, size.vocab, (n, size.seq), generator=gen)
+    ids[:, 0], ids[:, -1] = CLS, SEP
+    labels = torch.randint(0, 2, (n,), generator=gen)
+    slots = torch.rand(n, size.seq - 2, generator=gen).argsort(1)[:, :4] + 1  # 4 distinct inner positions
+    words = FIRST_WORD + torch.randint(0, N_SIGNALS, (n, 4), generator=gen)
+    polarity = labels[:, None].repeat(1, 4)  # signal words of the label's polarity in slots 0-2, other in 3
+    polarity[:, 3] = 1 - labels
+    words += N_SIGNALS * (1 - polarity)  # positive words first, then the negative ones
+    used = torch.stack(
+        [
+            torch.ones(n, dtype=torch.bool),
+            torch.ones(n, dtype=torch.bool),
+            torch.rand(n, generator=gen) < 0.5,
+            torch.rand(n, generator=gen) < 0.5,
+        ],
+        1,
+    )
+    rows = torch.arange(n)[:, None].expand(n, 4)
+    ids[rows[used], slots[used]] = words[used]
+    flipped = torch.randperm(n, generator=gen)[: round(n * flip)].sort().values
+    labels[flipped] = 1 - labels[flipped]
+    tensors = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    meta = {"flipped": flipped.tolist()}
+    return TextDataset(tensors, [""] * n, dict(adapter.token_fields), f"signal-words-{seed}", meta)
+
+
+def train_checkpoints(adapter: Adapter, train: TextDataset, size: Size, folder: Path) -> list[Checkpoint]:
+    """Train the adapter's model on `train` (AdamW, warm-up then linear decay) and save a checkpoint after a
+    third, two thirds and all of the epochs, each with the learning rate in force then."""
+    epochs = size.train_epochs
+    plan = TrainPlan(
+        epochs=epochs, batch_size=64, lr=5e-4, checkpoint_epochs=(epochs // 3, 2 * epochs // 3, epochs)
+    )
+    model = adapter.model
+    tensors = {k: v.to(adapter.device) for k, v in train.tensors.items()}
+
+    def loss_fn(batch: dict[str, Tensor]) -> Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return F.cross_entropy(logits, batch["labels"])
+
+    records, _ = train_model(model, loss_fn, tensors, train.token_fields, plan, folder / "checkpoints", seed=0)
+    return [Checkpoint(folder / r["file"], r["lr"]) for r in records]
+
+
+def accuracy(adapter: Adapter, ds: TextDataset) -> float:
+    batch = {k: v.to(adapter.device) for k, v in ds.tensors.items()}
+    with torch.no_grad():
+        return float((adapter.logits(batch).argmax(-1) == batch["labels"]).float().mean())
 
 
 # --- measuring -------------------------------------------------------------------------------------------------------

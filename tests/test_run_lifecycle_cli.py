@@ -40,7 +40,16 @@ def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier
 
 def test_cancel_then_resume_completes_every_sample(tmp_path: Path, demo_classifier: object) -> None:
     # the one-step-at-a-time reference path is slow enough to be cancelled part-way on any machine
-    overrides = ["--set", "n_samples=24", "--set", "n_steps=96", "--set", "batch_size=4", "--set", "use_optimized=false"]
+    overrides = [
+        "--set",
+        "n_samples=24",
+        "--set",
+        "n_steps=96",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "use_optimized=false",
+    ]
     started = cli("run", "demo-attribution", *overrides, "--detach", runs=tmp_path)
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()

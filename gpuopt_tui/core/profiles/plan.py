@@ -58,8 +58,6 @@ class PlanSection:
     def check(self, fail: Failure) -> None:
         if self.trainable == "lora" and not self.lora_targets:
             fail("lora_targets", "trainable = lora needs at least one target layer name")
-        if self.stages and not self.config:
-            fail("stages", "curriculum stages need config = the main training config")
 
 
 @dataclass
