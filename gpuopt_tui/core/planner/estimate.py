@@ -1,0 +1,404 @@
+"""The closed-form tier: peak GPU memory of one training step, component by component, without torch.
+
+Where each term comes from:
+- Model states (weights, gradients, AdamW/SGD/8-bit Adam state, fp32 master weights under DeepSpeed-style ZeRO
+  mixed precision, DDP gradient buckets): exact byte counts per parameter from the optimizer and framework
+  designs (AdamW: two fp32 moments; SGD: one momentum buffer; bitsandbytes 8-bit Adam: two 1-byte states plus an
+  fp32 scale per 2048-element block; ZeRO stage k shards states/gradients/weights over the GPUs).
+- Autocast keeps fp32 weights (they are the master copy) and caches a 16-bit copy of every trainable weight it
+  casts, for the whole forward pass.
+- Activations: the saved-tensor inventories in `activations.py` (checked against autograd on real models);
+  gradient checkpointing keeps each layer's fp32 input and recomputes one layer at a time in the backward pass.
+  Encoder batches are taken to be padded (their attention mask becomes a bias in every layer); decoders to be
+  unpadded (causal attention without a mask).
+- Logits and loss: the LM head's logits in the compute dtype, the loss's fp32 copy and log-softmax output, and
+  in the backward pass two more fp32 logits-sized gradients (A*v + 12v bytes per token at the peak).
+- Working buffers of one layer (gradients of its intermediates in backward, or its live intermediates in a
+  no-grad forward): approximated as two of its widest tensors plus two fp32 residual-stream tensors.
+- The peak is the largest of the step's moments (end of forward, start of backward, recompute, end of
+  backward, optimizer step), following Lightning's order: the previous step's gradients are still allocated
+  during the forward pass and are freed (set to None) just before backward, unless accumulating.
+- CUDA context: outside torch's allocator; 500 MiB unless measured (300-500 MB with lazy loading).
+- cuBLAS workspaces: 32 MiB per handle and stream on Hopper, one for the forward thread and one for autograd's.
+
+Two terms are calibrated on a measured table (H200, torch 2.11, bf16 autocast, AdamW, SDPA, a plain loop that
+zeroes gradients before the forward pass; peak reserved memory of BERT-base and GPT-2 small), not derived:
+- `Overheads.allocator`, 300 MiB of reserved-but-unallocated memory: the gap between the structural terms and
+  the measured BERT-base full fine-tune rows; the same constant then fits that table's checkpointed and
+  frozen-encoder rows within 3%.
+- `LM_LOGITS_SLACK`, one more fp32 logits-sized buffer at the backward peak of an LM loss: the GPT-2 rows sit
+  3.8-4.5 x vocab bytes per token above the op-by-op count, in all three rows (with and without checkpointing).
+Probes (the measured tier) replace both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner import activations as act
+from gpuopt_tui.core.planner.model_spec import ModelSpec
+
+MiB = 1024**2
+GiB = 1024**3
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+TRAINABLE = ("all", "frozen_encoder", "lora")
+LOOPS = ("lightning", "plain")
+# bytes of optimizer state per trainable parameter
+OPTIMIZER_STATE = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 2 * 4 / 2048}
+# bytes of temporaries per trainable parameter while the optimizer steps: the foreach AdamW builds one fp32
+# list (sqrt of the second moment); SGD momentum and bitsandbytes update in place
+OPTIMIZER_TEMP = {"adamw": 4.0, "sgd": 0.0, "adam8bit": 0.0}
+LM_LOGITS_SLACK = 1  # calibrated: extra fp32 logits-sized buffers at the backward peak, see the docstring
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """A training step as the planner sees it."""
+
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    trainable: str = "all"
+    lora_rank: int = 8
+    lora_targets: tuple[str, ...] = ("query", "value")
+    gradient_checkpointing: bool = False
+    seq_len: int = 128
+    micro_batch: int = 8
+    n_positives: int = 0  # samples per anchor: each example is 1 + n_positives + n_negatives sequences
+    n_negatives: int = 0
+    accumulate: int = 1
+    n_gpus: int = 1
+    zero_stage: int = 0
+    loop: str = "lightning"  # lightning: zero_grad between forward and backward; plain: before forward
+
+    @property
+    def sequences_per_example(self) -> int:
+        return 1 + self.n_positives + self.n_negatives
+
+    @property
+    def sequences(self) -> int:
+        return self.micro_batch * self.sequences_per_example
+
+    @property
+    def tokens(self) -> int:
+        return self.sequences * self.seq_len
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.accumulate * self.n_gpus
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision != "fp32"
+
+    def with_batch(self, micro_batch: int, accumulate: int | None = None) -> TrainSetup:
+        return dataclasses.replace(
+            self, micro_batch=micro_batch, accumulate=self.accumulate if accumulate is None else accumulate
+        )
+
+    def check(self) -> None:
+        """Raise UserError for values no estimate can be made for."""
+        choices = {"precision": PRECISIONS, "optimizer": OPTIMIZERS, "trainable": TRAINABLE, "loop": LOOPS}
+        for key, allowed in choices.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                raise UserError(f'{key} "{value}": expected one of {", ".join(allowed)}')
+        for key in ("seq_len", "micro_batch", "accumulate", "n_gpus", "lora_rank"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{key} = {getattr(self, key)}: expected a positive integer")
+        for key in ("n_positives", "n_negatives"):
+            if getattr(self, key) < 0:
+                raise UserError(f"{key} = {getattr(self, key)}: expected 0 or more")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise UserError(f"zero_stage = {self.zero_stage}: expected 0, 1, 2 or 3")
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Memory outside the model's tensors. Defaults suit a recent PyTorch on Hopper; probes measure them."""
+
+    context: int = 500 * MiB  # CUDA context and loaded kernels, invisible to torch
+    workspaces: int = 2 * 32 * MiB  # cuBLAS workspaces: forward thread and autograd's thread
+    allocator: int = 300 * MiB  # calibrated, see the module docstring
+
+
+@dataclass(frozen=True)
+class Component:
+    key: str
+    label: str
+    bytes: int
+    in_peak: bool  # part of the peak moment's sum (gradients, say, are freed at some moments)
+    note: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak memory of one training step on one GPU, by component."""
+
+    spec: ModelSpec
+    setup: TrainSetup
+    components: tuple[Component, ...]
+    phase: str  # the moment of the step where the peak is
+    phases: dict[str, int]  # allocated bytes at each moment considered
+    allocated: int  # peak of torch's allocated tensors
+    reserved: int  # what torch.cuda.max_memory_reserved() would show
+    total: int  # reserved + CUDA context: the process's footprint on the GPU
+    params: int
+    trainable_params: int
+    tier: str = "closed-form estimate"
+
+    def component(self, key: str) -> Component:
+        for c in self.components:
+            if c.key == key:
+                return c
+        raise KeyError(key)
+
+
+def _trainable(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int, Callable[[str], bool]]:
+    """(parameters in the model incl. adapters, trainable parameters, which weights train)."""
+    if setup.trainable == "all":
+        return spec.params, spec.params, lambda name: True
+    head_trains = setup.trainable == "frozen_encoder" or spec.task == "classification"
+    if setup.trainable == "frozen_encoder":
+        if spec.head_params == 0:
+            raise UserError(
+                f"{spec.source}: with a frozen encoder nothing trains: this {spec.model_type} {spec.task} model's "
+                "head has no weights of its own (it is tied to the embeddings or absent); use LoRA or train all"
+            )
+        return spec.params, spec.head_params, lambda name: name == "head"
+    targets = {lin.name for lin in spec.lora_linears(setup.lora_targets)}
+    lora = spec.lora_params(setup.lora_rank, setup.lora_targets)
+    head = spec.head_params if head_trains else 0  # a classifier head trains along with the adapters
+    return spec.params + lora, lora + head, lambda name: name in targets or (name == "head" and head_trains)
+
+
+def _cast_cache_weights(spec: ModelSpec, setup: TrainSetup) -> int:
+    """Trainable weights autocast casts to 16 bits and keeps for the forward pass."""
+    if setup.trainable == "all":
+        return spec.layers * spec.layer_linear_params + spec.head_linear_weights
+    if setup.trainable == "lora":
+        return spec.lora_params(setup.lora_rank, setup.lora_targets)
+    return spec.head_linear_weights
+
+
+def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = None) -> Estimate:
+    """The closed-form estimate of one training step's peak memory on one GPU."""
+    setup.check()
+    oh = overheads or Overheads()
+    n = setup.n_gpus
+    zero = setup.zero_stage
+    deepspeed_mixed = zero > 0 and setup.mixed  # 16-bit weights and gradients, fp32 master in the optimizer
+    autocast = setup.mixed and not deepspeed_mixed
+    a_bytes = 2 if setup.mixed else 4
+    f32_bytes = 2 if deepspeed_mixed else 4
+    total_params, p_t, trains = _trainable(spec, setup)
+
+    def shard(nbytes: float, stage: int) -> int:
+        return int(nbytes / n) if zero >= stage else int(nbytes)
+
+    state_bytes = 2 if deepspeed_mixed else 4  # of weights and gradients
+    weights = shard(total_params * state_bytes, 3)
+    grads = shard(p_t * state_bytes, 2)
+    opt_state = shard(p_t * OPTIMIZER_STATE[setup.optimizer], 1)
+    master = shard(p_t * 4, 1) if deepspeed_mixed else 0
+    buckets = p_t * 4 if n > 1 and zero == 0 else 0
+    opt_temp = shard(p_t * OPTIMIZER_TEMP[setup.optimizer], 1)
+    cache = 2 * _cast_cache_weights(spec, setup) if autocast else 0
+
+    tokens = setup.tokens
+    grad_upstream = setup.trainable in ("all", "lora")
+
+    def per_token(entries: tuple[act.Saved, ...]) -> float:
+        return act.saved_bytes_per_token(entries, spec, a_bytes, autocast, trains, f32_bytes, setup.seq_len)
+
+    layer = per_token(act.layer_inventory(spec, padded=not spec.decoder)) * tokens
+    working = (2 * act.largest_tensor_bytes_per_token(spec, a_bytes) + 2 * f32_bytes * spec.hidden) * tokens
+    head_entries = tuple(
+        e
+        for e in act.head_inventory(spec)
+        if e.weight is not None or grad_upstream  # the final norm keeps its input only for gradients upstream
+    )
+    edge = per_token(head_entries) * tokens
+    if setup.trainable == "all":
+        edge += per_token(act.embedding_inventory(spec)) * tokens
+    if not grad_upstream:
+        saved = 0.0
+    elif setup.gradient_checkpointing:
+        saved = spec.layers * f32_bytes * spec.hidden * tokens  # each layer's input
+    else:
+        saved = spec.layers * layer
+    saved += edge
+    logits_fwd, logits_bwd = _logits(spec, setup, a_bytes)
+    batch = _batch_bytes(spec, setup)
+
+    base = weights + opt_state + master + buckets + batch
+    grads_in_backward = grads if setup.accumulate > 1 else 0
+    grads_in_forward = grads if setup.accumulate > 1 or setup.loop == "lightning" else 0
+    phases = {
+        "end of forward": base + grads_in_forward + cache + saved + logits_fwd,
+        "start of backward": base + grads_in_backward + saved + logits_bwd,
+        "optimizer step": base + grads + opt_temp,
+        "end of backward": base + grads + working,
+    }
+    if not grad_upstream:
+        phases["end of forward"] += working  # the no-grad forward's live intermediates
+    elif setup.gradient_checkpointing:
+        phases["recompute in backward"] = base + grads_in_backward + saved + layer + working
+    else:
+        phases["layer backward"] = base + grads_in_backward + saved + working
+    phase = max(phases, key=lambda k: phases[k])
+    allocated = int(phases[phase])
+    reserved = allocated + oh.workspaces + oh.allocator
+
+    at_peak = _at_peak(phase, grad_upstream, setup.accumulate > 1, setup.loop == "lightning")
+    pct = f"{100 / n:.0f}% of " if n > 1 else ""
+    master_note = " (fp32: autocast's master copy)" if autocast else ""
+    components = (
+        Component(
+            "weights",
+            "Weights",
+            weights,
+            True,
+            f"{total_params:,} parameters x {state_bytes} B{master_note}{_sharded(zero, 3, pct)}",
+        ),
+        Component(
+            "gradients",
+            "Gradients",
+            grads,
+            "gradients" in at_peak,
+            f"{p_t:,} trainable x {state_bytes} B{_sharded(zero, 2, pct)}",
+        ),
+        Component(
+            "optimizer",
+            f"Optimizer state ({setup.optimizer})",
+            opt_state,
+            True,
+            f"{OPTIMIZER_STATE[setup.optimizer]:g} B per trainable parameter{_sharded(zero, 1, pct)}",
+        ),
+        Component(
+            "master", "fp32 master weights", master, True, "ZeRO mixed precision keeps an fp32 copy per parameter"
+        ),
+        Component("buckets", "DDP gradient buckets", buckets, True, "one gradient-sized buffer for all-reduce"),
+        Component(
+            "cast_cache",
+            "16-bit weight copies (autocast)",
+            cache,
+            "cast_cache" in at_peak,
+            "autocast caches casts of trainable weights during the forward pass",
+        ),
+        Component(
+            "activations",
+            "Activations" + (" (checkpointed)" if setup.gradient_checkpointing and grad_upstream else ""),
+            int(saved),
+            "activations" in at_peak,
+            _activation_note(spec, setup, grad_upstream),
+        ),
+        Component(
+            "recompute",
+            "One layer recomputed",
+            int(layer) if setup.gradient_checkpointing and grad_upstream else 0,
+            "recompute" in at_peak,
+            "gradient checkpointing rebuilds one layer's activations at a time",
+        ),
+        Component(
+            "logits",
+            "Logits and loss (fp32 copies)",
+            int(logits_bwd if phase == "start of backward" else logits_fwd),
+            "logits" in at_peak,
+            _logits_note(spec, a_bytes),
+        ),
+        Component(
+            "working",
+            "Layer working buffers",
+            int(working),
+            "working" in at_peak,
+            "gradients or live intermediates of one layer (two widest tensors + two residual tensors)",
+        ),
+        Component(
+            "optimizer_temp",
+            "Optimizer step temporaries",
+            opt_temp,
+            "optimizer_temp" in at_peak,
+            "foreach AdamW builds one fp32 tensor per parameter while stepping",
+        ),
+        Component("batch", "Batch data", batch, True, "token ids, masks and labels (int64)"),
+        Component(
+            "workspaces", "cuBLAS workspaces", oh.workspaces, True, "per handle and stream, forward and backward"
+        ),
+        Component("allocator", "Allocator overhead", oh.allocator, True, "reserved but not allocated (calibrated)"),
+        Component("context", "CUDA context", oh.context, True, "driver context and kernels, outside torch"),
+    )
+    return Estimate(
+        spec=spec,
+        setup=setup,
+        components=tuple(c for c in components if c.bytes > 0),
+        phase=phase,
+        phases={k: int(v) for k, v in phases.items()},
+        allocated=allocated,
+        reserved=reserved,
+        total=reserved + oh.context,
+        params=total_params,
+        trainable_params=p_t,
+    )
+
+
+def _at_peak(phase: str, grad_upstream: bool, accumulating: bool, lightning: bool) -> set[str]:
+    """Which of the step's transient components are allocated at `phase`."""
+    grads = {"gradients"} if accumulating else set()
+    return {
+        "end of forward": {"cast_cache", "activations", "logits"}
+        | (grads if not lightning else {"gradients"})
+        | (set() if grad_upstream else {"working"}),
+        "start of backward": grads | {"activations", "logits"},
+        "recompute in backward": grads | {"activations", "recompute", "working"},
+        "layer backward": grads | {"activations", "working"},
+        "end of backward": {"gradients", "working"},
+        "optimizer step": {"gradients", "optimizer_temp"},
+    }[phase]
+
+
+def _sharded(zero: int, stage: int, pct: str) -> str:
+    return f", {pct}(ZeRO-{zero})" if pct and zero >= stage else ""
+
+
+def _logits(spec: ModelSpec, setup: TrainSetup, a_bytes: int) -> tuple[float, float]:
+    """Logits/loss bytes at the end of forward and at the start of backward."""
+    if spec.task in ("causal_lm", "masked_lm"):
+        v, t = spec.vocab, setup.tokens
+        upcast = 4 * v if a_bytes != 4 else 0  # the loss's .float() copy (freed after log_softmax)
+        return (a_bytes * v + upcast + 4 * v) * t, (a_bytes * v + (12 + 4 * LM_LOGITS_SLACK) * v) * t
+    if spec.task == "embedding":
+        # in-batch similarities of anchors against every sequence: scores, softmax and gradient in fp32
+        s = setup.sequences
+        return 8.0 * s * setup.micro_batch, 12.0 * s * setup.micro_batch
+    return 0.0, 0.0
+
+
+def _batch_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
+    per_token = 8 * (3 if spec.model_type in ("bert", "roberta") else 2)  # ids, mask (+ token types)
+    if spec.task in ("causal_lm", "masked_lm"):
+        per_token += 8  # labels
+    nbytes = per_token * setup.tokens + 8 * setup.sequences
+    if not spec.decoder:
+        nbytes += setup.sequences * setup.seq_len**2  # the expanded boolean attention mask
+    return nbytes
+
+
+def _activation_note(spec: ModelSpec, setup: TrainSetup, grad_upstream: bool) -> str:
+    tokens = f"{setup.sequences} sequences x {setup.seq_len} tokens"
+    if setup.sequences_per_example > 1:
+        tokens += f" ({setup.micro_batch} x {setup.sequences_per_example} per anchor)"
+    if not grad_upstream:
+        return f"frozen encoder keeps nothing for backward; {tokens}"
+    if setup.gradient_checkpointing:
+        return f"each of {spec.layers} layers keeps its input; {tokens}"
+    return f"{spec.layers} layers x saved tensors per token (SDPA); {tokens}"
+
+
+def _logits_note(spec: ModelSpec, a_bytes: int) -> str:
+    if spec.task in ("causal_lm", "masked_lm"):
+        return f"{spec.vocab:,}-way logits: {a_bytes} B + fp32 copies per token and vocabulary entry"
+    return "small: one row per sequence"

@@ -1,0 +1,179 @@
+"""The measured tier: probes of real training steps on the GPU, each in a fresh process, and a line fit.
+
+A probe is `python -m gpuopt_tui.jobs.memprobe` with a JSON request on stdin; it prints one JSON result line.
+Running each probe in its own process means an out-of-memory error cannot poison the next probe (or the UI),
+and the CUDA context is measured fresh every time.
+
+Plan: probe the closed-form guess and half of it (halving on out-of-memory), fit peak reserved against
+the sequences per micro-batch, compute b_max from the budget, re-probe when that is far beyond the probes, then
+confirm b_max with one more probe, shrinking x0.9 while it runs out of memory, the allocator had to retry, or
+the peak exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner.estimate import TrainSetup
+from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
+from gpuopt_tui.core.planner.search import Budget, PeakModel
+
+PROBE_MODULE = "gpuopt_tui.jobs.memprobe"
+# The allocator setting used by every probe; training runs should use the same one for the plan to hold.
+ALLOC_CONF = "expandable_segments:True"
+MAX_PROBES = 8
+FAR = 1.5  # re-probe when b_max is this many times the largest probed batch
+
+Probe = Callable[[Mapping[str, Any]], ProbeResult]
+
+
+def probe_request(
+    config: Mapping[str, Any], task: str, setup: TrainSetup, device: str = "cuda", steps: int = 2
+) -> dict[str, Any]:
+    """The JSON request for one probe: the model's config, the task and the training setup."""
+    fields = asdict(setup)
+    fields["lora_targets"] = list(setup.lora_targets)
+    return {"config": dict(config), "task": task, "device": device, "steps": steps, **fields}
+
+
+def probe_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
+    return env
+
+
+def run_probe(request: Mapping[str, Any], timeout: float = 600.0, python: str = sys.executable) -> ProbeResult:
+    """Run one probe in a fresh Python process and return what it measured."""
+    batch = int(request["micro_batch"])
+    sequences = batch * (1 + int(request.get("n_positives", 0)) + int(request.get("n_negatives", 0)))
+    try:
+        done = subprocess.run(
+            [python, "-m", PROBE_MODULE],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=probe_env(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return ProbeResult(batch, sequences, error=f"the probe took longer than {timeout:.0f} s")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return ProbeResult(batch, sequences, error=f"the probe exited with code {done.returncode}: " + " | ".join(tail))
+    return ProbeResult.from_dict(json.loads(lines[-1]))
+
+
+@dataclass(frozen=True)
+class MeasuredPlan:
+    probes: tuple[ProbeResult, ...]
+    fit: LineFit | None  # None when only a micro-batch of 1 fits
+    context: int  # the largest context any probe saw
+    sequences_per_example: int
+    b_max: int  # from the fit
+    micro_batch: int  # confirmed by a probe
+    confirmed: ProbeResult
+    tier: str = "measured"
+
+    def peak_model(self) -> PeakModel:
+        """Peak bytes predicted by the fit (context included), for the search. Valid for the probed setup's
+        sequence length, precision and model; the micro-batch and samples per anchor may vary."""
+        fit = self.fit
+        if fit is None:
+            one = self.confirmed.footprint
+            return lambda setup: one if setup.sequences <= self.confirmed.sequences else 1 << 62
+        return lambda setup: int(fit.predict(setup.sequences) + self.context)
+
+
+def measure(
+    request_for: Callable[[int], Mapping[str, Any]],
+    sequences_per_example: int,
+    budget: Budget,
+    start: int,
+    probe: Probe = run_probe,
+    log: Callable[[str], None] = lambda message: None,
+    max_probes: int = MAX_PROBES,
+) -> MeasuredPlan:
+    """Find the largest micro-batch by probing; `start` is the closed-form guess, `request_for(b)` a request."""
+    results: list[ProbeResult] = []
+
+    def run(batch: int) -> ProbeResult:
+        for earlier in results:
+            if earlier.micro_batch == batch:
+                return earlier
+        if len(results) >= max_probes:
+            raise UserError(f"no confirmed micro-batch after {max_probes} probes; see the probe log")
+        result = probe(request_for(batch))
+        results.append(result)
+        log(_describe(result, budget))
+        if result.error:
+            raise UserError(f"the probe at micro-batch {batch} failed: {result.error}")
+        return result
+
+    def first_fit(batch: int) -> tuple[int, ProbeResult]:
+        result = run(batch)
+        while result.oom:  # the guess was far off: halve until a probe runs, the fit finds the rest
+            if batch == 1:
+                raise UserError("a micro-batch of 1 runs out of GPU memory in the probe")
+            batch = max(1, batch // 2)
+            result = run(batch)
+        return batch, result
+
+    hi, r_hi = first_fit(max(2, start))
+    spe = sequences_per_example
+    fit: LineFit | None = None
+    if hi == 1:
+        b_max = 1
+    else:
+        lo, r_lo = first_fit(max(1, hi // 2))
+        fit = fit_line([(lo * spe, r_lo.max_reserved), (hi * spe, r_hi.max_reserved)])
+        b_max = max_batch(fit, budget.limit, _context(results), spe)
+        if b_max > FAR * hi:
+            far, r_far = first_fit(b_max)
+            if far > hi:
+                fit = fit_line([(hi * spe, r_hi.max_reserved), (far * spe, r_far.max_reserved)])
+                b_max = max_batch(fit, budget.limit, _context(results), spe)
+    if b_max < 1:
+        raise UserError("the probes show that not even a micro-batch of 1 fits in the budget")
+    batch = b_max
+    while True:
+        result = run(batch)
+        if result.ok and result.num_alloc_retries == 0 and result.footprint <= budget.limit:
+            break
+        if batch == 1:
+            raise UserError("a micro-batch of 1 does not fit in the budget (measured)")
+        batch = shrink(batch)
+    return MeasuredPlan(
+        probes=tuple(results),
+        fit=fit,
+        context=_context(results),
+        sequences_per_example=spe,
+        b_max=b_max,
+        micro_batch=batch,
+        confirmed=result,
+    )
+
+
+def _context(results: list[ProbeResult]) -> int:
+    return max((r.context for r in results if r.ok), default=0)
+
+
+def _describe(r: ProbeResult, budget: Budget) -> str:
+    if r.error:
+        return f"probe b={r.micro_batch}: failed: {r.error}"
+    if r.oom:
+        return f"probe b={r.micro_batch}: out of memory"
+    gib = 1024**3
+    retries = f", {r.num_alloc_retries} allocator retries" if r.num_alloc_retries else ""
+    return (
+        f"probe b={r.micro_batch}: peak reserved {r.max_reserved / gib:.2f} GiB + context {r.context / gib:.2f} "
+        f"GiB = {r.footprint / budget.gpu_total:.0%} of the GPU{retries} ({r.seconds:.1f} s)"
+    )

@@ -1,0 +1,270 @@
+"""Choosing a micro-batch, gradient accumulation and samples per anchor under a memory budget.
+
+Every function takes a peak model: a callable from a TrainSetup to the process's peak bytes on the GPU (the
+closed-form estimate, or a line fitted to probes), so the same search serves both tiers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner.estimate import Overheads, TrainSetup, estimate
+from gpuopt_tui.core.planner.model_spec import ModelSpec
+
+PeakModel = Callable[[TrainSetup], int]
+MAX_BATCH = 1 << 20
+ACCUMULATION_MODES = ("exact", "approx")
+
+
+@dataclass(frozen=True)
+class Budget:
+    gpu_total: int  # bytes of GPU memory
+    margin: float  # plan for at most this share of it
+
+    @property
+    def limit(self) -> int:
+        return int(self.gpu_total * self.margin)
+
+
+def closed_form(spec: ModelSpec, overheads: Overheads | None = None) -> PeakModel:
+    return lambda setup: estimate(spec, setup, overheads).total
+
+
+def largest_batch(peak: PeakModel, setup: TrainSetup, limit: int, upper: int = MAX_BATCH) -> int:
+    """The largest micro-batch whose peak stays within `limit` (0 if one does not fit); peak grows with b."""
+    if peak(setup.with_batch(1)) > limit:
+        return 0
+    lo, hi = 1, 2
+    while hi <= upper and peak(setup.with_batch(hi)) <= limit:
+        lo, hi = hi, hi * 2
+    hi = min(hi, upper + 1)
+    while hi - lo > 1:  # peak(lo) fits, peak(hi) does not (or hi is past the upper bound)
+        mid = (lo + hi) // 2
+        if peak(setup.with_batch(mid)) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    micro_batch: int
+    accumulate: int
+    effective: int
+    target: int
+
+    @property
+    def deviation(self) -> float:
+        """Effective batch relative to the target: 0.0 when exact, +0.05 when 5% larger."""
+        return self.effective / self.target - 1 if self.target else 0.0
+
+
+def accumulation(b_max: int, target: int, n_gpus: int = 1, mode: str = "exact") -> Accumulation:
+    """Micro-batch and accumulate_grad_batches for an effective batch of `target` over `n_gpus`.
+
+    exact: the largest divisor of target / n_gpus that fits, so that the effective batch is the target;
+    approx: the largest micro-batch that fits, and the accumulation closest to the target (deviation shown).
+    """
+    if mode not in ACCUMULATION_MODES:
+        raise UserError(f'accumulation mode "{mode}": expected exact or approx')
+    if b_max < 1:
+        raise UserError("not even a micro-batch of 1 fits in the memory budget")
+    if target < 1:
+        raise UserError(f"target effective batch {target}: expected a positive integer")
+    if mode == "exact":
+        if target % n_gpus:
+            raise UserError(
+                f"an exact effective batch of {target} over {n_gpus} GPUs is impossible (not divisible); "
+                "use approx mode or another target"
+            )
+        per_gpu = target // n_gpus
+        micro = max(d for d in _divisors(per_gpu) if d <= b_max)
+        return Accumulation(micro, per_gpu // micro, target, target)
+    micro = min(b_max, -(-target // n_gpus))
+    accumulate = _nearest(target / (micro * n_gpus))
+    return Accumulation(micro, accumulate, micro * accumulate * n_gpus, target)
+
+
+def _nearest(x: float) -> int:
+    """The nearest whole number of accumulation steps (halves round up), at least 1."""
+    return max(1, math.floor(x + 0.5))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration with its memory, side by side with others."""
+
+    label: str
+    micro_batch: int
+    accumulate: int
+    effective_batch: int
+    deviation: float  # effective batch relative to the target
+    peak: int  # bytes on the GPU, context included
+    utilisation: float  # peak / GPU memory
+    fits: bool  # peak within margin x GPU memory
+
+
+def candidate(label: str, peak: PeakModel, setup: TrainSetup, budget: Budget, target: int) -> Candidate:
+    bytes_ = peak(setup)
+    effective = setup.effective_batch
+    return Candidate(
+        label=label,
+        micro_batch=setup.micro_batch,
+        accumulate=setup.accumulate,
+        effective_batch=effective,
+        deviation=effective / target - 1 if target else 0.0,
+        peak=bytes_,
+        utilisation=bytes_ / budget.gpu_total,
+        fits=bytes_ <= budget.limit,
+    )
+
+
+def candidates(peak: PeakModel, setup: TrainSetup, budget: Budget, target: int, b_max: int) -> tuple[Candidate, ...]:
+    """Configurations worth comparing: the exact target, the closest to it, the largest micro-batch, a power of
+    two, and half the largest (headroom)."""
+    n = setup.n_gpus
+
+    def accumulate_for(micro: int) -> int:
+        return _nearest(target / (micro * n))
+
+    options: list[tuple[str, int, int]] = []
+    if target % n == 0:
+        exact = accumulation(b_max, target, n, "exact")
+        options.append(("exact effective batch", exact.micro_batch, exact.accumulate))
+    approx = accumulation(b_max, target, n, "approx")
+    options.append(("closest to the target", approx.micro_batch, approx.accumulate))
+    options.append(("largest micro-batch", b_max, accumulate_for(b_max)))
+    pow2 = 1 << (b_max.bit_length() - 1)
+    options.append(("power of two", pow2, accumulate_for(pow2)))
+    half = max(1, b_max // 2)
+    options.append(("half the largest (headroom)", half, accumulate_for(half)))
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for label, micro, acc in options:
+        if (micro, acc) not in seen:
+            seen.add((micro, acc))
+            out.append(candidate(label, peak, setup.with_batch(micro, acc), budget, target))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A curriculum stage: a name (usually its file) and its samples per anchor."""
+
+    name: str
+    n_positives: int
+    n_negatives: int
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: Stage
+    b_max: int  # largest micro-batch for this stage alone
+    peak: int  # at the recommended micro-batch
+    utilisation: float
+    max_positives: int  # the most samples per anchor that fit at the recommended micro-batch, same ratio
+    max_negatives: int
+
+
+def max_samples(peak: PeakModel, setup: TrainSetup, limit: int, upper: int = 4096) -> tuple[int, int]:
+    """The largest (n_positives, n_negatives) keeping the setup's ratio that fits at its micro-batch."""
+    pos, neg = setup.n_positives, setup.n_negatives
+    total = pos + neg
+    if total == 0:
+        return 0, 0
+
+    def split(t: int) -> TrainSetup:
+        p = min(t, max(1 if pos else 0, round(t * pos / total)))
+        return dataclasses.replace(setup, n_positives=p, n_negatives=t - p)
+
+    best = 0
+    lo, hi = 1, upper
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if peak(split(mid)) <= limit:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    if best == 0:
+        return 0, 0
+    chosen = split(best)
+    return chosen.n_positives, chosen.n_negatives
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The search's answer: a chosen configuration, alternatives, and one plan per curriculum stage."""
+
+    budget: Budget
+    target: int
+    mode: str
+    b_max: int  # largest micro-batch that fits every stage
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    current: Candidate | None
+    stages: tuple[StagePlan, ...]
+    tier: str
+
+
+def recommend(
+    peak: PeakModel,
+    setup: TrainSetup,
+    budget: Budget,
+    target: int = 0,
+    mode: str = "exact",
+    stages: Sequence[Stage] = (),
+    tier: str = "closed-form estimate",
+) -> Recommendation:
+    """Search micro-batch and accumulation under the budget; `target` 0 keeps the setup's effective batch.
+
+    With stages, the micro-batch must fit the most demanding one; each stage also gets its own largest batch
+    and the most samples per anchor it could take at the chosen batch.
+    """
+    target = target or setup.effective_batch
+    stage_setups = [dataclasses.replace(setup, n_positives=s.n_positives, n_negatives=s.n_negatives) for s in stages]
+    setups = stage_setups or [setup]
+    limits = [largest_batch(peak, s, budget.limit) for s in setups]
+    b_max = min(limits)
+    binding = setups[limits.index(b_max)]  # the most demanding stage sets the micro-batch
+    if b_max < 1:
+        need = peak(binding.with_batch(1))
+        raise UserError(
+            f"a micro-batch of 1 needs {need / 1024**3:.2f} GiB, more than {budget.margin:.0%} of "
+            f"{budget.gpu_total / 1024**3:.1f} GiB; try gradient checkpointing, LoRA, a frozen encoder, mixed "
+            "precision or a shorter sequence"
+        )
+    acc = accumulation(b_max, target, setup.n_gpus, mode)
+    chosen_setup = binding.with_batch(acc.micro_batch, acc.accumulate)
+    chosen = candidate(f"recommended ({mode})", peak, chosen_setup, budget, target)
+    plans = tuple(
+        StagePlan(
+            stage=stage,
+            b_max=limit,
+            peak=(p := peak(s.with_batch(acc.micro_batch, acc.accumulate))),
+            utilisation=p / budget.gpu_total,
+            max_positives=(m := max_samples(peak, s.with_batch(acc.micro_batch), budget.limit))[0],
+            max_negatives=m[1],
+        )
+        for stage, s, limit in zip(stages, stage_setups, limits)
+    )
+    return Recommendation(
+        budget=budget,
+        target=target,
+        mode=mode,
+        b_max=b_max,
+        chosen=chosen,
+        candidates=candidates(peak, binding, budget, target, b_max),
+        current=candidate("current", peak, binding, budget, target),
+        stages=plans,
+        tier=tier,
+    )

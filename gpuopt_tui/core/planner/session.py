@@ -1,0 +1,227 @@
+"""One planning session, from a plan profile to previewed config edits: what the CLI and the planner screen call.
+
+inputs = prepare(profile)                      # model, training setup, GPU budget, config, stages
+current = estimate_current(inputs)             # breakdown of the config as it is
+rec = recommend_closed_form(inputs)            # or: plan = measure_probes(inputs); rec = recommend_measured(...)
+patches = planned_patches(inputs, rec)         # previews with diffs; yamledit.apply(patches) writes them
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.paths import cache_dir
+from gpuopt_tui.core.planner import gpu as gpu_memory
+from gpuopt_tui.core.planner import trainconfig
+from gpuopt_tui.core.planner.estimate import Estimate, TrainSetup, estimate
+from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
+from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, spec_from_config
+from gpuopt_tui.core.planner.search import (
+    Budget,
+    PeakModel,
+    Recommendation,
+    Stage,
+    closed_form,
+    largest_batch,
+    recommend,
+)
+from gpuopt_tui.core.planner.yamledit import FilePatch, Scalar, ValueEdit
+from gpuopt_tui.core.profiles.common import ModelSection
+from gpuopt_tui.core.profiles.plan import PlanProfile
+
+DEFAULT_SEQ_LEN = 128
+DEFAULT_MICRO_BATCH = 8
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    config: dict[str, Any]  # the Hugging Face config mapping
+    label: str
+    task: str = "auto"  # a task the source implies (the two-tower demo is an embedding model)
+
+
+@dataclass(frozen=True)
+class StageFile:
+    stage: Stage
+    config: trainconfig.TrainingConfig
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    profile: PlanProfile
+    model: ModelSource
+    spec: ModelSpec
+    setup: TrainSetup  # the training step as the config (and the profile's explicit values) describe it
+    gpu: gpu_memory.GpuMemory
+    budget: Budget
+    config: trainconfig.TrainingConfig | None
+    stages: tuple[StageFile, ...]
+    target: int  # effective batch to keep
+    notes: tuple[str, ...]
+
+
+def model_source(model: ModelSection) -> ModelSource:
+    """The model config to plan for: a local model directory or config.json, or a demo model's config."""
+    if model.adapter == "hf":
+        config, label = load_config(model.path)
+        return ModelSource(config, label)
+    if model.adapter == "demo":
+        return ModelSource(
+            demo_config(model.demo), f"demo {model.demo}", "embedding" if model.demo == "two_tower" else "auto"
+        )
+    raise UserError(
+        f"model adapter = plugin ({model.factory}): the planner reads architectures from a Hugging Face config; "
+        "give --model DIR (a directory with the model's config.json) or model.path"
+    )
+
+
+def demo_config(kind: str) -> dict[str, Any]:
+    """A demo model's config: from its cache if it was built, else from the demo code in a child process."""
+    versions = {}
+    for path in (cache_dir() / "demo").glob(f"{kind}-v*/model/config.json"):
+        match = re.fullmatch(rf"{re.escape(kind)}-v(\d+)", path.parent.parent.name)  # not the -seedN variants
+        if match:
+            versions[int(match.group(1))] = path
+    if versions:
+        return load_config(versions[max(versions)])[0]
+    done = subprocess.run(
+        [sys.executable, "-m", PROBE_MODULE, "--demo-config", kind], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise UserError(f"cannot read the {kind} demo's config: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)
+
+
+def _device_index(device: str) -> int:
+    return int(device[5:]) if device.startswith("cuda:") else 0
+
+
+def prepare(profile: PlanProfile, gpu: gpu_memory.GpuMemory | None = None) -> PlanInputs:
+    """Everything a plan needs, read and checked: UserError for any problem the user can fix. `gpu` replaces
+    the profile's GPU memory (gpu_memory_gb, or NVML detection)."""
+    p = profile.plan
+    source = model_source(profile.model)
+    task = p.task if p.task != "auto" else source.task
+    spec = spec_from_config(source.config, source.label, task)
+    base = TrainSetup(
+        optimizer=p.optimizer,
+        trainable=p.trainable,
+        lora_rank=p.lora_rank,
+        lora_targets=tuple(p.lora_targets),
+        seq_len=min(DEFAULT_SEQ_LEN, spec.max_positions),
+        micro_batch=DEFAULT_MICRO_BATCH,
+        zero_stage=p.zero_stage,
+        loop=p.loop,
+    )
+    notes: list[str] = []
+    config = None
+    if p.config:
+        config = trainconfig.read(Path(p.config).expanduser(), trainconfig.parse_keys(p.keys), p.overrides)
+        base, config_notes = config.setup(base)
+        notes += config_notes
+    explicit = {
+        "precision": p.precision,
+        "gradient_checkpointing": p.gradient_checkpointing,
+        "seq_len": p.seq_len,
+        "micro_batch": p.micro_batch,
+        "n_positives": p.n_positives,
+        "n_negatives": p.n_negatives,
+        "n_gpus": p.n_gpus,
+    }
+    setup = dataclasses.replace(base, **{k: v for k, v in explicit.items() if v != "auto"})
+    if setup.seq_len > spec.max_positions and spec.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+        notes.append(f"sequence length {setup.seq_len} exceeds the model's {spec.max_positions} positions")
+    setup.check()
+    stages = tuple(_stage(Path(s).expanduser(), p.keys) for s in p.stages)
+    memory = gpu or gpu_memory.resolve(
+        None if p.gpu_memory_gb == "auto" else float(p.gpu_memory_gb), _device_index(profile.run.device)
+    )
+    return PlanInputs(
+        profile=profile,
+        model=source,
+        spec=spec,
+        setup=setup,
+        gpu=memory,
+        budget=Budget(memory.total, p.margin),
+        config=config,
+        stages=stages,
+        target=p.effective_batch or setup.effective_batch,
+        notes=tuple(notes),
+    )
+
+
+def _stage(path: Path, keys: list[str]) -> StageFile:
+    config = trainconfig.read(path, trainconfig.parse_keys(keys))
+    pos = config.require("n_positives").value
+    neg = config.require("n_negatives").value
+    for role, value in (("n_positives", pos), ("n_negatives", neg)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"{path}: {role} = {value!r}, expected 0 or a positive integer")
+    return StageFile(Stage(str(path), pos, neg), config)
+
+
+def estimate_current(inputs: PlanInputs) -> Estimate:
+    """The closed-form breakdown of the training step as configured now."""
+    return estimate(inputs.spec, inputs.setup)
+
+
+def recommend_closed_form(inputs: PlanInputs) -> Recommendation:
+    return _recommend(inputs, closed_form(inputs.spec), "closed-form estimate")
+
+
+def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
+    """Probe the most demanding stage (or the setup) on the GPU, starting from the closed-form guess."""
+    if inputs.profile.run.device == "cpu":
+        raise UserError("measuring needs a GPU: run.device = cpu; use auto, cuda or cuda:N")
+    index = _device_index(inputs.profile.run.device)
+    if gpu_memory.detect(index) is None:
+        raise UserError(f"measuring runs probes on GPU {index}, and NVML finds none here; estimate without it")
+    setups = [
+        dataclasses.replace(inputs.setup, n_positives=s.stage.n_positives, n_negatives=s.stage.n_negatives)
+        for s in inputs.stages
+    ] or [inputs.setup]
+    worst = max(setups, key=lambda s: s.sequences_per_example)
+    start = max(1, largest_batch(closed_form(inputs.spec), worst, inputs.budget.limit))
+    return measure(
+        lambda b: probe_request(inputs.model.config, inputs.spec.task, worst.with_batch(b), f"cuda:{index}"),
+        worst.sequences_per_example,
+        inputs.budget,
+        start,
+        log=log,
+    )
+
+
+def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
+    return _recommend(inputs, plan.peak_model(), "measured")
+
+
+def _recommend(inputs: PlanInputs, peak: PeakModel, tier: str) -> Recommendation:
+    p = inputs.profile.plan
+    return recommend(
+        peak, inputs.setup, inputs.budget, inputs.target, p.accumulation, [s.stage for s in inputs.stages], tier
+    )
+
+
+def planned_patches(inputs: PlanInputs, rec: Recommendation, tune_samples: bool = False) -> list[FilePatch]:
+    """Verified previews writing the recommendation into the config (and stage files that set these values)."""
+    if inputs.config is None:
+        raise UserError("no training config to write to: give --config FILE (or plan.config)")
+    values: dict[str, Scalar] = {"batch_size": rec.chosen.micro_batch}
+    if rec.chosen.accumulate != 1 or inputs.config.get("accumulate") is not None:
+        values["accumulate"] = rec.chosen.accumulate
+    edits: list[tuple[Path, ValueEdit]] = inputs.config.edits(values)
+    for stage_file, plan in zip(inputs.stages, rec.stages):
+        own = {role: v for role, v in values.items() if stage_file.config.get(role) is not None}
+        if tune_samples:
+            own.update(n_positives=plan.max_positives, n_negatives=plan.max_negatives)
+        edits += stage_file.config.edits(own)
+    return trainconfig.preview_edits(edits)

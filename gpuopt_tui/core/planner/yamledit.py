@@ -1,0 +1,435 @@
+"""Minimal-diff edits of values in YAML files: every byte but the edited values stays as it was.
+
+ruamel.yaml (round-trip mode) gives the meaning and the key positions; the new value's text replaces only the
+old value's text on its line (quotes kept, comments and spacing untouched). The result is parsed again and
+compared with the original, leaf by leaf: only the intended keys may differ, and they must hold the intended
+values; otherwise nothing is written. Values that are interpolations (`${...}`), inherited through a merge key,
+or multi-line are refused with a message naming the key and the file.
+
+Writing: a preview (FilePatch) records the SHA-256 of the bytes it was made from; applying refuses if the file
+changed since, copies the file to NAME.backup, writes a temporary file in the same directory, fsyncs it and
+replaces the file atomically. `undo` puts the backup back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpuopt_tui.core.errors import UserError
+
+BACKUP_SUFFIX = ".backup"
+Scalar = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class ValueEdit:
+    key: str  # dotted path inside the file, e.g. "training.trainer.accumulate_grad_batches"
+    value: Scalar
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    old: Any
+    new: Any
+    line: int  # 1-based line of the value
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    """A previewed edit of one file; apply() writes it if the file is still what the preview read."""
+
+    path: Path
+    sha256: str
+    old_text: str
+    new_text: str
+    changes: tuple[Change, ...]
+
+    @property
+    def diff(self) -> str:
+        return unified_diff(self.path, self.old_text, self.new_text)
+
+
+def unified_diff(path: Path, old: str, new: str) -> str:
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"{path}", tofile=f"{path} (new)"
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def _parser() -> Any:
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    return yaml
+
+
+def read_text(path: Path) -> tuple[bytes, str]:
+    """The file's bytes and its text (UTF-8); UserError when it cannot be read."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+    try:
+        return raw, raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def parse(text: str, source: Path | str) -> Any:
+    """The round-trip data of YAML `text`; UserError naming the file and line when it is not valid YAML."""
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    try:
+        return _parser().load(text.removeprefix("\ufeff"))
+    except MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{source}: not valid YAML{where}: {e.problem or e.context}") from None
+    except YAMLError as e:
+        raise UserError(f"{source}: not valid YAML: {e}") from None
+
+
+def load(path: Path) -> Any:
+    return parse(read_text(path)[1], path)
+
+
+def lookup(data: Any, key: str, source: Path | str) -> Any:
+    """The value at dotted `key`; UserError when a part is missing or not a mapping."""
+    return _locate(data, key, source)[2]
+
+
+def has_key(data: Any, key: str) -> bool:
+    node = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _locate(data: Any, key: str, source: Path | str) -> tuple[Any, str, Any]:
+    """(the mapping holding the last part, the last part, its value)."""
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or "the top level"
+        if not isinstance(node, dict):
+            raise UserError(f"{source}: '{where}' is not a mapping, so it has no key '{part}' (looking for '{key}')")
+        if part not in node:
+            known = ", ".join(str(k) for k in list(node)[:12])
+            raise UserError(f"{source}: no key '{key}' ('{part}' is missing under {where}; there: {known})")
+        if i == len(parts) - 1:
+            return node, part, node[part]
+        node = node[part]
+    raise AssertionError("unreachable")
+
+
+# --- finding a value's text ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Span:
+    line: int  # 0-based
+    start: int
+    end: int
+    quote: str  # "'", '"', or "" for a plain scalar or an alias
+
+
+def _skip_quoted(line: str, i: int) -> int:
+    """Index after the quoted scalar starting at line[i], or -1 when it does not end on this line."""
+    q = line[i]
+    j = i + 1
+    while j < len(line):
+        c = line[j]
+        if q == '"' and c == "\\":
+            j += 2
+            continue
+        if c == q:
+            if q == "'" and j + 1 < len(line) and line[j + 1] == "'":
+                j += 2
+                continue
+            return j + 1
+        j += 1
+    return -1
+
+
+def _skip_blank(line: str, i: int) -> int:
+    while i < len(line) and line[i] in " \t":
+        i += 1
+    return i
+
+
+def _value_span(lines: list[str], kline: int, kcol: int, flow: bool, refuse: Callable[[str], NoReturn]) -> _Span:
+    """Where the value of the key written at (kline, kcol) is in the text."""
+    line = lines[kline]
+    i = kcol
+    if line[i : i + 1] in ("'", '"'):
+        i = _skip_quoted(line, i)
+        if i < 0:
+            refuse("its key spans several lines")
+    else:
+        while i < len(line) and not (
+            line[i] == ":" and (i + 1 == len(line) or line[i + 1] in " \t" or (flow and line[i + 1] in ",}]"))
+        ):
+            i += 1
+    i = _skip_blank(line, i)
+    if line[i : i + 1] != ":":
+        refuse("its key is not followed by ':' on the same line")
+    i = _skip_blank(line, i + 1)
+    row = kline
+    while i >= len(line) or line[i] == "#":  # the value is on a following, more indented line
+        row += 1
+        if row >= len(lines):
+            refuse("it has no value")
+        line = lines[row]
+        i = _skip_blank(line, 0)
+        if i < len(line) and line[i] != "#" and i <= kcol:
+            refuse("it has no value")
+    while line[i] in "&!":  # an anchor or a tag before the value: kept as they are
+        while i < len(line) and line[i] not in " \t":
+            i += 1
+        i = _skip_blank(line, i)
+        if i >= len(line):
+            refuse("its value is on its own line after an anchor or tag")
+    c = line[i]
+    if c in "'\"":
+        end = _skip_quoted(line, i)
+        if end < 0:
+            refuse("its quoted value spans several lines")
+        return _Span(row, i, end, c)
+    if c in "|>":
+        refuse("it is a block scalar")
+    if c in "[{":
+        refuse("it is a list or a mapping, not a single value")
+    stops = ",]}" if flow else ""
+    j = i
+    while j < len(line) and line[j] not in stops and not (line[j] == "#" and line[j - 1] in " \t"):
+        j += 1
+    end = len(line[:j].rstrip(" \t"))
+    return _Span(row, i, end, "")
+
+
+# --- rendering and checking ----------------------------------------------------------------------------------
+
+
+def _norm(value: Any) -> tuple[str, Any]:
+    """A comparable (type, value) pair for a parsed scalar; bool before int since bool is an int."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind.__name__, kind(value)
+    if value is None:
+        return "null", None
+    return type(value).__name__, str(value)
+
+
+def _flatten(data: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], tuple[str, Any]]:
+    if isinstance(data, dict):
+        out: dict[tuple[str, ...], tuple[str, Any]] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, (*prefix, str(k))))
+        return out or {prefix: ("mapping", None)}
+    if isinstance(data, list):
+        out = {}
+        for i, v in enumerate(data):
+            out.update(_flatten(v, (*prefix, str(i))))
+        return out or {prefix: ("list", None)}
+    return {prefix: _norm(data)}
+
+
+def _plain_text(value: Scalar, old_text: str) -> str:
+    if isinstance(value, bool):
+        word = "true" if value else "false"
+        if old_text[:1].isupper():
+            word = word.upper() if old_text.isupper() else word.capitalize()
+        return word
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UserError(f"cannot write {value} as a configuration value")
+        return repr(value)
+    return value
+
+
+def _quoted(text: str, quote: str) -> str:
+    if quote == "'":
+        return "'" + text.replace("'", "''") + "'"
+    return json.dumps(text)
+
+
+def _render(value: Scalar, old: Any, span: _Span, old_text: str) -> tuple[str, tuple[str, Any]]:
+    """The new value's text and what it must parse to. A quoted old string keeps its quotes (and stays a
+    string); a string that would not read back as itself unquoted gets double quotes."""
+    if span.quote and isinstance(old, str):
+        text = value if isinstance(value, str) else _plain_text(value, "")
+        return _quoted(text, span.quote), ("str", text)
+    text = _plain_text(value, old_text)
+    if isinstance(value, str):
+        if not _reads_back(text, value):
+            text = _quoted(value, '"')
+        return text, ("str", value)
+    return text, _norm(value)
+
+
+def _reads_back(text: str, value: str) -> bool:
+    try:
+        parsed = parse(f"k: {text}\n", "value")
+    except UserError:
+        return False
+    return isinstance(parsed, dict) and _norm(parsed.get("k")) == ("str", value)
+
+
+def preview(path: Path, edits: Sequence[ValueEdit]) -> FilePatch:
+    """The patch that sets each edit's key to its value in `path`, verified; the file is not touched."""
+    raw, text = read_text(path)
+    bom = "\ufeff" if text.startswith("\ufeff") else ""
+    body = text[len(bom) :]
+    data = parse(body, path)
+    keys = [e.key for e in edits]
+    if len(set(keys)) != len(keys):
+        raise UserError(f"{path}: the same key is edited twice ({', '.join(keys)})")
+    lines = body.splitlines(keepends=True)
+    bare = [line.rstrip("\r\n") for line in lines]
+    patches: list[tuple[_Span, str]] = []
+    changes: list[Change] = []
+    expected = _flatten(data)
+    for edit in edits:
+
+        def refuse(why: str, key: str = edit.key) -> NoReturn:
+            raise UserError(f"{path}: cannot edit '{key}': {why}; edit it by hand")
+
+        parent, last, old = _locate(data, edit.key, path)
+        if isinstance(old, (dict, list)):
+            refuse("it is a mapping or a list, not a single value")
+        if isinstance(old, str) and "${" in old:
+            raise UserError(
+                f"{path}: '{edit.key}' is an interpolation ({old}); it is never rewritten. Edit the key it "
+                "refers to, or point the planner at that key"
+            )
+        position = parent.lc.data.get(last) if hasattr(parent, "lc") else None
+        if position is None:
+            refuse("its value comes from a merge key (<<: *anchor)")
+        span = _value_span(bare, position[0], position[1], parent.fa.flow_style(), refuse)
+        old_text = bare[span.line][span.start : span.end]
+        new_text, want = _render(edit.value, old, span, old_text)
+        patches.append((span, new_text))
+        changes.append(Change(edit.key, old, edit.value, span.line + 1))
+        expected[tuple(edit.key.split("."))] = want
+    for span, new_text in sorted(patches, key=lambda p: (p[0].line, p[0].start), reverse=True):
+        line = lines[span.line]
+        lines[span.line] = line[: span.start] + new_text + line[span.end :]
+    new_body = "".join(lines)
+    got = _flatten(parse(new_body, path))
+    if got != expected:
+        wrong = sorted(".".join(k) for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+        raise UserError(
+            f"{path}: editing {', '.join(keys)} would change {', '.join(wrong)} (anchors, aliases or an unusual "
+            "layout); nothing was written, edit it by hand"
+        )
+    return FilePatch(path, hashlib.sha256(raw).hexdigest(), text, bom + new_body, tuple(changes))
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+
+
+def backup_path(path: Path) -> Path:
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise UserError(f"{path}: cannot access it ({e.strerror or e})") from None
+    if not (mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(path, os.W_OK):
+        raise UserError(f"{path}: the file is read-only; nothing was written")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"{path.parent}: the directory is not writable; nothing was written")
+
+
+def _check_unchanged(patch: FilePatch) -> None:
+    try:
+        current = patch.path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{patch.path}: cannot read it again ({e.strerror or e}); nothing was written") from None
+    if hashlib.sha256(current).hexdigest() != patch.sha256:
+        raise UserError(f"{patch.path}: the file changed since the preview; nothing was written, preview again")
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file next to `path`, fsync it, keep the file's mode, and replace `path`."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write next to it ({e.strerror or e}); nothing was written") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UserError(f"{path}: cannot write it ({e.strerror or e}); nothing was written") from None
+
+
+def apply(patches: Iterable[FilePatch], backup: bool = True) -> list[Path]:
+    """Write previewed patches: all are checked (unchanged since the preview, writable) before any is written.
+    Returns the backup files made."""
+    patches = [p for p in patches if p.new_text != p.old_text]
+    for patch in patches:
+        _check_unchanged(patch)
+        _check_writable(patch.path)
+    backups = []
+    for patch in patches:
+        if backup:
+            saved = backup_path(patch.path)
+            try:
+                shutil.copy2(patch.path, saved)
+            except OSError as e:
+                raise UserError(f"{saved}: cannot write the backup ({e.strerror or e}); nothing was written") from None
+            backups.append(saved)
+        replace_file(patch.path, patch.new_text.encode("utf-8"))
+    return backups
+
+
+def undo_preview(path: Path) -> str:
+    """The diff that `undo(path)` would make: from the current file back to its backup."""
+    saved = backup_path(path)
+    if not saved.is_file():
+        raise UserError(f"{path}: no backup to restore ({saved.name} does not exist)")
+    return unified_diff(path, read_text(path)[1] if path.exists() else "", read_text(saved)[1])
+
+
+def undo(path: Path) -> None:
+    """Put NAME.backup back in place of NAME (the backup is used up)."""
+    saved = backup_path(path)
+    if not saved.is_file():
+        raise UserError(f"{path}: no backup to restore ({saved.name} does not exist)")
+    if path.exists():
+        _check_writable(path)
+    try:
+        os.replace(saved, path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot restore the backup ({e.strerror or e})") from None

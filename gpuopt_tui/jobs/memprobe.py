@@ -1,0 +1,268 @@
+"""One memory probe: a real training step of a model built from its config, measured, in a fresh process.
+
+    python -m gpuopt_tui.jobs.memprobe < request.json      # prints one JSON line (ProbeResult fields)
+    python -m gpuopt_tui.jobs.memprobe --demo-config classifier
+
+The request (see core/planner/measure.py `probe_request`) holds the Hugging Face config, the task and the
+training setup. The model gets random weights (fp32 parameters; bf16/fp16 autocast for mixed precision), the
+batch is random tokens at the full sequence length, and the step follows the setup's loop: Lightning frees the
+previous gradients between forward and backward, a plain loop before the forward. One warm-up step (it creates
+the optimizer state), then the allocator cache is emptied, peak statistics are reset, and the measured steps run.
+An out-of-memory error is a result (oom = true), not a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpuopt_tui.core.planner.measure import ALLOC_CONF
+from gpuopt_tui.core.planner.model_spec import ENCODERS
+
+LORA_ALPHA = 16.0
+_IN_LAYER = re.compile(r"\.\d+\.")  # module paths inside a stack of layers: "encoder.layer.3.attention..."
+
+
+class LoRA(nn.Module):
+    """base(x) + (x A^T B^T) * alpha / r, with A random and B zero (so the output starts unchanged)."""
+
+    def __init__(self, base: nn.Module, d_in: int, d_out: int, rank: int) -> None:
+        super().__init__()
+        weight = next(base.parameters())
+        self.base = base
+        self.lora_a = nn.Parameter(torch.randn(rank, d_in, device=weight.device) / math.sqrt(d_in))
+        self.lora_b = nn.Parameter(torch.zeros(d_out, rank, device=weight.device))
+        self.scale = LORA_ALPHA / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+
+
+def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
+    """(d_in, d_out) of nn.Linear or transformers' Conv1D (GPT-2: weight is d_in x d_out)."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D":
+        return int(module.weight.shape[0]), int(module.weight.shape[1])
+    return None
+
+
+def add_lora(model: nn.Module, targets: list[str], rank: int) -> int:
+    """Wrap the targeted linear layers inside the layer stack with LoRA adapters; returns how many."""
+    swaps = []
+    for path, module in model.named_modules():
+        for name, child in module.named_children():
+            dims = _linear_dims(child)
+            full = f"{path}.{name}"
+            if dims and _IN_LAYER.search(full + ".") and ("all-linear" in targets or name in targets):
+                swaps.append((module, name, child, dims))
+    for module, name, child, (d_in, d_out) in swaps:
+        setattr(module, name, LoRA(child, d_in, d_out, rank))
+    return len(swaps)
+
+
+def _head_parameters(model: nn.Module, task: str) -> list[nn.Parameter]:
+    """The task head (and a BERT/RoBERTa pooler) of a model whose encoder is frozen."""
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    if task == "embedding":
+        return [p for n, p in model.named_parameters() if "pooler." in n]
+    return [p for n, p in model.named_parameters() if not n.startswith(prefix) or ".pooler." in n]
+
+
+def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+    )
+
+    fields = {k: v for k, v in request["config"].items() if k not in ("dtype", "torch_dtype")}
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.use_cache = False
+    auto = {
+        "classification": AutoModelForSequenceClassification,
+        "causal_lm": AutoModelForCausalLM,
+        "masked_lm": AutoModelForMaskedLM,
+        "embedding": AutoModel,
+    }[request["task"]]
+    with device:
+        model = auto.from_config(config, attn_implementation="sdpa")
+    model.float().train()
+    trainable = request["trainable"]
+    if trainable != "all":
+        model.requires_grad_(False)
+        if trainable == "lora" and not add_lora(model, list(request["lora_targets"]), int(request["lora_rank"])):
+            raise ValueError(f"no linear layer named {request['lora_targets']} inside the layers")
+        if trainable == "frozen_encoder" or request["task"] == "classification":
+            for p in _head_parameters(model, request["task"]):
+                p.requires_grad_(True)
+    if request["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def make_batch(model: nn.Module, request: Mapping[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    config = model.config
+    spe = 1 + int(request["n_positives"]) + int(request["n_negatives"])
+    rows, length = int(request["micro_batch"]) * spe, int(request["seq_len"])
+    ids = torch.randint(0, config.vocab_size, (rows, length), device=device)
+    mask = torch.ones_like(ids)
+    if config.model_type in ENCODERS:
+        mask[::2, -1] = 0  # padded rows, as in real encoder batches: the attention mask path
+    batch = {"input_ids": ids, "attention_mask": mask}
+    task = request["task"]
+    if task == "classification":
+        batch["labels"] = torch.randint(0, config.num_labels, (rows,), device=device)
+    elif task == "causal_lm":
+        batch["labels"] = ids
+    elif task == "masked_lm":
+        batch["labels"] = torch.where(torch.rand(ids.shape, device=device) < 0.15, ids, -100)
+    return batch
+
+
+def loss_function(model: nn.Module, request: Mapping[str, Any]) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    if request["task"] != "embedding":
+        return lambda batch: model(**batch).loss
+    spe = 1 + int(request["n_positives"]) + int(request["n_negatives"])
+
+    def contrastive(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = model(**batch).last_hidden_state
+        weights = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        emb = F.normalize((hidden * weights).sum(1) / weights.sum(1), dim=-1)
+        anchors = emb[::spe]
+        scores = anchors @ emb.T / 0.05
+        positive = torch.arange(anchors.shape[0], device=emb.device) * spe + (1 if spe > 1 else 0)
+        return F.cross_entropy(scores.float(), positive)
+
+    return contrastive
+
+
+def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-5)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise ValueError("optimizer adam8bit needs bitsandbytes, which is not installed here") from None
+    return bnb.optim.AdamW8bit(params, lr=1e-5)
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _free_context(device: torch.device) -> tuple[int, int]:
+    """(memory outside torch's allocator: CUDA context, loaded kernels, other processes; total memory)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device), total
+
+
+def probe(request: Mapping[str, Any]) -> dict[str, Any]:
+    device = torch.device(request.get("device", "cuda"))
+    cuda = device.type == "cuda"
+    spe = 1 + int(request["n_positives"]) + int(request["n_negatives"])
+    result: dict[str, Any] = {
+        "micro_batch": int(request["micro_batch"]),
+        "sequences": int(request["micro_batch"]) * spe,
+        "device": str(device),
+    }
+    started = time.perf_counter()
+    if cuda:
+        torch.cuda.set_device(device)
+        result["context_at_init"], result["gpu_total"] = _free_context(device)
+        result["device"] = torch.cuda.get_device_name(device)
+    torch.manual_seed(int(request.get("seed", 0)))
+    precision = request["precision"]
+    amp_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
+    try:
+        model = build_model(request, device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        result["params"] = sum(p.numel() for p in model.parameters())
+        result["trainable_params"] = sum(p.numel() for p in params)
+        optimizer = _optimizer(params, request["optimizer"])
+        scaler = torch.amp.GradScaler("cuda") if cuda and amp_dtype is torch.float16 else None
+        batch = make_batch(model, request, device)
+        loss_of = loss_function(model, request)
+        plain = request.get("loop", "lightning") == "plain"
+        micro_steps = 2 if int(request.get("accumulate", 1)) > 1 else 1
+
+        def step() -> None:
+            if plain:
+                optimizer.zero_grad(set_to_none=True)
+            for i in range(micro_steps):
+                with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    loss = loss_of(batch)
+                if not plain and i == 0:
+                    optimizer.zero_grad(set_to_none=True)  # Lightning: after training_step, before backward
+                (scaler.scale(loss) if scaler else loss).backward()
+                del loss
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+
+        step()  # warm-up: creates the optimizer state
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+        for _ in range(int(request.get("steps", 2))):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+            stats = torch.cuda.memory_stats(device)
+            result["max_reserved"] = torch.cuda.max_memory_reserved(device)
+            result["max_allocated"] = torch.cuda.max_memory_allocated(device)
+            result["num_alloc_retries"] = stats.get("num_alloc_retries", 0) - retries
+            after, _ = _free_context(device)
+            # kernels load lazily, so the context grows after init: keep the larger figure
+            result["context"] = max(after, result["context_at_init"])
+    except Exception as error:  # an out-of-memory error is a result; anything else is reported as an error
+        if not _is_oom(error):
+            result["error"] = f"{type(error).__name__}: {error}"
+        result["oom"] = _is_oom(error)
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def demo_config(kind: str) -> str:
+    from gpuopt_tui.jobs.models.demo import KINDS
+
+    if kind not in KINDS:
+        raise SystemExit(f'demo model "{kind}": expected one of {", ".join(KINDS)}')
+    module, _ = KINDS[kind]
+    return module.build_config().to_json_string()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuopt_tui.jobs.memprobe", description=__doc__.split("\n")[0])
+    parser.add_argument("--demo-config", metavar="KIND", help="print a demo model's config as JSON and exit")
+    args = parser.parse_args(argv)
+    if args.demo_config:
+        print(demo_config(args.demo_config))
+        return 0
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before the first CUDA allocation
+    result = probe(json.loads(sys.stdin.read()))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

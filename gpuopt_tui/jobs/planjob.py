@@ -1,0 +1,107 @@
+"""The `plan` run kind: a memory plan as a background run (estimate, optional GPU probes, recommendation).
+
+A run never edits the user's config: it saves the recommendation and the diff that would apply it, which
+`gpuopt-tui plan --apply` or the planner screen write with a preview and a backup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner.estimate import Estimate
+from gpuopt_tui.core.planner.search import Candidate, Recommendation
+from gpuopt_tui.core.planner.session import (
+    estimate_current,
+    measure_probes,
+    planned_patches,
+    prepare,
+    recommend_closed_form,
+    recommend_measured,
+)
+from gpuopt_tui.core.profiles.io import atomic_write_text
+from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.jobs.context import JobContext
+
+GIB = 1024**3
+
+
+def _estimate_json(est: Estimate) -> dict[str, Any]:
+    return {
+        "tier": est.tier,
+        "phase": est.phase,
+        "allocated": est.allocated,
+        "reserved": est.reserved,
+        "total": est.total,
+        "params": est.params,
+        "trainable_params": est.trainable_params,
+        "components": [dataclasses.asdict(c) for c in est.components],
+    }
+
+
+def _candidate_json(c: Candidate | None) -> dict[str, Any] | None:
+    return dataclasses.asdict(c) if c is not None else None
+
+
+def _recommendation_json(rec: Recommendation) -> dict[str, Any]:
+    return {
+        "tier": rec.tier,
+        "mode": rec.mode,
+        "target_effective_batch": rec.target,
+        "largest_micro_batch": rec.b_max,
+        "budget_bytes": rec.budget.limit,
+        "chosen": _candidate_json(rec.chosen),
+        "current": _candidate_json(rec.current),
+        "candidates": [_candidate_json(c) for c in rec.candidates],
+        "stages": [{**dataclasses.asdict(s), "stage": dataclasses.asdict(s.stage)} for s in rec.stages],
+    }
+
+
+def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
+    inputs = prepare(profile)
+    for note in inputs.notes:
+        ctx.log(note)
+    ctx.progress(0, 3, unit="steps", stage="estimate")
+    current = estimate_current(inputs)
+    rec = recommend_closed_form(inputs)
+    ctx.progress(1, 3, unit="steps", stage="estimate")
+    measured = None
+    if profile.plan.measure:
+        ctx.check_cancelled()
+        measured = measure_probes(inputs, log=ctx.log)
+        rec = recommend_measured(inputs, measured)
+    ctx.progress(2, 3, unit="steps", stage="recommend")
+    plan = {
+        "model": inputs.model.label,
+        "gpu_total_bytes": inputs.gpu.total,
+        "margin": profile.plan.margin,
+        "current": _estimate_json(current),
+        "recommendation": _recommendation_json(rec),
+        "notes": list(inputs.notes),
+    }
+    out = ctx.results_dir / "plan.json"
+    atomic_write_text(out, json.dumps(plan, indent=2, default=str))
+    ctx.artifact(out, "estimate breakdown and recommended configurations")
+    if inputs.config is not None:
+        try:
+            diff = "".join(p.diff for p in planned_patches(inputs, rec))
+        except UserError as e:
+            ctx.warn(f"the recommendation cannot be written into the config: {e}")
+        else:
+            diff_path = ctx.results_dir / "config.diff"
+            atomic_write_text(diff_path, diff or "# the config already has the recommended values\n")
+            ctx.artifact(diff_path, "what `gpuopt-tui plan --apply` would change (not applied)")
+    ctx.progress(3, 3, unit="steps", stage="done")
+    chosen = rec.chosen
+    return {
+        "tier": rec.tier,
+        "micro_batch": chosen.micro_batch,
+        "accumulate": chosen.accumulate,
+        "effective_batch": chosen.effective_batch,
+        "peak_gib": round(chosen.peak / GIB, 2),
+        "utilisation": round(chosen.utilisation, 3),
+        "largest_micro_batch": rec.b_max,
+        "current_peak_gib": round(current.total / GIB, 2),
+    }

@@ -1,0 +1,193 @@
+"""Reading training configs: Hydra-style composition, role keys, interpolations, and a whole planning session."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner import session, trainconfig, yamledit
+from gpuopt_tui.core.planner.compose import compose
+from gpuopt_tui.core.planner.estimate import TrainSetup
+from gpuopt_tui.core.planner.gpu import GpuMemory
+from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.core.profiles.schema import build
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "yaml"
+GIB = 1024**3
+TINY_BERT = {
+    "model_type": "bert",
+    "architectures": ["BertModel"],
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
+}
+
+
+@pytest.fixture
+def conf(tmp_path: Path) -> Path:
+    shutil.copytree(CORPUS / "hydra", tmp_path / "conf")
+    return tmp_path / "conf"
+
+
+def _names(root: Path, overrides: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    return [
+        (layer.path.relative_to(root).as_posix(), layer.package)
+        for layer in compose(root / "config.yaml", overrides).layers
+    ]
+
+
+def test_defaults_lists_expand_in_order_with_self_last(conf: Path) -> None:
+    assert _names(conf) == [
+        ("data_loader/default.yaml", "data_loader"),
+        ("training/lightning.yaml", "training"),
+        ("model/bert.yaml", "model"),
+        ("config.yaml", ""),
+    ]
+    # an experiment with `# @package _global_` and `override /data_loader: large`
+    assert _names(conf, ("experiment=big",)) == [
+        ("data_loader/large.yaml", "data_loader"),
+        ("training/lightning.yaml", "training"),
+        ("model/bert.yaml", "model"),
+        ("experiment/big.yaml", ""),
+        ("config.yaml", ""),
+    ]
+
+
+def test_self_first_lets_the_defaults_win(conf: Path) -> None:
+    text = (
+        (conf / "config.yaml").read_text().replace("  - _self_\n", "").replace("defaults:\n", "defaults:\n  - _self_\n")
+    )
+    (conf / "config.yaml").write_text(text + "data_loader:\n  batch_size: 99\n")
+    config = trainconfig.read(conf / "config.yaml")
+    assert config.require("batch_size").value == 8
+    assert config.require("batch_size").path == conf / "data_loader" / "default.yaml"
+    (conf / "config.yaml").write_text(text.replace("  - _self_\n", "") + "data_loader:\n  batch_size: 99\n")
+    assert trainconfig.read(conf / "config.yaml").require("batch_size").value == 99
+
+
+def test_package_overrides_optional_and_missing_groups(conf: Path) -> None:
+    (conf / "config.yaml").write_text(
+        "defaults:\n  - data_loader@loader: large\n  - optional extras: none\n  - /training: lightning\n"
+    )
+    assert _names(conf) == [
+        ("data_loader/large.yaml", "loader"),
+        ("training/lightning.yaml", "training"),
+        ("config.yaml", ""),
+    ]
+    assert trainconfig.read(conf / "config.yaml", {"batch_size": "loader.batch_size"}).require("batch_size").value == 48
+    (conf / "config.yaml").write_text("defaults:\n  - data_loader: huge\n")
+    with pytest.raises(UserError, match=r"names data_loader/huge, but .*huge\.yaml does not exist"):
+        compose(conf / "config.yaml")
+    (conf / "config.yaml").write_text("defaults:\n  - config\n")
+    with pytest.raises(UserError, match="includes itself"):
+        compose(conf / "config.yaml")
+
+
+def test_roles_found_with_their_winning_files(conf: Path) -> None:
+    config = trainconfig.read(conf / "config.yaml", overrides=["experiment=big"])
+    accumulate = config.require("accumulate")
+    assert (accumulate.value, accumulate.path.name, accumulate.file_key) == (
+        2,
+        "big.yaml",
+        "training.trainer.accumulate_grad_batches",
+    )
+    assert config.require("seq_len").value == 64
+    assert config.get("n_positives") is None
+    with pytest.raises(UserError, match=r"no n_positives found \(looked for data.n_positives.*--key n_positives="):
+        config.require("n_positives")
+
+
+def test_interpolations_are_read_but_never_written(tmp_path: Path) -> None:
+    path = tmp_path / "interpolation.yaml"
+    shutil.copy(CORPUS / "interpolation.yaml", path)
+    config = trainconfig.read(path, {"accumulate": "trainer.accumulate_grad_batches"})
+    assert config.require("batch_size").value == 32  # ${base_batch} resolved for reading
+    with pytest.raises(UserError, match=r"interpolation.yaml: 'data_loader.batch_size' is an interpolation"):
+        trainconfig.preview_edits(config.edits({"batch_size": 64}))
+    with pytest.raises(UserError, match="an interpolation the planner cannot resolve"):
+        config.setup(TrainSetup())
+
+
+def test_key_overrides_are_validated() -> None:
+    assert trainconfig.parse_keys(["batch_size=data.train.bs"]) == {"batch_size": "data.train.bs"}
+    with pytest.raises(UserError, match='unknown role "bs"'):
+        trainconfig.parse_keys(["bs=data.bs"])
+    with pytest.raises(UserError, match="expected role=dotted.key"):
+        trainconfig.parse_keys(["batch_size"])
+
+
+def test_lightning_config_sets_the_training_step(tmp_path: Path) -> None:
+    path = tmp_path / "lightning.yaml"
+    shutil.copy(CORPUS / "lightning.yaml", path)
+    setup, notes = trainconfig.read(path).setup(TrainSetup())
+    assert (setup.micro_batch, setup.accumulate, setup.n_positives, setup.n_negatives) == (4, 16, 16, 8)
+    assert (setup.precision, setup.seq_len, setup.n_gpus, setup.gradient_checkpointing) == ("bf16-mixed", 128, 1, True)
+    assert setup.sequences_per_example == 25 and setup.effective_batch == 64 and notes == []
+
+
+def _profile(**plan: object) -> PlanProfile:
+    model = {"adapter": "hf", "path": str(plan.pop("model"))}
+    return build(PlanProfile, {"model": model, "plan": plan}, "test")
+
+
+def test_a_session_from_profile_to_written_config(conf: Path, tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_BERT))
+    stages = [str(conf / "curriculum" / "01_stage.yaml"), str(conf / "curriculum" / "02_stage.yaml")]
+    profile = _profile(
+        model=tmp_path / "model", config=str(conf / "config.yaml"), overrides=["experiment=big"], stages=stages
+    )
+    inputs = session.prepare(profile, gpu=GpuMemory(4 * GIB, "test card"))
+    assert (inputs.setup.micro_batch, inputs.setup.accumulate, inputs.target) == (48, 2, 96)
+    assert inputs.spec.task == "embedding" and inputs.budget.limit == int(0.85 * 4 * GIB)
+    current = session.estimate_current(inputs)
+    assert current.total > 0
+    rec = session.recommend_closed_form(inputs)
+    assert rec.chosen.effective_batch == 96 and rec.chosen.fits
+    assert [s.stage.n_positives for s in rec.stages] == [32, 16]
+    assert rec.stages[0].b_max <= rec.stages[1].b_max and rec.b_max == rec.stages[0].b_max
+    patches = session.planned_patches(inputs, rec, tune_samples=True)
+    touched = sorted(p.path.relative_to(conf).as_posix() for p in patches)
+    assert touched[:2] == ["curriculum/01_stage.yaml", "curriculum/02_stage.yaml"]
+    assert "data_loader/large.yaml" in touched
+    yamledit.apply(patches)
+    again = trainconfig.read(conf / "config.yaml", overrides=["experiment=big"])
+    assert again.require("batch_size").value == rec.chosen.micro_batch
+    assert again.require("accumulate").value == rec.chosen.accumulate
+    first = trainconfig.read(conf / "curriculum" / "01_stage.yaml")
+    assert first.require("n_positives").value == rec.stages[0].max_positives
+
+
+def test_plugin_models_need_a_config(tmp_path: Path) -> None:
+    profile = build(PlanProfile, {"model": {"adapter": "plugin", "factory": "pkg.mod:make"}}, "test")
+    with pytest.raises(UserError, match="give --model DIR"):
+        session.prepare(profile, gpu=GpuMemory(GIB, "x"))
+
+
+def test_demo_config_is_read_from_the_demo_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path))
+    for version, layers in ((1, 2), (3, 4)):
+        model_dir = tmp_path / "demo" / f"classifier-v{version}" / "model"
+        model_dir.mkdir(parents=True)
+        (model_dir / "config.json").write_text(json.dumps({**TINY_BERT, "num_hidden_layers": layers}))
+    assert session.demo_config("classifier")["num_hidden_layers"] == 4  # the newest cache version
+
+
+def test_planner_core_imports_neither_torch_nor_ruamel() -> None:
+    code = (
+        "import sys\n"
+        "import gpuopt_tui.core.planner.session, gpuopt_tui.core.planner.yamledit, gpuopt_tui.commands.plan\n"
+        "heavy = [m for m in ('torch', 'transformers', 'textual', 'ruamel.yaml') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,115 @@
+"""Search: largest micro-batch, accumulation modes, candidates, curriculum stages, samples per anchor."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner.estimate import TrainSetup
+from gpuopt_tui.core.planner.model_spec import spec_from_config
+from gpuopt_tui.core.planner.search import (
+    Budget,
+    Stage,
+    accumulation,
+    candidates,
+    closed_form,
+    largest_batch,
+    max_samples,
+    recommend,
+)
+
+GIB = 1024**3
+
+
+def linear(base: int, per_sequence: int):
+    return lambda setup: base + per_sequence * setup.sequences
+
+
+def test_largest_batch_matches_brute_force() -> None:
+    rng = random.Random(0)
+    setup = TrainSetup()
+    for _ in range(60):
+        base, per = rng.randint(0, 1_000), rng.randint(1, 50)
+        limit = rng.randint(0, 4_000)
+        peak = linear(base, per)
+        brute = max((b for b in range(1, limit + 2) if peak(setup.with_batch(b)) <= limit), default=0)
+        assert largest_batch(peak, setup, limit) == brute
+
+
+def test_exact_accumulation_uses_divisors() -> None:
+    a = accumulation(b_max=40, target=96)
+    assert (a.micro_batch, a.accumulate, a.effective, a.deviation) == (32, 3, 96, 0.0)
+    a = accumulation(b_max=40, target=256, n_gpus=4)
+    assert (a.micro_batch, a.accumulate, a.effective) == (32, 2, 256)
+    assert accumulation(b_max=500, target=64).accumulate == 1
+    with pytest.raises(UserError, match="not divisible"):
+        accumulation(b_max=40, target=97, n_gpus=2)
+
+
+def test_approximate_accumulation_shows_the_deviation() -> None:
+    a = accumulation(b_max=45, target=225, mode="approx")
+    assert (a.micro_batch, a.accumulate, a.effective) == (45, 5, 225)
+    a = accumulation(b_max=40, target=100, mode="approx")
+    assert a.micro_batch == 40 and a.effective == a.micro_batch * a.accumulate
+    assert a.deviation == pytest.approx(a.effective / 100 - 1)
+    assert abs(a.deviation) <= 0.2
+
+
+def test_candidates_are_distinct_and_report_memory() -> None:
+    setup = TrainSetup(micro_batch=4, accumulate=16)
+    budget = Budget(24 * GIB, 0.85)
+    peak = linear(2 * GIB, 200 * 1024**2)
+    b_max = largest_batch(peak, setup, budget.limit)
+    found = candidates(peak, setup, budget, 64, b_max)
+    assert len({(c.micro_batch, c.accumulate) for c in found}) == len(found)
+    assert all(c.fits and c.peak == peak(setup.with_batch(c.micro_batch)) for c in found)
+    assert all(c.utilisation == c.peak / budget.gpu_total for c in found)
+    assert found[0].label == "exact effective batch" and found[0].effective_batch == 64
+
+
+def test_recommend_keeps_the_effective_batch_and_uses_the_budget() -> None:
+    spec = spec_from_config(
+        {
+            "model_type": "bert",
+            "vocab_size": 30522,
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+        }
+    )
+    setup = TrainSetup(micro_batch=4, accumulate=16, trainable="lora", gradient_checkpointing=True)
+    budget = Budget(24 * GIB, 0.85)
+    rec = recommend(closed_form(spec), setup, budget)
+    assert rec.target == 64 and rec.chosen.effective_batch == 64 and rec.chosen.fits
+    assert rec.current is not None and rec.current.micro_batch == 4
+    assert rec.chosen.micro_batch == 64 and rec.chosen.accumulate == 1
+
+
+def test_stages_bind_the_micro_batch_and_get_their_sample_limits() -> None:
+    setup = TrainSetup(micro_batch=4, accumulate=8)
+    budget = Budget(10_000, 1.0)
+    peak = linear(1_000, 10)
+    stages = [Stage("01.yaml", 32, 24), Stage("02.yaml", 16, 8)]
+    rec = recommend(peak, setup, budget, target=32, mode="approx", stages=stages)
+    first, second = rec.stages
+    assert first.b_max == (10_000 - 1_000) // (10 * 57) == 15
+    assert second.b_max == (10_000 - 1_000) // (10 * 25) == 36
+    assert rec.b_max == 15 and rec.chosen.micro_batch == 15
+    # at the chosen batch both stages could take (9000 / 150) - 1 = 59 samples per anchor, ratio kept
+    assert (first.max_positives, first.max_negatives) == (34, 25)
+    assert (second.max_positives, second.max_negatives) == (39, 20)
+
+
+def test_max_samples_keeps_the_ratio_and_handles_none() -> None:
+    peak = linear(0, 1)
+    setup = TrainSetup(micro_batch=2, n_positives=2, n_negatives=1)
+    assert max_samples(peak, setup, limit=2 * 31) == (20, 10)
+    assert max_samples(peak, TrainSetup(), limit=100) == (0, 0)
+
+
+def test_nothing_fits_explains_what_to_try() -> None:
+    with pytest.raises(UserError, match="micro-batch of 1 needs .*gradient checkpointing, LoRA"):
+        recommend(linear(GIB, GIB), TrainSetup(), Budget(GIB, 0.85))
