@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.table import Table
 
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.format import human_bytes, human_time
@@ -33,20 +32,22 @@ def run(args: argparse.Namespace) -> int:
         if not entries:
             out.print(f"the feature cache is empty ({cache.root})")
             return 0
-        table = Table(box=None, header_style="bold")
-        for column in ("key", "representation", "layer", "shape", "size", "created", "source"):
-            table.add_column(column, overflow="fold")
-        for e in entries:
-            d = e.description
-            table.add_row(
+        header = ("key", "representation", "layer", "shape", "size", "created", "source")
+        rows = [header] + [
+            (
                 e.key[:12],
-                str(d.get("representation", "?")) if e.ok else "[red]broken[/]",
-                str(d.get("layer", "")),
+                str(e.description.get("representation", "?")) if e.ok else "broken",
+                str(e.description.get("layer", "")),
                 "x".join(map(str, e.shape)),
                 human_bytes(e.size),
                 human_time(e.created),
-                str(d.get("source", ""))[:60],
+                str(e.description.get("source", "")),
             )
-        out.print(table)
+            for e in entries
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+        for row in rows:
+            line = "  ".join(value.ljust(width) for value, width in zip(row, widths))
+            out.print(f"{line}  {row[-1]}", markup=False, soft_wrap=True, style="bold" if row is header else None)
     out.print(f"feature cache: {len(entries)} entries, {human_bytes(cache.size_bytes())} in {cache.root}")
     return 0
