@@ -311,3 +311,18 @@ def test_two_tower_reads_jsonl_impressions(demo_two_tower: Adapter, tmp_path: Pa
     path.write_text(json.dumps({"candidates": ["a"], "label": 0}))
     with pytest.raises(UserError, match=r'impressions\.jsonl:1: missing key "history"'):
         load_dataset(section, demo_two_tower)
+
+
+def test_demo_weights_depend_only_on_the_seed(demo_classifier, tmp_path) -> None:
+    """Dropout draws from torch's global generator: whatever ran before must not change the demo."""
+    import torch
+    from safetensors.torch import load_file
+
+    from gpuopt_tui.jobs.models.demo import demo_bundle
+
+    torch.manual_seed(12345)
+    torch.rand(1000)
+    again = demo_bundle("classifier", tmp_path)
+    ours, theirs = load_file(str(demo_classifier.checkpoints[-1].path)), load_file(str(again.checkpoints[-1].path))
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -69,30 +69,33 @@ def train(
     step = 0
     start = time.perf_counter()
     model.train()
-    for epoch in range(1, plan.epochs + 1):
-        order = torch.randperm(n, generator=generator)
-        for first in range(0, n, plan.batch_size):
-            idx = order[first : first + plan.batch_size]
-            batch = trim_batch({k: v[idx] for k, v in tensors.items()}, token_fields)
-            for group in optimizer.param_groups:
-                group["lr"] = plan.lr_at(step, total)
-            loss = loss_fn(batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), plan.clip_norm)
-            optimizer.step()
-            step += 1
-        if epoch in plan.checkpoint_epochs:
-            path = checkpoint_dir / f"epoch-{epoch:02d}.safetensors"
-            state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-            save_file(state, str(path))
-            records.append(
-                {
-                    "file": f"{checkpoint_dir.name}/{path.name}",
-                    "epoch": epoch,
-                    "step": step,
-                    "lr": plan.lr_at(step - 1, total),
-                }
-            )
+    # dropout draws from the global generator: seed it here so the weights depend only on `seed`
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for epoch in range(1, plan.epochs + 1):
+            order = torch.randperm(n, generator=generator)
+            for first in range(0, n, plan.batch_size):
+                idx = order[first : first + plan.batch_size]
+                batch = trim_batch({k: v[idx] for k, v in tensors.items()}, token_fields)
+                for group in optimizer.param_groups:
+                    group["lr"] = plan.lr_at(step, total)
+                loss = loss_fn(batch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), plan.clip_norm)
+                optimizer.step()
+                step += 1
+            if epoch in plan.checkpoint_epochs:
+                path = checkpoint_dir / f"epoch-{epoch:02d}.safetensors"
+                state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+                save_file(state, str(path))
+                records.append(
+                    {
+                        "file": f"{checkpoint_dir.name}/{path.name}",
+                        "epoch": epoch,
+                        "step": step,
+                        "lr": plan.lr_at(step - 1, total),
+                    }
+                )
     model.eval()
     return records, time.perf_counter() - start
