@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from gpuopt_tui.commands import add_overrides_option
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import find_profile, list_profiles, load_profile, profile_to_toml
 from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
@@ -21,14 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--show", metavar="PROFILE", help="print a profile with every default filled in")
     group.add_argument("--validate", nargs="+", metavar="FILE", help="check profile files; exit 1 if any is invalid")
     group.add_argument("--keys", choices=sorted(PROFILE_CLASSES), help="list every key of a run kind with its help")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --show: apply overrides first",
-    )
+    add_overrides_option(parser, "with --show: apply overrides first")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gpuopt_tui.commands import add_overrides_option
 from gpuopt_tui.commands.follow import console, follow
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import start_run
@@ -14,14 +15,7 @@ HELP = "start a run from a profile (a .toml path or a profile name, see `gpuopt-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", help="profile file or name, e.g. demo-attribution")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a profile value, e.g. --set attribution.n_steps=100 (repeatable)",
-    )
+    add_overrides_option(parser, "override a profile value, e.g. --set attribution.n_steps=100 (repeatable)")
     parser.add_argument("--detach", action="store_true", help="start the run and return at once")
     parser.epilog = "Exit codes: 0 finished, 1 failed, 130 cancelled with Ctrl-C (the run stops cleanly)."
 
