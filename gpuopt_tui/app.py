@@ -1,0 +1,236 @@
+"""The Textual application: screens, keys, the command palette, run polling and error reporting.
+
+`make_app()` builds it for the CLI and for tests. Nothing here (or under gpuopt_tui/ui) imports torch: the
+first frame comes in a fraction of a second, and runs are separate processes that outlive the app.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.screen import ModalScreen
+from textual.worker import Worker, WorkerState
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.paths import runs_dir
+from gpuopt_tui.core.profiles.common import ProfileBase
+from gpuopt_tui.core.profiles.io import list_profiles, load_profile
+from gpuopt_tui.core.runs import RunInfo, cancel_run, engine_available, start_run
+from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
+from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
+from gpuopt_tui.ui.screens.registry import KIND_SCREENS, SCREEN_NAMES, SCREENS
+from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+
+_IMPORTED_AT = time.perf_counter()
+logger = logging.getLogger(__name__)
+ERROR_REPEAT_S = 30.0  # the same error is not notified again within this time
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux), None where /proc cannot tell."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
+
+
+class GpuOptCommands(Provider):
+    """Command palette: go to a screen, or start a run of any profile."""
+
+    def _commands(self) -> Iterator[tuple[str, Callable[[], object], str]]:
+        app: GpuOptApp = self.app  # type: ignore[assignment]
+        for screen in SCREENS:
+            yield f"Go to {screen.label}", partial(app.action_show, screen.name), screen.help
+        for entry in list_profiles():
+            if entry.error or entry.kind not in KIND_SCREENS or not engine_available(entry.kind):
+                continue
+            help_text = f"start a {entry.kind} run" + (f": {entry.description}" if entry.description else "")
+            yield f"Run profile {entry.name}", partial(app.run_profile_file, entry.path), help_text
+
+    async def startup(self) -> None:
+        self._cached = list(self._commands())
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._cached:
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, callback, help_text in self._cached:
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+
+class GpuOptApp(App[int]):
+    TITLE = "gpuopt-tui"
+    CSS_PATH = "app.tcss"
+    COMMANDS = App.COMMANDS | {GpuOptCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *(Binding(s.key, f"show('{s.name}')", s.label, show=False, id=f"screen.{s.name}") for s in SCREENS),
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="Quit (runs keep going)"),
+    ]
+
+    def __init__(self, replay: Path | None = None, readonly: bool = False, screen: str = "dashboard") -> None:
+        self.DEFAULT_MODE = screen  # the first screen is built directly, with no blank screen before it
+        super().__init__()
+        for spec in SCREENS:
+            self.add_mode(spec.name, partial(spec.create, self))
+        self.replay = replay
+        self.readonly = readonly
+        self.poller = RunPoller(self, runs_dir())
+        self.runs = RunsSnapshot(self.poller.root)
+        self.startup_seconds: float | None = None
+        self._previous_screen = "dashboard"
+        self._recent_errors: dict[str, float] = {}
+        self._telemetry: GpuTelemetry | None = None
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        self.poller.poll_now()
+
+    def on_ready(self) -> None:
+        age = process_age()
+        self.startup_seconds = age if age is not None else time.perf_counter() - _IMPORTED_AT
+        logger.info("first frame %.3f s after the process started", self.startup_seconds)
+        self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
+
+    def on_unmount(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.close()
+
+    # -- screens ------------------------------------------------------------------------------------------------
+
+    def action_show(self, name: str) -> None:
+        if name == "help" and self.current_mode == "help":
+            name = self._previous_screen  # the help key toggles
+        if name != self.current_mode:
+            self._previous_screen = self.current_mode
+            self.switch_mode(name)
+
+    def action_back(self) -> None:
+        self.action_show(self._previous_screen)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # while a dialog is open, answer it first
+        return not (action == "show" and isinstance(self.screen, ModalScreen))
+
+    def show_run(self, run_id: str) -> None:
+        """Open the runs screen on one run."""
+        self.action_show("runs")
+        screen = self.screen
+        select = getattr(screen, "select_run", None)
+        if callable(select):
+            self.call_after_refresh(select, run_id)
+
+    def on_gpu_screen_run_requested(self, message: Any) -> None:
+        self.show_run(message.run_id)
+
+    def on_gpu_panel_selected(self, message: Any) -> None:
+        self.action_show("gpu")
+
+    def gpu_telemetry(self) -> GpuTelemetry:
+        """The telemetry source and history shared by the GPU panel and the GPU screen, opened on first use."""
+        if self._telemetry is None:
+            self._telemetry = GpuTelemetry(self)
+        return self._telemetry
+
+    def active_run_pids(self) -> dict[int, str]:
+        """Process id -> run id of the runs going on (the GPU panel marks their processes)."""
+        return {r.pid: r.id for r in self.runs.runs if r.active and r.pid}
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+
+    def on_runs_polled(self, message: RunsPolled) -> None:
+        self.poller.handled(message)
+        snapshot = message.snapshot
+        if snapshot is None or not message.changed:
+            return
+        if snapshot.error and snapshot.error != self.runs.error:
+            self.report_error(snapshot.error, title="Runs")
+        self.runs = snapshot
+        for screen in reversed(self.screen_stack):  # the screen under an open dialog keeps updating
+            if isinstance(screen, AppScreen):
+                screen.runs_updated(snapshot)
+                break
+
+    def start_profile_run(self, profile: ProfileBase, source: Path | None) -> Path:
+        """Start a run in the background (UserError when it cannot start) and watch for it at once."""
+        run_dir = start_run(profile, source=source)
+        self.notify(f"started {run_dir.name}", title=f"{profile.kind}: {profile.name}")
+        self.poller.poll_now()
+        return run_dir
+
+    def run_profile_file(self, path: Path) -> None:
+        """Start a run of a profile file (from the command palette) and show its screen."""
+        try:
+            profile = load_profile(path)
+            self.start_profile_run(profile, path)
+        except UserError as e:
+            self.report_error(str(e), title="Run not started")
+            return
+        self.action_show(KIND_SCREENS[profile.kind])
+
+    def confirm_cancel(self, info: RunInfo) -> None:
+        """Ask, then send the run's process group SIGTERM; it stops after its current chunk."""
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                cancel_run(info.dir)
+            except UserError as e:
+                self.report_error(str(e), title="Not cancelled")
+                return
+            self.notify(f"cancelling {info.id}: it stops after the current chunk")
+            self.poller.poll_now()
+
+        self.push_screen(
+            ConfirmDialog(f"Cancel run {info.id} ({info.kind}: {info.name})?", "Cancel run", "Keep"), answered
+        )
+
+    # -- errors -------------------------------------------------------------------------------------------------
+
+    def report_error(self, message: str, title: str = "Error") -> None:
+        """Show an error the user can act on; the same one is not repeated within ERROR_REPEAT_S."""
+        now = time.monotonic()
+        if now - self._recent_errors.get(message, -ERROR_REPEAT_S) < ERROR_REPEAT_S:
+            return
+        self._recent_errors[message] = now
+        self.notify(message, title=title, severity="error", timeout=10, markup=False)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """Every worker runs with exit_on_error=False and ends here when it fails."""
+        if event.state is not WorkerState.ERROR:
+            return
+        error = event.worker.error
+        if isinstance(error, UserError):
+            self.report_error(str(error), title=event.worker.name or "Error")
+            return
+        logger.error("worker %r failed", event.worker.name, exc_info=error)
+        self.report_error(f"{type(error).__name__}: {error}", title=f"{event.worker.name or 'background task'} failed")
+
+
+def make_app(replay: Path | None = None, readonly: bool = False, screen: str | None = None) -> GpuOptApp:
+    """The app as the CLI runs it; raises UserError for a bad screen name or a missing trace file."""
+    screen = screen or "dashboard"
+    if screen not in SCREEN_NAMES:
+        raise UserError(f"unknown screen {screen!r}; expected one of: {', '.join(SCREEN_NAMES)}")
+    if replay is not None and not Path(replay).is_file():
+        raise UserError(f"{replay}: no such trace file (record one with `gpuopt-tui gpu --record FILE`)")
+    return GpuOptApp(replay=replay, readonly=readonly, screen=screen)

@@ -1,0 +1,76 @@
+"""Keys (read from the bindings themselves, so the list cannot drift) and a short guide."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Static
+
+from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.screens.kind import KindScreen
+from gpuopt_tui.ui.screens.registry import SCREENS
+from gpuopt_tui.ui.screens.runs import RunsScreen
+from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+
+GUIDE = "\n\n".join(
+    [
+        "gpuopt-tui configures, starts and watches interpretability runs. Every run is a separate process in its "
+        "own session: quitting, a closed terminal or a dropped SSH connection does not stop it, and the next "
+        "gpuopt-tui picks it up again with its live progress.",
+        "1. Open the screen of a run kind (a, t, b, p) and pick a profile. Edit its fields: the line under the "
+        "form explains the focused field, and a field the schema rejects says why in red. ctrl+s saves (your "
+        "comments in the file are kept; a shipped profile is saved as your own copy of the same name); ctrl+n "
+        "saves under a new name.",
+        "2. ctrl+r starts a run with the values on screen. Its progress (rate, ETA, GPU memory) shows beside the "
+        "form, then its summary and result files.",
+        "3. r lists every run: c cancels (the run stops after its current chunk and keeps what it finished), "
+        "s resumes a stopped run from its finished shards, l follows the log, x deletes the run directory.",
+        "4. The same from a shell: gpuopt-tui run PROFILE, gpuopt-tui runs, gpuopt-tui attach ID, "
+        "gpuopt-tui cancel ID.",
+        "Over SSH: start with --no-mouse if mouse reports garble the screen; ssh does not forward COLORTERM, so "
+        "set TEXTUAL_COLOR_SYSTEM=truecolor when your terminal has true colour. Animations are off unless "
+        "TEXTUAL_ANIMATIONS is set.",
+    ]
+)
+
+
+class HelpScreen(AppScreen):
+    SCREEN_NAME = "help"
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.back", "Back", id="help.back")]
+
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(id="help-body"):
+            yield Static(GUIDE, classes="help-guide", markup=False)
+            yield Static(self._keys(), classes="help-keys")
+
+    def _keys(self) -> Content:
+        everywhere = [(s.key, f"{s.label}: {s.help}") for s in SCREENS]
+        everywhere += [("ctrl+p", "Command palette: go to a screen, run a profile"), ("q", "Quit (runs keep going)")]
+        groups = [
+            ("Everywhere (when no text field has the focus)", everywhere),
+            ("Profile screens", [*self._binding_rows(KindScreen.BINDINGS), ("escape", "Leave the text field")]),
+            ("Runs screen", [*self._binding_rows(RunsScreen.BINDINGS), ("enter", "Select a run (dashboard: open it)")]),
+            ("Dialogs", self._binding_rows(ConfirmDialog.BINDINGS)),
+        ]
+        lines: list[Content] = []
+        for title, keys in groups:
+            lines.append(Content.from_markup("\n[b]$title[/]", title=title))
+            for key, description in keys:
+                lines.append(
+                    Content.from_markup("  [$accent]$key[/]  $what", key=self._display(key).ljust(8), what=description)
+                )
+        return Content("\n").join(lines)
+
+    @staticmethod
+    def _binding_rows(bindings: list[Binding]) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+        return [
+            (b.key.split(",")[0], b.tooltip or b.description) for b in bindings if isinstance(b, Binding) and b.show
+        ]
+
+    def _display(self, key: str) -> str:
+        return self.app.get_key_display(Binding(key, ""))

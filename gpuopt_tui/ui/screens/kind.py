@@ -1,0 +1,313 @@
+"""The screen shared by every run kind: pick a profile, edit it, save it, run it, watch the latest run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.events import Resize
+from textual.widgets import Button, Label, Select, Static
+
+from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
+from gpuopt_tui.core.profiles.common import ProfileBase
+from gpuopt_tui.core.profiles.io import ProfileEntry, atomic_write_text, list_profiles, load_profile, read_text
+from gpuopt_tui.core.profiles.io import save_profile as write_profile
+from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
+from gpuopt_tui.core.runs import RunInfo, engine_available
+from gpuopt_tui.ui.run_poller import RunsSnapshot
+from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE, ProfileForm
+from gpuopt_tui.ui.widgets.prompt import TextPrompt
+from gpuopt_tui.ui.widgets.run_progress import RunProgress
+from gpuopt_tui.ui.widgets.run_results import RunResults
+
+NARROW_BELOW = 100
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def display_path(path: Path) -> str:
+    """Short, stable names: shipped profiles by file name, others relative to the home directory."""
+    path = path.resolve()
+    if path.parent == shipped_profiles_dir().resolve():
+        return f"shipped: {path.name}"
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+def check_profile_name(name: str) -> str:
+    if not PROFILE_NAME.fullmatch(name):
+        return "use letters, digits, '.', '_' or '-' (no spaces or slashes), starting with a letter or digit"
+    return ""
+
+
+class KindScreen(AppScreen):
+    """Subclasses set KIND (a run kind) and SCREEN_NAME, and may set RESULTS to a richer results widget."""
+
+    KIND: ClassVar[str] = ""
+    RESULTS: ClassVar[type[RunResults]] = RunResults
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "run", "Run", id="profile.run", tooltip="Start a run of this profile in the background"),
+        Binding("ctrl+s", "save", "Save", id="profile.save", tooltip="Save the profile (comments are kept)"),
+        Binding("ctrl+n", "save_as", "Save as", id="profile.save_as", tooltip="Save under a new name"),
+        Binding("ctrl+g", "cancel_run", "Cancel run", id="profile.cancel", tooltip="Stop the latest run"),
+        Binding("escape", "leave_field", "Leave field", show=False, id="profile.leave_field"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cls: type[ProfileBase] = PROFILE_CLASSES[self.KIND]
+        self.path: Path | None = None  # the profile file being edited
+        self.latest: RunInfo | None = None  # the newest run of this kind
+        self._entries: dict[str, ProfileEntry] = {}
+        self._opened: str | None = None  # the picker value last opened (readable or not)
+
+    # -- layout -------------------------------------------------------------------------------------------------
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="profile-bar"):
+            yield Label("Profile", classes="bar-label")
+            yield Select[str]([], id="profile-picker", prompt="(no profile)", compact=True)
+            yield Button("Save", id="save", compact=True)
+            yield Button("Save as", id="save-as", compact=True)
+            yield Button("Run", id="run", variant="success", compact=True)
+        yield Static("", id="profile-info", markup=False)
+        with Horizontal(id="kind-body"):
+            yield ProfileForm(self.cls, id="form")
+            with Vertical(id="run-side"):
+                yield from self.compose_side()
+                yield Static("", id="engine-note", markup=False)
+                yield Static("Latest run", classes="pane-title")
+                yield RunProgress(f"No {self.KIND} run yet: ctrl+r runs this profile.", id="run-progress")
+                yield Button("Cancel run", id="cancel", variant="error", compact=True)
+                yield self.RESULTS(id="run-results")
+
+    def compose_side(self) -> ComposeResult:
+        """Extra panes above the run's progress (none by default)."""
+        yield from ()
+
+    def on_mount(self) -> None:
+        self._show_engine()
+        self.reload_profiles()
+        self.query_one("#profile-picker").focus()
+
+    def on_resize(self, event: Resize) -> None:
+        self.set_class(event.size.width < NARROW_BELOW, "-narrow")
+
+    @property
+    def form(self) -> ProfileForm:
+        return self.query_one("#form", ProfileForm)
+
+    def _show_engine(self) -> None:
+        available = engine_available(self.KIND)
+        note = self.query_one("#engine-note", Static)
+        note.set_class(not available, "-warning")
+        if available:
+            note.update("Runs are background processes: they go on if this terminal closes.")
+        else:
+            note.update(
+                f"No engine for {self.cls.title} in this build yet: runs of this kind cannot start. "
+                "Profiles can still be edited and saved."
+            )
+        self.query_one("#run", Button).disabled = not available
+
+    # -- profiles -----------------------------------------------------------------------------------------------
+
+    def reload_profiles(self, select: Path | None = None) -> None:
+        """List the profiles of this kind (and unreadable ones, so their errors can be seen) in the picker."""
+        entries = [e for e in list_profiles() if e.kind == self.KIND or e.error or e.kind not in PROFILE_CLASSES]
+        self._entries = {str(e.path): e for e in entries}
+        options = [(self._label(e), str(e.path)) for e in entries]
+        picker = self.query_one("#profile-picker", Select)
+        picker.set_options(options)
+        wanted = select or self.path or self._default_path(entries)
+        if wanted is not None and str(wanted) in self._entries:
+            picker.value = str(wanted)
+            self._open(wanted)
+
+    def _default_path(self, entries: list[ProfileEntry]) -> Path | None:
+        usable = [e for e in entries if e.kind == self.KIND and not e.error]
+        demo = next((e for e in usable if e.name == f"demo-{self.KIND}"), None)
+        return (demo or usable[0]).path if usable else None
+
+    def _label(self, entry: ProfileEntry) -> str:
+        if entry.error:
+            return f"{entry.name} (unreadable)"
+        if entry.kind not in PROFILE_CLASSES:
+            return f"{entry.name} (unknown kind)"
+        return entry.name if entry.shipped else f"{entry.name} (yours)"
+
+    @on(Select.Changed, "#profile-picker")
+    def _picked(self, event: Select.Changed) -> None:
+        if event.value is Select.NULL or event.value == self._opened:
+            return  # set by code, or no change
+        target = Path(str(event.value))
+        if not self.form.dirty:
+            self._open(target)
+            return
+
+        def answered(discard: bool | None) -> None:
+            if discard:
+                self._open(target)
+            else:
+                self.query_one("#profile-picker", Select).value = self._opened or Select.NULL
+
+        self.app.push_screen(ConfirmDialog("Discard the unsaved changes to this profile?", "Discard", "Keep"), answered)
+
+    def _open(self, path: Path) -> None:
+        self._opened = str(path)
+        entry = self._entries.get(str(path))
+        try:
+            if entry is not None and entry.error:
+                raise UserError(entry.error)
+            profile = load_profile(path)
+        except UserError as e:
+            self.path = None
+            self.form.disabled = True
+            self._set_info(Content.from_markup("[$error]$error[/]", error=str(e)), error=True)
+            self.app.notify(str(e), title="Cannot open this profile", severity="error", timeout=10)
+            return
+        self.path = path
+        self.form.disabled = False
+        self.form.load(profile)
+        self._show_profile_info(dirty=False)
+
+    def _show_profile_info(self, dirty: bool) -> None:
+        if self.path is None:
+            return
+        entry = self._entries.get(str(self.path))
+        description = entry.description if entry else ""
+        self._set_info(
+            Content.from_markup(
+                "$path[$warning]$modified[/]  [$text-muted]$description[/]",
+                path=display_path(self.path),
+                modified="  (modified)" if dirty else "",
+                description=description,
+            )
+        )
+
+    def _set_info(self, content: Content, error: bool = False) -> None:
+        info = self.query_one("#profile-info", Static)
+        info.set_class(error, "-error")  # an error wraps onto more lines; a path and description stay on one
+        info.update(content)
+
+    @on(ProfileForm.Changed)
+    def _form_changed(self, event: ProfileForm.Changed) -> None:
+        self._show_profile_info(event.dirty)
+
+    # -- actions ------------------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel_run":
+            return self.latest is not None and self.latest.active
+        return True
+
+    def action_leave_field(self) -> None:
+        self.set_focus(None)
+
+    @on(Button.Pressed, "#save")
+    def action_save(self) -> None:
+        if self.path is None:
+            self.action_save_as()
+            return
+        shipped = self.path.resolve().parent == shipped_profiles_dir().resolve()
+        # shipped profiles stay as they are; a saved copy of the same name in the user's profiles shadows them
+        self._save_to(user_profiles_dir() / self.path.name if shipped else self.path)
+
+    @on(Button.Pressed, "#save-as")
+    def action_save_as(self) -> None:
+        suggestion = f"my-{self.path.stem}" if self.path else f"my-{self.KIND}"
+
+        def named(name: str | None) -> None:
+            if not name:
+                return
+            target = user_profiles_dir() / f"{name}.toml"
+            if not target.exists():
+                self._save_to(target)
+                return
+            self.app.push_screen(
+                ConfirmDialog(f"{display_path(target)} exists. Replace it?", "Replace", "Keep"),
+                lambda replace: self._save_to(target) if replace else None,
+            )
+
+        question = f"Save the profile as (a name; saved in {display_path(user_profiles_dir())}/):"
+        self.app.push_screen(TextPrompt(question, suggestion, check_profile_name), named)
+
+    def _save_to(self, target: Path) -> None:
+        form = self.form
+        if form.disabled:
+            self.app.notify("open a readable profile first", severity="error")
+            return
+        if not form.validate():
+            self._refuse("Not saved", form.errors)
+            return
+        try:
+            profile = form.profile(str(target))
+            if self.path is not None and target != self.path and not target.exists():
+                atomic_write_text(target, read_text(self.path))  # start from the original: its comments survive
+            write_profile(profile, target)
+        except UserError as e:
+            self.app.notify(str(e), title="Not saved", severity="error", timeout=10)
+            return
+        self.app.notify(f"saved {display_path(target)}", title="Profile saved")
+        self.path = None  # reload it from the file as saved
+        self.reload_profiles(select=target)
+
+    def current_profile(self, title: str) -> ProfileBase | None:
+        """The form as a validated profile, or None after saying what is wrong."""
+        form = self.form
+        if form.disabled:
+            self.app.notify("open a readable profile first", severity="error")
+            return None
+        if not form.validate():
+            self._refuse(title, form.errors)
+            return None
+        try:
+            return form.profile(str(self.path) if self.path else FORM_SOURCE)
+        except UserError as e:
+            self.app.notify(str(e), title=title, severity="error", timeout=10)
+            return None
+
+    @on(Button.Pressed, "#run")
+    def action_run(self) -> None:
+        if not engine_available(self.KIND):
+            self.app.notify(f"no engine for {self.KIND} runs in this build", severity="error")
+            return
+        profile = self.current_profile("Not started")
+        if profile is None:
+            return
+        try:
+            self.gapp.start_profile_run(profile, self.path)
+        except UserError as e:
+            if isinstance(e, ProfileError):
+                self.form.show_error(e.key, e.detail)  # e.g. a path that does not exist, at its field
+            self.gapp.report_error(str(e), title="Run not started")
+
+    def _refuse(self, title: str, errors: dict[str, str]) -> None:
+        key, message = next(iter(errors.items()))
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        self.app.notify(f"{key}: {message}{more}", title=title, severity="error", timeout=10)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel_run(self) -> None:
+        if self.latest is not None and self.latest.active:
+            self.gapp.confirm_cancel(self.latest)
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+
+    def runs_updated(self, snapshot: RunsSnapshot) -> None:
+        self.latest = snapshot.latest(self.KIND)
+        self.query_one("#run-progress", RunProgress).show(self.latest)
+        self.query_one("#cancel", Button).display = self.latest is not None and self.latest.active
+        self.query_one("#run-results", RunResults).show(self.latest)
+        self.refresh_bindings()

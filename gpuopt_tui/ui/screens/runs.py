@@ -1,0 +1,138 @@
+"""Every run: status and progress in a table; cancel, resume, delete; details and the log of the selected run."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.content import Content
+from textual.widgets import DataTable, Static
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import human_time
+from gpuopt_tui.core.runs import RESUMABLE, RunInfo, delete_run, resume_run
+from gpuopt_tui.ui.run_poller import RunsSnapshot
+from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+from gpuopt_tui.ui.widgets.log_view import LogScreen, LogView
+from gpuopt_tui.ui.widgets.run_progress import RunProgress
+from gpuopt_tui.ui.widgets.runs_table import FULL_COLUMNS, RunsTable
+
+
+class RunsScreen(AppScreen):
+    SCREEN_NAME = "runs"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("c", "cancel", "Cancel", id="runs.cancel", tooltip="Stop the selected run (SIGTERM)"),
+        Binding("s", "resume", "Resume", id="runs.resume", tooltip="Start a stopped run again from its shards"),
+        Binding("x", "delete", "Delete", id="runs.delete", tooltip="Delete the run directory"),
+        Binding("l", "log", "Log", id="runs.log", tooltip="Follow the run's log"),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        yield RunsTable(FULL_COLUMNS, id="runs-table")
+        with Vertical(id="run-detail"):
+            yield RunProgress("No run selected.", id="detail-progress")
+            yield Static("", id="detail-info", markup=False)
+            yield LogView(lines=30, id="detail-log")
+
+    @property
+    def table(self) -> RunsTable:
+        return self.query_one("#runs-table", RunsTable)
+
+    @property
+    def selected(self) -> RunInfo | None:
+        run_id = self.table.selected_id
+        return self.gapp.runs.get(run_id) if run_id else None
+
+    def select_run(self, run_id: str) -> None:
+        self.table.select(run_id)
+        self.table.focus()
+
+    def runs_updated(self, snapshot: RunsSnapshot) -> None:
+        self.table.update_runs(snapshot.runs)
+        self._show_detail()
+
+    @on(DataTable.RowHighlighted, "#runs-table")
+    def _highlighted(self) -> None:
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        info = self.selected
+        snapshot = self.gapp.runs
+        self.query_one("#detail-progress", RunProgress).show(info)
+        details = self.query_one("#detail-info", Static)
+        if info is None:
+            empty = snapshot.error or f"No runs yet in {snapshot.root}."
+            details.update("" if snapshot.runs else empty)
+        else:
+            details.update(
+                f"{info.kind} · {info.name} · created {human_time(info.created)} · pid {info.pid or '-'}\n{info.dir}"
+            )
+        self.query_one("#detail-log", LogView).show(info.dir if info else None)
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        info = self.selected
+        if action == "cancel":
+            return info is not None and info.active
+        if action == "resume":
+            return info is not None and info.status in RESUMABLE
+        if action in ("delete", "log"):
+            return info is not None
+        return True
+
+    def _existing(self) -> RunInfo | None:
+        """The selected run, if its directory is still there (another process may have deleted it)."""
+        info = self.selected
+        if info is not None and not (info.dir / "meta.json").is_file():
+            self.gapp.report_error(f"run {info.id} no longer exists: {info.dir} was deleted", title="Run gone")
+            self.gapp.poller.poll_now()
+            return None
+        return info
+
+    def action_cancel(self) -> None:
+        info = self._existing()
+        if info is not None:
+            self.gapp.confirm_cancel(info)
+
+    def action_resume(self) -> None:
+        info = self._existing()
+        if info is None:
+            return
+        try:
+            resume_run(info.dir)
+        except UserError as e:
+            self.gapp.report_error(str(e), title="Not resumed")
+            return
+        self.notify(f"resumed {info.id}: finished shards are kept")
+        self.gapp.poller.poll_now()
+
+    def action_delete(self) -> None:
+        info = self._existing()
+        if info is None:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                delete_run(info.dir)
+            except UserError as e:
+                self.gapp.report_error(str(e), title="Not deleted")
+                return
+            self.notify(f"deleted {info.id}")
+            self.gapp.poller.poll_now()
+
+        question = Content.from_markup(
+            "Delete run [b]$id[/] and everything in\n$dir?\nThis cannot be undone.", id=info.id, dir=str(info.dir)
+        )
+        self.app.push_screen(ConfirmDialog(question, "Delete", "Keep"), answered)
+
+    def action_log(self) -> None:
+        info = self._existing()
+        if info is not None:
+            self.app.push_screen(LogScreen(info.id, info.dir))

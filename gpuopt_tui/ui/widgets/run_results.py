@@ -1,0 +1,114 @@
+"""What a run produced: its summary (from the `finished` event or results/summary.json) and its result files.
+
+Kind screens may use a subclass that draws richer views of the same files; this base shows only what the run
+wrote, never anything computed here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Static
+
+from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.widgets.log_view import LogView
+
+MAX_FILES = 40
+MAX_LIST_ITEMS = 6
+
+
+def read_summary(info: RunInfo) -> dict[str, Any]:
+    """The summary of a finished run: the `finished` event's, else results/summary.json if the run wrote one."""
+    if info.summary:
+        return info.summary
+    try:
+        data = json.loads((info.dir / "results" / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def result_files(run_dir: Path) -> list[tuple[str, int]]:
+    """Files under results/ (relative path, size), at most MAX_FILES."""
+    root = run_dir / "results"
+    found: list[tuple[str, int]] = []
+    try:
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                found.append((str(path.relative_to(root)), path.stat().st_size))
+                if len(found) >= MAX_FILES:
+                    break
+    except OSError:
+        pass
+    return found
+
+
+def summary_lines(summary: dict[str, Any], prefix: str = "") -> list[str]:
+    lines: list[str] = []
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            lines.extend(summary_lines(value, f"{prefix}{key}."))
+        else:
+            lines.append(f"{prefix}{key}: {_scalar(value)}")
+    return lines
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        shown = ", ".join(_scalar(v) for v in value[:MAX_LIST_ITEMS])
+        more = f", … ({len(value)} items)" if len(value) > MAX_LIST_ITEMS else ""
+        return f"[{shown}{more}]"
+    return str(value)
+
+
+class RunResults(VerticalScroll):
+    """Summary and result files of a run; for a failed run, the tail of its log."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="run-results")
+        self._key: object = object()  # what is shown: (run id, status, end time), or None for no run
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="results-text", markup=False)
+        log = LogView(lines=40, id="results-log")
+        log.display = False
+        yield log
+
+    def show(self, info: RunInfo | None) -> None:
+        key = (info.id, info.status, info.ended) if info else None
+        if key == self._key:
+            return  # reading files again only when the run's state moved on
+        self._key = key
+        log = self.query_one("#results-log", LogView)
+        failed = info is not None and info.status in ("failed", "crashed")
+        log.display = failed
+        log.show(info.dir if failed and info else None)
+        self.query_one("#results-text", Static).update(self.describe(info))
+
+    def describe(self, info: RunInfo | None) -> Content:
+        if info is None:
+            return Content("")
+        if info.active:
+            return Content("Results appear here when the run finishes.")
+        parts: list[Content] = []
+        if info.status in ("failed", "crashed"):
+            return Content.from_markup("[b]End of log.txt[/] (the message is above)")
+        summary = read_summary(info)
+        if summary:
+            parts.append(Content.from_markup("[b]Summary[/]"))
+            parts.extend(Content("  " + line) for line in summary_lines(summary))
+        files = result_files(info.dir)
+        parts.append(Content.from_markup("[b]Result files[/]  $dir", dir=str(info.dir / "results")))
+        if files:
+            parts.extend(Content(f"  {name}  {human_bytes(size)}") for name, size in files)
+        else:
+            parts.append(Content("  (none)"))
+        return Content("\n").join(parts)

@@ -1,0 +1,131 @@
+"""Regenerate screenshots/*.svg: every screen of the app at 120x40, showing real runs.
+
+The runs are made the way a user makes them, with the CLI, in a data directory of their own: the demo
+profile of each kind that has an engine runs to the end; one run is given a model directory copied without
+its weights (it fails, and says why); one is cancelled part way; one long run is left going while the
+screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those runs or from this
+machine. The GPU panel shows what this machine has, or a recorded trace given with --replay.
+
+usage: python screenshots/generate.py [--out DIR] [--data DIR] [--replay TRACE] [--keep-runs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuopt_tui.app import make_app
+from gpuopt_tui.core.events import read_events
+from gpuopt_tui.core.runs import engine_available, find_run
+from gpuopt_tui.ui.screens.registry import SCREENS
+
+SIZE = (120, 40)
+HERE = Path(__file__).resolve().parent
+LONG_RUN = ("--set", "attribution.n_steps=8000", "--set", "attribution.batch_size=1")
+
+
+def cli(*args: str, check: bool = True) -> str:
+    """Run `gpuopt-tui ARGS` as a user would; returns its output."""
+    done = subprocess.run([sys.executable, "-m", "gpuopt_tui", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise SystemExit(f"gpuopt-tui {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def wait_for_progress(run_id: str, done: int, timeout: float = 300.0) -> None:
+    """Until the run reports at least `done` units of work finished."""
+    events = find_run(run_id) / "events.jsonl"
+    deadline = time.monotonic() + timeout
+    while max((e.get("done", 0) for e in read_events(events)[0] if e["type"] == "progress"), default=0) < done:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"run {run_id} did not reach {done} done within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def make_runs(data: Path) -> str | None:
+    """Runs in every state the screens show; returns the id of the one left running (if an engine exists)."""
+    for kind in ("plan", "tracin", "ablation", "attribution"):
+        if engine_available(kind):
+            print(f"running demo-{kind} to the end…", flush=True)
+            cli("run", f"demo-{kind}")
+    if not engine_available("attribution"):
+        return None
+    print("a run on a model directory copied without its weights…", flush=True)
+    partial = data / "models" / "bert-partial-copy"
+    partial.mkdir(parents=True, exist_ok=True)
+    (partial / "config.json").write_text('{"model_type": "bert", "num_labels": 2}\n', encoding="utf-8")
+    cli(
+        "run", "demo-attribution", "--set", "name=partial-model", "--set", "model.adapter=hf",
+        "--set", f"model.path={partial}", check=False,
+    )  # fmt: skip
+    print("a run cancelled part way…", flush=True)
+    cancelled = cli("run", "demo-attribution", "--set", "name=cancelled-demo", *LONG_RUN, "--detach").split()[-1]
+    wait_for_progress(cancelled, 2)
+    cli("cancel", cancelled)
+    print("a long run left going…", flush=True)
+    running = cli("run", "demo-attribution", "--set", "name=long-demo", *LONG_RUN, "--detach").split()[-1]
+    wait_for_progress(running, 2)
+    return running
+
+
+async def shoot(out: Path, replay: Path | None) -> None:
+    async def settle(pilot: Any) -> None:
+        await pilot.pause(1.5)  # a few polls of runs and GPUs
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+
+    for spec in SCREENS:
+        app = make_app(replay=replay, screen=spec.name)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            if spec.name == "planner":
+                await pilot.press("ctrl+e")
+                await settle(pilot)
+            app.save_screenshot(f"{spec.name}.svg", path=str(out))
+            if spec.name == "runs":
+                failed = next((r for r in app.runs.runs if r.status == "failed"), None)
+                if failed is not None:
+                    app.screen.select_run(failed.id)  # type: ignore[attr-defined]
+                    await settle(pilot)
+                    app.save_screenshot("runs-failed.svg", path=str(out))
+        print(f"  {spec.name}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=HERE, help="where the SVGs go (default: screenshots/)")
+    parser.add_argument(
+        "--data", type=Path, default=Path("/tmp/gpuopt-tui-screenshots"), help="data directory for the runs"
+    )
+    parser.add_argument("--replay", type=Path, help="a GPU trace recorded with `gpuopt-tui gpu --record`")
+    parser.add_argument("--keep-runs", action="store_true", help="reuse the runs already in --data")
+    args = parser.parse_args()
+    os.environ["GPUOPT_TUI_HOME"] = str(args.data.resolve())
+    os.environ.pop("GPUOPT_TUI_RUNS_DIR", None)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    runs = args.data / "runs"
+    running = None
+    if not args.keep_runs:
+        shutil.rmtree(runs, ignore_errors=True)
+        shutil.rmtree(args.data / "config", ignore_errors=True)
+        shutil.rmtree(args.data / "models", ignore_errors=True)
+        running = make_runs(args.data)
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        asyncio.run(shoot(args.out, args.replay))
+    finally:
+        if running is not None:
+            cli("cancel", running, check=False)
+    print(f"screenshots in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
