@@ -49,7 +49,7 @@ def test_help_runs_as_a_process_without_importing_torch() -> None:
     [
         ('kind = "attribution"\n[attribution\n', [], "not valid TOML"),
         ('kind = "probing"\n', [], "unknown run kind 'probing'"),
-        ('kind = "attribution"\n[model]\nadapter = "hf"\npath = "no/such/model"\n', [], "model.path ="),
+        ('kind = "attribution"\n[model]\nadapter = "hf"\npath = "no/such/model"\n', [], "key 'model.path'"),
         ('kind = "attribution"\n', ["--set", "n_steps=zero"], 'expected an integer, got "zero"'),
     ],
 )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
@@ -244,7 +244,7 @@ def _path_fields(obj: Any, prefix: str = "") -> list[tuple[Any, str, str]]:
     return found
 
 
-def resolve_paths(profile: ProfileBase, base: Path) -> None:
+def resolve_paths(profile: ProfileBase, base: Path, source: str = "") -> None:
     """Make relative paths absolute (relative to the profile file's directory) and check that they exist."""
     for owner, attr, key in _path_fields(profile):
         path = Path(getattr(owner, attr)).expanduser()
@@ -252,16 +252,16 @@ def resolve_paths(profile: ProfileBase, base: Path) -> None:
             path = (base / path).resolve()
         setattr(owner, attr, str(path))
         if not path.exists():
-            raise UserError(f"{key} = {path}: no such file or directory")
+            raise ProfileError(source, key, f"{path}: no such file or directory")
         if key == "model.path" and not (path / "config.json").is_file():
-            raise UserError(f"model.path = {path}: expected a model directory with a config.json")
+            raise ProfileError(source, key, f"{path}: expected a model directory with a config.json")
 
 
 def create_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
     """Make a run directory with the frozen profile; returns it. Does not start the process."""
     if not engine_available(profile.kind):
         raise UserError(f"the '{profile.kind}' run kind has no engine in this version of gpuopt-tui")
-    resolve_paths(profile, source.parent.resolve() if source else Path.cwd())
+    resolve_paths(profile, source.parent.resolve() if source else Path.cwd(), str(source or ""))
     root = root or runs_dir()
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.kind}-{secrets.token_hex(2)}"
     run_dir = root / run_id

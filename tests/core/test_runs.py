@@ -52,12 +52,12 @@ def test_create_run_freezes_profile_with_absolute_paths(runs_root: Path) -> None
 
 
 def test_missing_files_are_reported_before_launch(runs_root: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"model.path = .*nope: no such file or directory"):
+    with pytest.raises(UserError, match=r"key 'model.path': .*nope: no such file or directory"):
         make_run(runs_root, model={"adapter": "hf", "path": str(tmp_path / "nope")})
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="expected a model directory with a config.json"):
         make_run(runs_root, model={"adapter": "hf", "path": str(tmp_path / "empty")})
-    with pytest.raises(UserError, match=r"data.path = .*missing.jsonl"):
+    with pytest.raises(UserError, match=r"key 'data.path': .*missing.jsonl"):
         make_run(runs_root, data={"source": "jsonl", "path": "missing.jsonl"})
     assert not runs_root.exists() or not any(runs_root.iterdir())
 

@@ -131,5 +131,5 @@ async def test_palette_run_of_a_profile_that_cannot_start_says_why(tmp_path: Pat
     async with app.run_test() as pilot:
         app.run_profile_file(profile)
         await pilot.pause()
-        assert any(f"model.path = {tmp_path / 'models' / 'absent'}" in n for n in notifications(app))
+        assert any(f"key 'model.path': {tmp_path / 'models' / 'absent'}" in n for n in notifications(app))
         assert app.current_mode == "dashboard"

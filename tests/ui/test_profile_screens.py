@@ -107,7 +107,8 @@ async def test_missing_model_directory_is_reported_and_no_run_starts(runs_root: 
         assert screen.form.errors == {}  # the schema is satisfied; the directory is checked when a run starts
         await pilot.press("ctrl+r")
         await pilot.pause()
-        assert any(f"model.path = {tmp_path / 'no-such-model'}" in n for n in notifications(app))
+        assert any(f"{tmp_path / 'no-such-model'}: no such file or directory" in n for n in notifications(app))
+        assert "no such file" in screen.form.errors.get("model.path", "")
         assert not runs_root.exists() or not any(runs_root.iterdir())
         assert app.is_running
 
