@@ -6,6 +6,7 @@ GPU memory figures to progress events.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -13,7 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
+
+RESUME_RECORD = "plan.json"
 
 
 class JobCancelled(Exception):
@@ -106,3 +110,14 @@ class JobContext:
         write(tmp)
         os.replace(tmp, final)
         return final
+
+    def check_resume_record(self, record: dict[str, Any]) -> None:
+        """Keep what shaped this run's shards (settings, data digest); a resume with anything else is refused,
+        since mixing shards made under different settings would give wrong results."""
+        record = json.loads(json.dumps(record, default=str))
+        path = self.shard_path(RESUME_RECORD)
+        if path.exists():
+            if json.loads(path.read_text(encoding="utf-8")) != record:
+                raise UserError(f"{self.state_dir}: the saved shards were made with other settings or data")
+            return
+        self.save_shard(RESUME_RECORD, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
