@@ -158,6 +158,25 @@ def test_each_checkpoint_is_loaded_once_and_test_gradients_computed_once_per_che
     assert reporter.progress_calls[-1] == (39, 39, "checkpoint 3/3")
 
 
+def test_auto_micro_batches_and_test_gradients_after_the_first_training_batch(
+    setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU "auto" takes 8192 tokens per micro-batch: all 13 training rows at once. The test examples'
+    gradients come after the first training micro-batch of each checkpoint (their forward then overlaps it)."""
+    adapter, checkpoints, train, test, names = setup
+    calls: list[int] = []
+    original = GradientComputer.features
+
+    def spy(self: GradientComputer, batch: dict[str, Tensor]) -> Any:
+        calls.append(len(batch["labels"]))
+        return original(self, batch)
+
+    monkeypatch.setattr(GradientComputer, "features", spy)
+    result = tracin_scores(adapter, checkpoints, train, test, names)
+    assert calls == [len(train), len(test)] * len(checkpoints)
+    assert result.stats["final_batch_size"] == len(train)
+
+
 def test_out_of_memory_halves_the_micro_batch_and_retries(setup, monkeypatch: pytest.MonkeyPatch) -> None:
     adapter, checkpoints, train, test, names = setup
     reference = tracin_scores(adapter, checkpoints, train, test, names, TracInOptions(batch_size=8))
@@ -171,11 +190,12 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(setup, monkeypatch: py
     monkeypatch.setattr(GradientComputer, "features", small_memory)
     reporter = Recorder()
     result = tracin_scores(adapter, checkpoints, train, test, names, TracInOptions(batch_size=8), reporter=reporter)
-    assert reporter.events == [  # the 4 test examples come first
-        ("oom_retry", {"batch_size": 4, "retry_batch_size": 2}),
-        ("oom_retry", {"batch_size": 2, "retry_batch_size": 1}),
-    ]
-    assert result.stats["final_batch_size"] == 1 and result.stats["oom_retries"] == 2
+    halvings = [(e["batch_size"], e["retry_batch_size"]) for kind, e in reporter.events if kind == "oom_retry"]
+    # The first training micro-batch comes first (13 rows: two of 7 and 6). The ceiling is kept in tokens, so
+    # the shorter test examples may be retried once more.
+    assert halvings[:2] == [(7, 3), (3, 1)]
+    assert all(retry == size // 2 for size, retry in halvings)
+    assert result.stats["final_batch_size"] == 1 and result.stats["oom_retries"] == len(halvings)
     assert max_rel_error(result.matrix, reference.matrix) < 1e-12
     assert max_rel_error(result.self_influence, reference.self_influence) < 1e-12
 

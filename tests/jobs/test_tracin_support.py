@@ -18,9 +18,12 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter, Batch, Checkpoint
+from gpuopt_tui.jobs.models.demo.train import TrainPlan
+from gpuopt_tui.jobs.models.demo.train import train as train_model
 from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter
 
 VOCAB = 60
+CPU = torch.device("cpu")
 LRS = (0.5, 0.3, 0.1)
 
 
@@ -32,7 +35,13 @@ class VmapSafeBert(SequenceClassifierAdapter):
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"].bool()[:, None, None, :]}
 
 
-def bert_adapter(dtype: torch.dtype = torch.float32, num_labels: int = 3, seed: int = 0) -> Adapter:
+def bert_adapter(
+    dtype: torch.dtype = torch.float32,
+    num_labels: int = 3,
+    seed: int = 0,
+    init_std: float = 0.3,  # large, so that gradients are far from zero
+    device: torch.device = CPU,
+) -> Adapter:
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=VOCAB,
@@ -42,12 +51,12 @@ def bert_adapter(dtype: torch.dtype = torch.float32, num_labels: int = 3, seed: 
         intermediate_size=64,
         max_position_embeddings=32,
         num_labels=num_labels,
-        initializer_range=0.3,
+        initializer_range=init_std,
     )
     model = BertForSequenceClassification(config).to(dtype)
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(words)})
-    return VmapSafeBert("tiny-bert", model, tokenizer, num_labels, torch.device("cpu"))
+    return VmapSafeBert("tiny-bert", model, tokenizer, num_labels, device)
 
 
 def text_dataset(adapter: Adapter, n: int, seed: int, seq: int = 10) -> TextDataset:
@@ -70,7 +79,7 @@ def save_checkpoints(
 ) -> list[Checkpoint]:
     """Perturbed copies of the model's weights as safetensors files, one per learning rate."""
     gen = torch.Generator().manual_seed(123)
-    state = {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
+    state = {k: v.detach().cpu().clone() for k, v in adapter.model.state_dict().items()}
     out = []
     for i, lr in enumerate(lrs):
         noisy = {
@@ -81,6 +90,36 @@ def save_checkpoints(
         save_file({k: v.contiguous() for k, v in noisy.items()}, str(path))
         out.append(Checkpoint(path, lr))
     return out
+
+
+def trained_bert(
+    folder: Path, device: torch.device = CPU, n_train: int = 96, n_test: int = 8
+) -> tuple[Adapter, list[Checkpoint], TextDataset, TextDataset]:
+    """A tiny BERT with the default initialisation trained on a task it learns in seconds (token w0 at position
+    1 means label 1, token w1 label 0), three checkpoints saved during training with their learning rates,
+    and the training and test sets."""
+    adapter = bert_adapter(torch.float32, num_labels=2, init_std=0.02, device=device)
+    train, test = labelled_by_token(adapter, n_train, seed=21), labelled_by_token(adapter, n_test, seed=22)
+    plan = TrainPlan(epochs=6, batch_size=16, lr=3e-3, checkpoint_epochs=(2, 4, 6))
+    tensors = {k: v.to(device) for k, v in train.tensors.items()}
+    records, _ = train_model(
+        adapter.model,
+        lambda batch: adapter.loss_per_example(batch).mean(),
+        tensors,
+        adapter.token_fields,
+        plan,
+        folder / "trained",
+        seed=0,
+    )
+    return adapter, [Checkpoint(folder / r["file"], r["lr"]) for r in records], train, test
+
+
+def labelled_by_token(adapter: Adapter, n: int, seed: int) -> TextDataset:
+    ds = text_dataset(adapter, n, seed)
+    ids, labels = ds.tensors["input_ids"], ds.tensors["labels"]
+    ids[(ids == 5) | (ids == 6)] = 7
+    ids[:, 1] = torch.where(labels == 1, 5, 6)
+    return ds
 
 
 def naive_gradients(adapter: Adapter, ds: TextDataset, names: Sequence[str]) -> Tensor:

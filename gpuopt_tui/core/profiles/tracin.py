@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, RunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
@@ -47,13 +47,23 @@ class TracInSection:
     projection_dim: int = opt(
         0, "Seeded random projection: each parameter's gradient to at most this many numbers (0 = exact)", min=0
     )
-    batch_size: int = opt(64, "Examples per micro-batch (halved on out-of-memory)", min=1)
+    batch_size: int | Literal["auto"] = opt(
+        "auto",
+        'Examples per micro-batch, or "auto": on a GPU, as many as fit the free memory after a small probe '
+        "(halved on out-of-memory)",
+        min=1,
+    )
     use_amp: bool = opt(True, "Mixed-precision forward on the GPU (fp32 on the CPU); scores accumulate in fp32")
     amp_dtype: str = opt("fp16", "Autocast dtype when use_amp is on", choices=("bf16", "fp16"))
     gradient_checkpointing: bool = opt(
         False, "Recompute activations in the backward pass to save memory (closed_form only; slower)"
     )
-    cleanup_every: int = opt(1000, "Free cached GPU memory every N examples (0 = never)", min=0)
+    cleanup_every: int = opt(
+        50_000,
+        "Free cached GPU memory every N examples (0 = never); the next micro-batch then allocates its memory "
+        "afresh, which costs about as much as a small forward pass",
+        min=0,
+    )
     top_k: int = opt(10, "Proponents and opponents kept per test example", min=1)
     save_matrix_max: int = opt(50_000_000, "Save the full score matrix when it has at most this many entries", min=0)
     filter: str = opt(

@@ -8,6 +8,7 @@
 `run_job` in job.py is the run kind built on it.
 """
 
+from gpuopt_tui.jobs.tracin.agreement import rank_correlation
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.filters import FILTERS, PairFilter, get_filter
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
@@ -36,6 +37,7 @@ __all__ = [
     "TracInOptions",
     "get_filter",
     "modules_in_call_order",
+    "rank_correlation",
     "resolve_checkpoints",
     "select_parameters",
     "self_influence",

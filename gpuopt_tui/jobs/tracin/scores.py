@@ -1,7 +1,9 @@
 """TracInCP: influence(train z, test z') = sum over checkpoints c of lr_c * <grad L(z; w_c), grad L(z'; w_c)>.
 
 Checkpoints are the outer loop: each is loaded once, the test gradients are computed once per checkpoint, and
-the training examples stream past them in micro-batches. Training examples are cut into blocks; after each
+the training examples stream past them in micro-batches (by default as large as the GPU memory allows, so a
+block of a few thousand examples of a small model is one forward pass per checkpoint; the engine waits for the
+GPU once per block, when it saves the block's sums). Training examples are cut into blocks; after each
 (checkpoint, block) the block's running sums (scores against every test example, and self-influence
 sum_c lr_c * ||g_c||^2) are saved as a shard, so a resumed run redoes at most one block. Top-k proponents
 and opponents are merged block by block at the end. Scores accumulate in fp32 (float64 for float64 models).
@@ -14,12 +16,14 @@ import gc
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.data import TextDataset, trim_batch
 from gpuopt_tui.jobs.device import free_memory, is_oom
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
@@ -35,7 +39,7 @@ class TracInOptions:
     precision: str = "fp32"  # forward precision: fp32, bf16 or fp16 (jobs.device.autocast)
     projection_dim: int = 0  # 0 = exact gradients
     seed: int = 0  # projection seed
-    batch_size: int = 64  # micro-batch, halved on out-of-memory
+    batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
     gradient_checkpointing: bool = False
     cleanup_every: int = 0  # examples between memory clean-ups (0 = never)
     shard_size: int = 4096  # training examples per saved block
@@ -106,42 +110,72 @@ def shard_name(checkpoint: int, block: int) -> str:
 
 # --- micro-batches -------------------------------------------------------------------------------------------
 class MicroBatcher:
-    """Feeds rows of a dataset to a `GradientComputer` in micro-batches; on out-of-memory halves the size
-    (for the rest of the run) and retries."""
+    """Feeds rows of a dataset to a `GradientComputer` in micro-batches sized by a `ChunkPlanner` (one
+    "step" = one example): a fixed size, or "auto", where on a GPU the first micro-batch is a memory probe
+    and later ones fill a share of the free memory. On out-of-memory the size is halved for the rest of the
+    run and the micro-batch retried."""
 
-    def __init__(self, size: int, reporter: Reporter) -> None:
-        self.size = size
+    def __init__(self, size: int | Literal["auto"], reporter: Reporter) -> None:
+        self.planner = ChunkPlanner(size, on_event=self._planner_event)
         self.reporter = reporter
         self.ooms = 0
+        self._lengths: dict[int, Tensor] = {}  # id(dataset) -> real tokens per example, computed once
 
     def run(
-        self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int]
+        self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int], what: str
     ) -> Iterator[tuple[int, GradFeatures]]:
-        """(offset into `rows`, features of the micro-batch starting there)."""
+        """(offset into `rows`, features of the micro-batch starting there); `what` names the examples
+        ("train", "test") in profiler traces."""
+        device = computer.adapter.device
+        lengths = self._lengths.setdefault(id(ds), ds.lengths())
+        # tokens of the longest row from each offset on: a bound on every later micro-batch's padded length
+        longest = lengths[list(rows)].flip(0).cummax(0).values.flip(0).tolist() if len(rows) else []
         start = 0
         while start < len(rows):
-            size = min(self.size, len(rows) - start)
-            feats = self._attempt(computer, ds, rows[start : start + size])
+            tokens = max(1, longest[start])
+            size = self.planner.next_steps(len(rows) - start, 1, tokens, device)
+            with record_function(f"tracin.{what}_gradients"):
+                feats = self._attempt(computer, ds, rows[start : start + size])
             if feats is None:
                 gc.collect()  # the failed attempt's tensors
-                free_memory(computer.adapter.device)
-                if size == 1:
+                free_memory(device)
+                if not self.planner.shrink(size, 1, tokens):
                     raise UserError(
                         "out of memory with one example per micro-batch: use a projection (projection_dim), "
                         "fewer layers, mixed precision, or a larger GPU"
                     )
-                self.size = size // 2
                 self.ooms += 1
-                self.reporter.event("oom_retry", batch_size=size, retry_batch_size=self.size)
                 continue
+            self.planner.chunk_done(size, 1, tokens, device)
             yield start, feats
             del feats  # not held while the next micro-batch is computed
             start += size
 
+    def _planner_event(self, type: str, **fields: Any) -> None:
+        if type == "oom_retry":
+            self.reporter.event("oom_retry", batch_size=fields["steps"], retry_batch_size=fields["retry_steps"])
+        elif type == "chunk_probe":
+            self.reporter.event(
+                "batch_probe",
+                examples=fields["steps"],
+                tokens=fields["tokens"],
+                peak_bytes=fields["peak_bytes"],
+                budget_bytes=fields["budget_bytes"],
+            )
+
+    def probes_next(self, device: torch.device) -> bool:
+        """Whether the next micro-batch will be the memory probe of an "auto" size on a GPU."""
+        planner = self.planner
+        return planner.setting == "auto" and device.type == "cuda" and planner.bytes_per_row_token is None
+
     @staticmethod
     def _attempt(computer: GradientComputer, ds: TextDataset, rows: Sequence[int]) -> GradFeatures | None:
         """The features of `rows`, or None when memory ran out."""
-        batch = to_device(trim_batch(ds.batch(rows), ds.token_fields), computer.adapter.device)
+        device = computer.adapter.device
+        batch = trim_batch(ds.batch(rows), ds.token_fields)
+        if device.type == "cuda":  # from page-locked memory the copy is queued without waiting for the GPU
+            batch = {k: v.pin_memory() for k, v in batch.items()}
+        batch = to_device(batch, device)
         try:
             return computer.features(batch)
         except Exception as exc:
@@ -149,10 +183,10 @@ class MicroBatcher:
                 raise
             return None
 
-    def features(self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int]) -> GradFeatures:
+    def features(self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int], what: str) -> GradFeatures:
         """The features of every row, gathered in one preallocated block (no second copy)."""
         out: GradFeatures | None = None
-        for offset, part in self.run(computer, ds, rows):
+        for offset, part in self.run(computer, ds, rows, what):
             out = out if out is not None else GradFeatures.empty(part, len(rows))
             out.put(offset, part)
         if out is None:
@@ -161,7 +195,9 @@ class MicroBatcher:
 
 
 class Cleanup:
-    """Collects garbage and frees cached GPU memory every `every` examples (0 = never)."""
+    """Frees cached GPU memory every `every` examples (0 = never), for other processes on a shared GPU.
+    Tensors are freed by reference counting as soon as the engine drops them, so no garbage collection pass
+    runs here: a full pass takes a tenth of a second or more in a process holding transformers."""
 
     def __init__(self, every: int, device: torch.device) -> None:
         self.every = every
@@ -174,7 +210,6 @@ class Cleanup:
         if self.every and self.count >= self.every:
             self.count = 0
             self.runs += 1
-            gc.collect()
             free_memory(self.device)
 
 
@@ -241,17 +276,23 @@ def tracin_scores(
     done = sum((done_through[j] + 1) * len(rows) for j, rows in enumerate(blocks))
     batcher = MicroBatcher(opts.batch_size, reporter)
     cleanup = Cleanup(opts.cleanup_every, device)
-    loaded = 0
+    loaded = final_batch = 0
     start = time.perf_counter()
     for c, ckpt in enumerate(checkpoints):
         pending = [j for j in range(len(blocks)) if done_through[j] < c]
         if not pending:
             continue
         test_feats = None  # the previous checkpoint's are freed before this one's are computed
-        adapter.load_weights(ckpt.path)
+        with record_function("tracin.load_checkpoint"):
+            adapter.load_weights(ckpt.path)
         loaded += 1
         stage = f"checkpoint {c + 1}/{n_ckpt}"
-        test_feats = batcher.features(computer, test, range(n_test)) if n_test else None
+        # The test gradients come first when the run's first micro-batch is to measure the memory an example
+        # takes (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they
+        # come after the first training micro-batch is queued (below): their small forward, bound by the host's
+        # kernel launches, then runs while the GPU is busy.
+        if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
+            test_feats = batcher.features(computer, test, range(n_test), "test")
         for j in pending:
             rows = blocks[j]
             prev = store.load(shard_name(c - 1, j)) if c else None
@@ -260,22 +301,28 @@ def tracin_scores(
             if prev is not None:
                 scores += prev["scores"].to(device, dtype)
                 selfinf += prev["self_influence"].to(device, dtype)
-            for offset, feats in batcher.run(computer, train, rows):
+            for offset, feats in batcher.run(computer, train, rows, "train"):
+                if test_feats is None and n_test:
+                    test_feats = batcher.features(computer, test, range(n_test), "test")
                 part = slice(offset, offset + len(feats))
-                if test_feats is not None:
-                    scores[:, part] += ckpt.lr * test_feats.inner(feats)
-                selfinf[part] += ckpt.lr * feats.sqnorm()
+                with record_function("tracin.products"):
+                    if test_feats is not None:
+                        scores[:, part] += ckpt.lr * test_feats.inner(feats)
+                    selfinf[part] += ckpt.lr * feats.sqnorm()
                 done += len(feats)
+                final_batch = len(feats)
                 cleanup.step(len(feats))
                 del feats  # not held while the next micro-batch is computed
                 reporter.progress(done, total, stage)
                 reporter.check_cancelled()
-            store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
-            if c:
-                store.delete(shard_name(c - 1, j))
+            with record_function("tracin.save_shard"):
+                store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
+                if c:
+                    store.delete(shard_name(c - 1, j))
             done_through[j] = c
     seconds = time.perf_counter() - start
-    result = _gather(store, blocks, n_test, n_ckpt, pair_filter, keys, opts)
+    with record_function("tracin.gather"):
+        result = _gather(store, blocks, n_test, n_ckpt, pair_filter, keys, opts)
     result.stats = {
         "method": computer.method,
         "parameters": list(params),
@@ -286,7 +333,7 @@ def tracin_scores(
         "checkpoints_loaded": loaded,
         "n_scored": len(scored),
         "seconds": seconds,
-        "final_batch_size": batcher.size,
+        "final_batch_size": final_batch,
         "oom_retries": batcher.ooms,
         "cleanups": cleanup.runs,
     }
