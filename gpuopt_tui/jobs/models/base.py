@@ -274,6 +274,9 @@ class Adapter:
         state = load_state_dict(path)
         if state and all(k.startswith("module.") for k in state):
             state = {k[len("module.") :]: v for k, v in state.items()}
+        if self.device.type == "cuda":
+            # pinned, asynchronous host-to-device copies: loading no longer waits on the GPU tensor by tensor
+            state = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in state.items()}
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         buffers = {name for name, _ in self.model.named_buffers()}
         unexpected = [k for k in unexpected if k not in buffers]
