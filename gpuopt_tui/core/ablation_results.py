@@ -4,6 +4,9 @@ TUI and the CLI without torch.
 results.json holds the run's facts (samples, classes, chance accuracy, split sizes, device, cache hits) and one
 row per (representation, probed layer): accuracy mean/std over the seeds on train/val/test, epochs, feature
 and probe time. All-layers representations have a single row whose layer is "all" and layer_index null.
+
+While a run goes on, its finished probes are known only from its events (`ReportedProbes` folds them): test
+accuracy mean/std per (representation, layer). Tables, series and bests work on either kind of row.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import atomic_write_text
@@ -23,6 +26,9 @@ FORMAT = 1
 JSON_NAME = "results.json"
 CSV_NAME = "results.csv"
 ALL_LAYERS = "all"
+SPLITS = ("test", "val", "train")
+PROBE_METRIC = "probe_test_acc"
+FEATURE_METRIC = "feature_seconds"
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,180 @@ class ResultRow:
         return getattr(self, f"{split}_acc_mean"), getattr(self, f"{split}_acc_std")
 
 
+@dataclass(frozen=True)
+class ReportedProbe:
+    """A probe that a running run has finished, as its "probe_test_acc" metric event tells: the test accuracy
+    only (the other splits, the feature width and the times come with results.json at the end)."""
+
+    representation: str
+    layer: str
+    layer_index: int | None
+    test_acc_mean: float
+    test_acc_std: float
+
+    def accuracy(self, split: str = "test") -> tuple[float, float] | None:
+        return (self.test_acc_mean, self.test_acc_std) if split == "test" else None
+
+
+class ProbeRow(Protocol):
+    """What tables, series and bests need of a row: a ResultRow or a ReportedProbe."""
+
+    @property
+    def representation(self) -> str: ...
+    @property
+    def layer(self) -> str: ...
+    @property
+    def layer_index(self) -> int | None: ...
+    def accuracy(self, split: str = "test") -> tuple[float, float] | None: ...
+
+
+Row = TypeVar("Row", bound=ProbeRow)
 COLUMNS = tuple(f.name for f in fields(ResultRow))
 TABLE_HEADER = ("representation", "layer", "test acc", "val acc", "train acc", "dim", "time", "cached")
+
+
+def row_cells(row: ResultRow | ReportedProbe) -> tuple[str, ...]:
+    """The row's cells under TABLE_HEADER: accuracies as mean ± std, time in seconds; "" where not known yet."""
+    accuracies = [_mean_std(row.accuracy(split)) for split in SPLITS]
+    if isinstance(row, ReportedProbe):
+        return (row.representation, row.layer, *accuracies, "", "", "")
+    seconds = row.feature_time_s + row.probe_time_s
+    return (
+        row.representation,
+        row.layer,
+        *accuracies,
+        str(row.feature_dim),
+        f"{seconds:.2f}s",
+        "yes" if row.cached else "",
+    )
+
+
+def _mean_std(value: tuple[float, float] | None) -> str:
+    return "" if value is None else f"{value[0]:.3f} ± {value[1]:.3f}"
+
+
+def series_of(rows: Iterable[ProbeRow], split: str = "test") -> dict[str, list[tuple[int, float, float]]]:
+    """Per representation, (layer index, accuracy mean, std) over the probed layers, in layer order. All-layers
+    probes (no layer) and rows without this split's accuracy are left out."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for r in rows:
+        value = r.accuracy(split)
+        if r.layer_index is not None and value is not None:
+            out.setdefault(r.representation, []).append((r.layer_index, *value))
+    return {name: sorted(points) for name, points in out.items()}
+
+
+def best_of(rows: Iterable[Row], split: str = "test") -> dict[str, Row]:
+    """The row with the highest mean accuracy of each representation (the first one on a tie)."""
+    out: dict[str, Row] = {}
+    for r in rows:
+        value = r.accuracy(split)
+        if value is None:
+            continue
+        held = out.get(r.representation)
+        if held is None or value[0] > _mean(held, split):
+            out[r.representation] = r
+    return out
+
+
+def _mean(row: ProbeRow, split: str) -> float:
+    value = row.accuracy(split)
+    return value[0] if value is not None else float("-inf")
+
+
+def sort_rows(rows: Iterable[Row], column: str | None = None, descending: bool = False) -> list[Row]:
+    """Rows in table order: by representation (in order of first appearance), then layer; or by a TABLE_HEADER
+    column, ties in table order. Rows without a value in that column (a running run's val accuracy) go last."""
+    rows = list(rows)
+    rank = {name: i for i, name in enumerate(dict.fromkeys(r.representation for r in rows))}
+
+    def layer_rank(r: ProbeRow) -> float:
+        return float("inf") if r.layer_index is None else r.layer_index
+
+    natural = sorted(rows, key=lambda r: (rank[r.representation], layer_rank(r)))
+    if column is None or column == "representation":
+        return natural[::-1] if descending else natural
+    if column == "layer":
+        ordered = sorted(natural, key=lambda r: (layer_rank(r), rank[r.representation]))
+        return ordered[::-1] if descending else ordered
+    if column not in TABLE_HEADER:
+        raise ValueError(column)
+    known = [(value, r) for r in natural if (value := _sort_value(r, column)) is not None]
+    known.sort(key=lambda pair: pair[0], reverse=descending)  # stable: ties keep table order
+    missing = [r for r in natural if _sort_value(r, column) is None]
+    return [r for _, r in known] + missing
+
+
+def _sort_value(row: ProbeRow, column: str) -> float | None:
+    if column.endswith(" acc"):
+        value = row.accuracy(column.removesuffix(" acc"))
+        return None if value is None else value[0]
+    if not isinstance(row, ResultRow):
+        return None
+    if column == "dim":
+        return float(row.feature_dim)
+    if column == "time":
+        return row.feature_time_s + row.probe_time_s
+    return float(row.cached)
+
+
+class ReportedProbes:
+    """What a probing run has reported so far, folded from its events: finished probes (metric
+    "probe_test_acc"), features computed or loaded (metric "feature_seconds") and the number of probes
+    (progress events counted in probes). Events of other kinds, and malformed ones, are ignored."""
+
+    def __init__(self) -> None:
+        self._probes: dict[tuple[str, str], ReportedProbe] = {}
+        self._features: dict[tuple[str, str], tuple[float, bool]] = {}  # (representation, layer) -> (s, cached)
+        self.total: int | None = None
+
+    @property
+    def rows(self) -> list[ReportedProbe]:
+        return list(self._probes.values())
+
+    @property
+    def features(self) -> int:
+        return len(self._features)
+
+    @property
+    def features_cached(self) -> int:
+        return sum(cached for _, cached in self._features.values())
+
+    @property
+    def feature_seconds(self) -> float:
+        return sum(seconds for seconds, _ in self._features.values())
+
+    def add(self, events: Iterable[Mapping[str, Any]]) -> bool:
+        """Fold new events in; True when anything shown changed."""
+        changed = False
+        for event in events:
+            if event.get("type") == "progress" and event.get("unit") == "probes":
+                total = event.get("total")
+                if isinstance(total, int) and total != self.total:
+                    self.total, changed = total, True
+            elif event.get("type") == "metric":
+                changed = self._metric(event) or changed
+        return changed
+
+    def _metric(self, event: Mapping[str, Any]) -> bool:
+        name, value = event.get("name"), event.get("value")
+        representation, layer = event.get("representation"), event.get("layer")
+        if not (isinstance(representation, str) and isinstance(layer, str) and _is_number(value)):
+            return False
+        if name == PROBE_METRIC:
+            index, std = event.get("layer_index"), event.get("std", 0.0)
+            if not (index is None or isinstance(index, int)) or not _is_number(std):
+                return False
+            self._probes[representation, layer] = ReportedProbe(representation, layer, index, float(value), float(std))
+            return True
+        if name == FEATURE_METRIC:
+            self._features[representation, layer] = (float(value), bool(event.get("cached")))
+            return True
+        return False
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -67,31 +245,16 @@ class AblationResults:
 
     def table(self) -> list[tuple[str, ...]]:
         """Rows for a table with TABLE_HEADER: accuracies as mean ± std, time in seconds."""
-        out = []
-        for r in self.rows:
-            acc = [f"{m:.3f} ± {s:.3f}" for m, s in (r.accuracy(x) for x in ("test", "val", "train"))]
-            seconds = r.feature_time_s + r.probe_time_s
-            out.append(
-                (r.representation, r.layer, *acc, str(r.feature_dim), f"{seconds:.2f}s", "yes" if r.cached else "")
-            )
-        return out
+        return [row_cells(r) for r in self.rows]
 
     def series(self, split: str = "test") -> dict[str, list[tuple[int, float, float]]]:
         """Per representation, (layer index, accuracy mean, std) over the probed layers, in layer order
         (all-layers probes have no layer and are left out)."""
-        out: dict[str, list[tuple[int, float, float]]] = {}
-        for r in self.rows:
-            if r.layer_index is not None:
-                out.setdefault(r.representation, []).append((r.layer_index, *r.accuracy(split)))
-        return {name: sorted(points) for name, points in out.items()}
+        return series_of(self.rows, split)
 
     def best(self, split: str = "test") -> dict[str, ResultRow]:
         """The row with the highest mean accuracy of each representation."""
-        out: dict[str, ResultRow] = {}
-        for r in self.rows:
-            if r.representation not in out or r.accuracy(split)[0] > out[r.representation].accuracy(split)[0]:
-                out[r.representation] = r
-        return out
+        return best_of(self.rows, split)
 
 
 def write_results(results_dir: Path, info: Mapping[str, Any], rows: Sequence[ResultRow]) -> tuple[Path, Path]:

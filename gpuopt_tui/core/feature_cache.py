@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 FORMAT = 1
 FINGERPRINTS = "fingerprints.json"
 _CHUNK = 8 << 20
+IN_PROGRESS_S = 600.0  # a temporary file younger than this belongs to a write still going on
 
 
 def default_root() -> Path:
@@ -61,6 +63,49 @@ class CacheEntry:
     dtype: str
     description: dict[str, Any]
     ok: bool  # False: the manifest is missing or unreadable (the entry will be recomputed when next needed)
+
+
+@dataclass(frozen=True)
+class EntryGroup:
+    """Entries of one representation computed from one source (one per layer), as listings show them."""
+
+    representation: str  # "" for entries whose manifest cannot be read
+    source: str
+    layers: tuple[str, ...]  # in natural order: layer.2 before layer.10
+    entries: int
+    size: int
+    created: float | None  # the newest entry's
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.representation)
+
+
+def group_entries(entries: list[CacheEntry]) -> list[EntryGroup]:
+    """Entries grouped by (representation, source), newest group first; unreadable entries form one group."""
+    groups: dict[tuple[str, str], list[CacheEntry]] = {}
+    for e in entries:
+        key = (
+            (str(e.description.get("representation", "?")), str(e.description.get("source", ""))) if e.ok else ("", "")
+        )
+        groups.setdefault(key, []).append(e)
+    out = [
+        EntryGroup(
+            representation=representation,
+            source=source,
+            layers=tuple(sorted({str(e.description.get("layer", "")) for e in members}, key=natural_key)),
+            entries=len(members),
+            size=sum(e.size for e in members),
+            created=max((e.created for e in members if e.created is not None), default=None),
+        )
+        for (representation, source), members in groups.items()
+    ]
+    return sorted(out, key=lambda g: g.created or 0.0, reverse=True)
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders the numbers inside names by value: layer.2 < layer.10."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 @dataclass
@@ -217,11 +262,15 @@ class FeatureCache:
         return sum(_size(p) for p in self._own_files())
 
     def clear(self) -> tuple[int, int]:
-        """Remove every entry, unfinished write and the fingerprint memo: (entries removed, bytes freed).
-        Only files this cache writes are touched, whatever else the folder holds."""
+        """Remove every entry, abandoned write and the fingerprint memo: (entries removed, bytes freed).
+        Only files this cache writes are touched, whatever else the folder holds; a write still in progress
+        (a temporary file touched in the last minutes) is left to finish, so a running probe is not broken."""
         entries = sum(1 for _ in self.root.glob("*.npy")) if self.root.is_dir() else 0
         freed = 0
+        recent = time.time() - IN_PROGRESS_S
         for path in self._own_files():
+            if path.name.endswith(".tmp") and _mtime(path) > recent:
+                continue
             freed += _size(path)
             path.unlink(missing_ok=True)
         return entries, freed
@@ -259,6 +308,13 @@ class FeatureCache:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(memo_file, json.dumps(memo, indent=1))
         return digest
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _size(path: Path) -> int:

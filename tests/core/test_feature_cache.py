@@ -166,3 +166,21 @@ def test_listing_the_cache_does_not_import_torch(tmp_path: Path) -> None:
     env = {**os.environ, "GPUOPT_TUI_CACHE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_clear_leaves_a_write_in_progress_alone(tmp_path) -> None:
+    import os
+    import time
+
+    from gpuopt_tui.core.feature_cache import IN_PROGRESS_S, FeatureCache
+
+    cache = FeatureCache(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    writing = tmp_path / ".entry.npy.tmp"
+    writing.write_bytes(b"x" * 10)
+    abandoned = tmp_path / ".old.npy.tmp"
+    abandoned.write_bytes(b"y" * 10)
+    old = time.time() - IN_PROGRESS_S - 60
+    os.utime(abandoned, (old, old))
+    cache.clear()
+    assert writing.exists() and not abandoned.exists()

@@ -1,10 +1,399 @@
-"""The Layer ablation and probing screen."""
+"""The Layer ablation and probing screen: the profile form, and the latest run's probes as a table and a plot
+of accuracy against layer (filled in live from the run's events while it goes), and the feature cache."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.timer import Timer
+from textual.widget import Widget
+from textual.widgets import ContentSwitcher, Static, Tab, Tabs
+from textual.worker import Worker, WorkerState
+
+from gpuopt_tui.core.ablation_results import (
+    FEATURE_METRIC,
+    PROBE_METRIC,
+    SPLITS,
+    AblationResults,
+    ReportedProbe,
+    ReportedProbes,
+    ResultRow,
+    load_results,
+    series_of,
+)
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import EventTail
+from gpuopt_tui.core.profiles.ablation import AblationProfile, split_representation
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.screens.kind import KindScreen
+from gpuopt_tui.ui.widgets.ablation_view import AccuracyPlot, CachePanel, PlotData, ProbeTable
+from gpuopt_tui.ui.widgets.run_results import RunResults
+
+VIEWS = ("table", "plot", "cache")
+LIVE_INTERVAL_S = 1.0  # events of a running run are read at most this often, only while the screen is shown
+WANTED_METRICS = frozenset({PROBE_METRIC, FEATURE_METRIC})
+ALL_LAYERS_VARIANT = "_all_layers"
+
+
+def probe_events(tail: EventTail) -> list[dict[str, Any]]:
+    """New events that tell of finished probes, features or the number of probes."""
+    return [
+        e
+        for e in tail.read()
+        if (e["type"] == "metric" and e.get("name") in WANTED_METRICS)
+        or (e["type"] == "progress" and e.get("unit") == "probes")
+    ]
+
+
+def representation_order(run_dir: Path) -> list[str]:
+    """The representations a run probes, as its frozen profile lists them ([] if it cannot be read)."""
+    try:
+        profile = load_profile(run_dir / "profile.toml")
+    except UserError:
+        return []
+    return list(profile.ablation.representations) if isinstance(profile, AblationProfile) else []
+
+
+def load_or_reason(run_dir: Path) -> tuple[Path, AblationResults | str]:
+    """The run's results, or why they cannot be read (read in a thread)."""
+    try:
+        return run_dir, load_results(run_dir)
+    except UserError as e:
+        return run_dir, str(e)
+
+
+class ReportedState:
+    """A run's probes as its events tell them, for runs without results.json (yet): the reader of its events
+    file, what has been read so far, and the run's representations in the order its profile lists them (so that
+    rows and series keep their places and colours as probes arrive)."""
+
+    def __init__(self, info: RunInfo) -> None:
+        self.run_dir = info.dir
+        self.tail = EventTail(info.dir / "events.jsonl")
+        self.probes = ReportedProbes()
+        self.order: list[str] | None = None
+
+    def read(self) -> list[dict[str, Any]]:
+        """New events (in a thread; one read at a time)."""
+        if self.order is None:
+            self.order = representation_order(self.run_dir)
+        return probe_events(self.tail)
+
+    def rows(self) -> list[ReportedProbe]:
+        rank = {name: i for i, name in enumerate(self.order or [])}
+        return sorted(self.probes.rows, key=lambda r: rank.get(r.representation, len(rank)))
+
+
+class ProbingResults(RunResults):
+    """The latest probing run: a head line, then the views Table, Plot and Cache (tabs, or `v`)."""
+
+    ALLOW_MAXIMIZE = True
+    DEFAULT_CSS = """
+    ProbingResults {
+        overflow-y: auto;
+    }
+    ProbingResults.-maximized {
+        width: 1fr;
+        height: 1fr;
+        padding: 0 1;
+    }
+    ProbingResults #ablation-head {
+        height: auto;
+        max-height: 3;
+    }
+    ProbingResults #ablation-bar {
+        height: 1;
+    }
+    ProbingResults #ablation-bar Tabs {
+        width: 1fr;
+        height: 1;
+    }
+    ProbingResults #ablation-bar #ablation-split {
+        width: 18;  /* its three tabs */
+    }
+    ProbingResults #ablation-bar Underline {
+        display: none;
+    }
+    ProbingResults #ablation-bar Tab.-active {
+        text-style: bold reverse;
+    }
+    ProbingResults #ablation-views {
+        height: 1fr;
+        min-height: 6;
+    }
+    ProbingResults #ablation-views > * {
+        height: 1fr;
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("v", "next_view", "View", id="ablation.view", tooltip="Show the table, the plot or the cache"),
+        Binding("s", "next_split", "Split", id="ablation.split", tooltip="Accuracy of the test, val or train split"),
+        Binding("o", "next_sort", "Sort", id="ablation.sort", tooltip="Sort the table by the next column"),
+        Binding("c", "clear_cache", "Clear cache", id="ablation.clear_cache", tooltip="Delete every cached feature"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.split = "test"
+        self.info: RunInfo | None = None
+        self.results: AblationResults | None = None
+        self.problem = ""  # why a finished run's results cannot be shown
+        self._followed: object = object()  # (run id, status, end time) last followed
+        self._reported: ReportedState | None = None
+        self._reading: ReportedState | None = None  # whose events a worker is reading now
+        self._timer: Timer | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="ablation-head")
+        with Horizontal(id="ablation-bar"):
+            yield Tabs(*(Tab(view.capitalize(), id=f"view-{view}") for view in VIEWS), id="ablation-tabs")
+            yield Tabs(*(Tab(split, id=f"split-{split}") for split in SPLITS), id="ablation-split")
+        with ContentSwitcher(initial="table", id="ablation-views"):
+            yield ProbeTable(id="table")
+            yield AccuracyPlot(id="plot")
+            yield CachePanel(id="cache")
+        yield from super().compose()
+
+    def on_mount(self) -> None:
+        self._timer = self.set_interval(LIVE_INTERVAL_S, self._tick, pause=True, name="ablation live events")
+        self.watch(self.screen, "maximized", self._zoomed, init=False)
+        self._redraw()
+
+    def _zoomed(self, widget: Widget | None) -> None:
+        # the side pane's top margin (app CSS, which DEFAULT_CSS cannot override) is not wanted on a screen of its own
+        if widget is self:
+            self.styles.margin = 0
+        else:
+            self.styles.clear_rule("margin")
+
+    # -- views ------------------------------------------------------------------------------------------------
+
+    @property
+    def view(self) -> str:
+        return self.query_one("#ablation-views", ContentSwitcher).current or "table"
+
+    def show_view(self, view: str) -> None:
+        self.query_one("#ablation-tabs", Tabs).active = f"view-{view}"
+
+    @on(Tabs.TabActivated, "#ablation-tabs")
+    def _view_chosen(self, event: Tabs.TabActivated) -> None:
+        event.stop()
+        view = str(event.tab.id).removeprefix("view-")
+        self.query_one("#ablation-views", ContentSwitcher).current = view
+        if view == "cache":
+            self.query_one(CachePanel).reload()
+        self.refresh_bindings()
+
+    def action_next_view(self) -> None:
+        self.show_view(VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)])
+
+    def action_next_split(self) -> None:
+        self.query_one("#ablation-split", Tabs).active = f"split-{SPLITS[(SPLITS.index(self.split) + 1) % len(SPLITS)]}"
+
+    @on(Tabs.TabActivated, "#ablation-split")
+    def _split_chosen(self, event: Tabs.TabActivated) -> None:
+        event.stop()
+        split = str(event.tab.id).removeprefix("split-")
+        if split != self.split:
+            self.split = split
+            self._redraw()
+
+    def action_next_sort(self) -> None:
+        self.query_one(ProbeTable).next_sort()
+
+    def action_clear_cache(self) -> None:
+        self.show_view("cache")
+        self.query_one(CachePanel).action_clear()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_sort":
+            return self.view == "table"
+        if action == "next_split":
+            return self.view != "cache"
+        if action == "clear_cache":
+            return self.view == "cache"
+        return True
+
+    # -- following the latest run -----------------------------------------------------------------------------
+
+    def show(self, info: RunInfo | None) -> None:
+        super().show(info)
+        if info is not None and info.active and self._timer is not None:
+            self._timer.resume()  # also after the screen was shown again
+        key = (info.id, info.status, info.ended) if info else None
+        if key == self._followed:
+            return
+        self._followed = key
+        if info is None or self.info is None or info.id != self.info.id:
+            self.results, self.problem = None, ""
+            self._reported = ReportedState(info) if info is not None else None
+        self.info = info
+        self.query_one(CachePanel).run_going = info is not None and info.active
+        self._redraw()
+        if info is None:
+            return
+        if info.status == "finished":
+            self._pause_live()
+            self.run_worker(
+                partial(load_or_reason, info.dir), name="ablation results", thread=True, exit_on_error=False
+            )
+            if self.view == "cache":
+                self.query_one(CachePanel).reload()  # the run may have added entries
+        else:
+            if not info.active:
+                self._pause_live()
+            self._read_events()  # a stopped run: once, for the probes it finished
+
+    def _pause_live(self) -> None:
+        if self._timer is not None:
+            self._timer.pause()
+
+    def _tick(self) -> None:
+        if self.screen not in self.app.screen_stack:  # another screen is shown: go on when this one is again
+            self._pause_live()
+            return
+        self._read_events()
+
+    def _read_events(self) -> None:
+        state = self._reported
+        if self._reading is not None or state is None:
+            return
+        self._reading = state
+        self.run_worker(state.read, name="ablation events", thread=True, exit_on_error=False)
+
+    @on(Worker.StateChanged)
+    def _worker_done(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if worker.name == "ablation events" and worker.is_finished:
+            state, self._reading = self._reading, None
+            if event.state is WorkerState.SUCCESS and state is self._reported and state.probes.add(worker.result):
+                self._redraw()
+        elif worker.name == "ablation results" and event.state is WorkerState.SUCCESS:
+            run_dir, result = worker.result
+            if self.info is None or run_dir != self.info.dir:
+                return  # another run is shown by now
+            if isinstance(result, str):
+                self.results, self.problem = None, result
+            else:
+                self.results, self.problem = result, ""
+            self._redraw()
+
+    # -- drawing ----------------------------------------------------------------------------------------------
+
+    def _rows(self) -> list[ResultRow] | list[ReportedProbe]:
+        if self.results is not None:
+            return list(self.results.rows)
+        return self._reported.rows() if self._reported is not None else []
+
+    def _redraw(self) -> None:
+        rows = self._rows()
+        self.query_one("#ablation-head", Static).update(self._head())
+        self.query_one(ProbeTable).show_rows(rows, self.split)
+        self.query_one(AccuracyPlot).show(self._plot_data(rows))
+        # the summary and file list of the base view repeat what the table says; kept for runs without results
+        self.query_one("#results-text").display = self.results is None and not (self.info and self.info.active)
+
+    def _head(self) -> Content:
+        info = self.info
+        if info is None:
+            return Content("Probes show here as they finish, as a table and a plot; Cache lists the cached features.")
+        if self.results is not None:
+            return self._results_head(self.results)
+        if info.status == "finished":
+            return Content.from_markup("[$error]$problem[/]", problem=self.problem) if self.problem else Content("…")
+        probes = self._reported.probes if self._reported is not None else None
+        done = len(probes.rows) if probes else 0
+        total = f" of {probes.total}" if probes and probes.total else ""
+        parts = [f"{done}{total} probes finished"]
+        if probes and probes.features:
+            parts.append(f"features {probes.features} ({probes.features_cached} from the cache)")
+        lead = "live" if info.active else info.status
+        return Content.from_markup("[b]$lead[/] · $rest", lead=lead, rest=" · ".join(parts))
+
+    @staticmethod
+    def _results_head(results: AblationResults) -> Content:
+        info = results.info
+        cache = info.get("cache") if isinstance(info.get("cache"), dict) else {}
+        lookups = int(cache.get("hits", 0)) + int(cache.get("misses", 0))
+        chance = f"chance {results.chance:.3f}" if results.chance is not None else ""
+        parts = [
+            f"{len(results.rows)} probes × {info.get('num_runs', '?')} seeds",
+            f"{info.get('samples', '?')} samples, {info.get('classes', '?')} classes",
+            chance,
+            f"{info.get('device', '?')} {info.get('precision', '')}".strip(),
+            f"cache {cache.get('hits', 0)}/{lookups} hits" if lookups else "",
+        ]
+        return Content(" · ".join(p for p in parts if p))
+
+    def _plot_data(self, rows: list[ResultRow] | list[ReportedProbe]) -> PlotData:
+        whole = {r.representation: acc for r in rows if r.layer_index is None and (acc := r.accuracy(self.split))}
+        if self.results is not None:
+            note = f"mean of {self.results.info.get('num_runs', '?')} seeds"
+            return PlotData(self.split, series_of(rows, self.split), whole, self.results.chance, note)
+        if self.info is None:
+            return PlotData(self.split, {}, empty="No probing run yet.")
+        if self.split != "test":
+            empty = f"No {self.split} accuracy yet: a running run reports test accuracy; the rest comes at its end."
+            return PlotData(self.split, {}, empty=empty)
+        state = self._reported
+        total = state.probes.total if state is not None else None
+        note = f"{len(rows)}{f' of {total}' if total else ''} probes"
+        series = series_of(rows, self.split)
+        # every per-layer representation of the run from the start: each keeps its colour as its probes arrive
+        order = [n for n in (state.order or []) if split_representation(n)[1] != ALL_LAYERS_VARIANT] if state else []
+        series = {name: series.get(name, []) for name in order} | series
+        return PlotData(self.split, series, whole, note=note, empty="No probe has finished yet.")
+
+
+class FeatureCacheCommands(Provider):
+    """Command palette entries of the ablation screen: show or clear the feature cache."""
+
+    def _commands(self) -> Iterator[tuple[str, Any, str]]:
+        results = self.screen.query_one(ProbingResults)
+        yield "Show the feature cache", partial(results.show_view, "cache"), "cached layer features, by representation"
+        yield "Clear the feature cache", results.action_clear_cache, "delete every cached feature (asks first)"
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, callback, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
 
 
 class AblationScreen(KindScreen):
     SCREEN_NAME = "ablation"
     KIND = "ablation"
+    RESULTS = ProbingResults
+    COMMANDS: ClassVar[set[type[Provider]]] = {FeatureCacheCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "ctrl+o",
+            "zoom_results",
+            "Results",
+            id="ablation.results",
+            tooltip="Zoom the results (table, plot, feature cache) to the whole screen; escape comes back",
+        ),
+    ]
+
+    def action_zoom_results(self) -> None:
+        if self.maximized is not None:
+            self.minimize()
+            return
+        results = self.query_one(ProbingResults)
+        self.maximize(results, container=False)
+        self.query_one("#ablation-tabs").focus()
