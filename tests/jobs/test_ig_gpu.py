@@ -1,5 +1,5 @@
-"""Integrated Gradients on a CUDA GPU: the memory probe of automatic chunking, reduced precision against
-fp32, and a torch.compile'd forward. Skipped without CUDA."""
+"""Integrated Gradients on a CUDA GPU: the memory probe of automatic chunking, reduced precision (autocast and
+cast weights) against fp32, and the compiled step forward. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from gpuopt_tui.jobs.attribution import ChunkPlanner, integrated_gradients
 from gpuopt_tui.jobs.attribution.check import relative_difference
+from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -50,19 +51,31 @@ def test_auto_chunks_probe_the_memory_and_give_the_same_result(case) -> None:
     assert float(relative_difference(chunked.token_scores(), whole.token_scores()).max()) < 1e-5
 
 
-@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
-def test_reduced_precision_stays_within_1e_2_of_fp32(case, precision: str) -> None:
+@pytest.mark.parametrize(
+    ("precision", "cast_weights"), [("tf32", False), ("bf16", False), ("fp16", False), ("bf16", True), ("fp16", True)]
+)
+def test_reduced_precision_stays_within_1e_2_of_fp32(case, precision: str, cast_weights: bool) -> None:
     model, emb, base, mask = case
+    weights = [p.clone() for p in model.parameters()]
     fp32 = integrated_gradients(forward_of(model), emb, base, mask, n_steps=50, precision="fp32")
-    fast = integrated_gradients(forward_of(model), emb, base, mask, n_steps=50, precision=precision)
+    fast = integrated_gradients(
+        forward_of(model), emb, base, mask, n_steps=50, precision=precision, cast_weights=cast_weights
+    )
     error = relative_difference(fast.token_scores(), fp32.token_scores())
     assert 0 < float(error.median()) < 1e-2
     assert fast.attributions.dtype == torch.float32
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))  # the fp32 weights came back
 
 
-def test_compiled_forward_matches_eager(case) -> None:
+def test_compiled_steps_match_eager_across_shapes(case) -> None:
     model, emb, base, mask = case
-    eager = integrated_gradients(forward_of(model), emb, base, mask, n_steps=32, alpha_batch_size=8)
-    compiled = torch.compile(forward_of(model))
-    result = integrated_gradients(compiled, emb, base, mask, n_steps=32, alpha_batch_size=8, model=model)
-    assert float(relative_difference(result.token_scores(), eager.token_scores()).max()) < 1e-4
+    events = []
+    compiler = StepCompiler(on_event=lambda type, **f: events.append(type))
+    for rows, length, steps in ((8, 48, 32), (5, 40, 24)):  # a second shape must not fail or recompile much
+        args = (emb[:rows, :length], base[:rows, :length], mask[:rows, :length])
+        kwargs = {"n_steps": steps, "alpha_batch_size": 8, "precision": "bf16", "cast_weights": True}
+        eager = integrated_gradients(forward_of(model), *args, **kwargs)
+        compiled = integrated_gradients(forward_of(model), *args, compiler=compiler, model=model, **kwargs)
+        assert float(relative_difference(compiled.token_scores(), eager.token_scores()).max()) < 2e-2
+    assert compiler.error is None and compiler.compile_seconds > 0
+    assert events == ["compiled"]

@@ -3,7 +3,9 @@ per-sample results against a direct engine call, bucketing, the reference path, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
@@ -192,3 +195,25 @@ def test_user_errors(workdir: Path, tmp_path: Path) -> None:
     for i, (bad, message) in enumerate(cases):
         with pytest.raises(UserError, match=message):
             run_job(bad, context(tmp_path / str(i)))
+
+
+def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Classifier weights x 1e6 give logits and gradients beyond fp16's range (65504), not bf16's."""
+    model = BertForSequenceClassification.from_pretrained(workdir / "model")
+    with torch.no_grad():
+        model.classifier.weight.mul_(1e6)
+    model.save_pretrained(tmp_path / "model")
+    BertTokenizer.from_pretrained(workdir / "model").save_pretrained(tmp_path / "model")
+    (tmp_path / "data.jsonl").write_text((workdir / "data.jsonl").read_text())
+    resolve = Settings.resolve  # on the CPU it gives fp32: ask for fp16 weights as on a GPU
+    monkeypatch.setattr(
+        Settings, "resolve", lambda *args: dataclasses.replace(resolve(*args), precision="fp16", cast_weights=True)
+    )
+    run_dir = tmp_path / "run"
+    run_job(profile(tmp_path, n_samples=8), context(run_dir))
+    events, _ = read_events(run_dir / "events.jsonl")
+    assert [e["rows"] for e in events if e["type"] == "fp16_overflow"] == [4, 4]
+    assert any("redone in bf16" in e.get("message", "") for e in events)
+    records, summary, _ = results(run_dir)
+    assert summary["settings"]["precision"] == "fp16" and len(records) == 8
+    assert all(math.isfinite(s) for r in records for s in r["scores"]) and any(r["scores"][1] != 0 for r in records)

@@ -167,7 +167,7 @@ def test_demo_clicked_title_topic_words_rank_first(demo) -> None:
     adapter, ds = demo
     topic_words = {w for words in adapter.info["topics"].values() for w in words}
     section = AttributionSection(n_steps=24, batch_size=4, use_amp=False)
-    settings = Settings.resolve(section, adapter, torch.device("cpu"))
+    settings = Settings.resolve(section, adapter, torch.device("cpu"), len(ds))
     batch = trim_batch(ds.batch(range(len(ds))), ds.token_fields)
     values = attribute_batch(adapter, batch, settings, settings.planner())
     hits = 0

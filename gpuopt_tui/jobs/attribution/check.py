@@ -35,6 +35,7 @@ def compare_paths(adapter: Adapter, ds: TextDataset, settings: Settings, n_sampl
     return {
         "n_samples": len(subset),
         "precision_optimized": settings.precision,
+        "cast_weights_optimized": settings.cast_weights,
         "precision_original": "fp32",
         "max_rel_diff": float(diff.max()),
         "median_rel_diff": float(diff.median()),

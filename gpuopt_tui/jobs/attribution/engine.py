@@ -13,7 +13,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings, baseline_token_id
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
-from gpuopt_tui.jobs.attribution.common import ForwardFn
+from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.ig import integrated_gradients
 from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision
@@ -30,16 +30,18 @@ class Settings:
     n_steps: int
     method: str
     precision: str  # fp32, tf32, bf16 or fp16
+    cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
     target: str  # "predicted", "label" or a class index
     baseline: str
     baseline_token: int | None  # the id filling content positions; None for zero vectors
     optimized: bool
     alpha_batch_size: int | Literal["auto"]
     memory_fraction: float
-    compile: bool
+    compile: bool  # torch.compile the forward of the steps
 
     @classmethod
-    def resolve(cls, section: AttributionSection, adapter: Adapter, device: torch.device) -> Settings:
+    def resolve(cls, section: AttributionSection, adapter: Adapter, device: torch.device, samples: int) -> Settings:
+        """The settings for a run of `samples` samples on `device` ("auto" compilation depends on its size)."""
         prec = precision(section.use_amp, section.amp_dtype, section.tf32) if device.type == "cuda" else "fp32"
         if not amp_dtype_supported(device, prec):
             prec = "fp16"  # GPUs before Ampere have no bf16
@@ -47,13 +49,14 @@ class Settings:
             n_steps=section.n_steps,
             method=section.method,
             precision=prec,
+            cast_weights=section.amp_mode == "weights" and prec in ("bf16", "fp16"),
             target=section.target,
             baseline=section.baseline,
             baseline_token=baseline_token_id(adapter, section.baseline, section.custom_baseline_token),
             optimized=section.use_optimized,
             alpha_batch_size=section.alpha_batch_size,
             memory_fraction=section.memory_fraction,
-            compile=section.compile,
+            compile=section.use_optimized and should_compile(section.compile, device, samples, section.n_steps),
         )
 
     def planner(self, on_event: Callable[..., object] | None = None) -> ChunkPlanner:
@@ -64,12 +67,10 @@ class Settings:
         )
 
 
-def model_forward(adapter: Adapter, settings: Settings) -> ForwardFn:
-    """The adapter's forward from embeddings; compiled when the profile asks for it (only the forward: the
-    gradient is taken outside the compiled region). Build it once per run, not once per batch."""
-    if settings.compile:
-        return cast(ForwardFn, torch.compile(adapter.logits_from_embeds))
-    return adapter.logits_from_embeds
+def step_compiler(settings: Settings, on_event: Callable[..., object] | None = None) -> StepCompiler | None:
+    """The run's compiler of the step forward when the settings ask for one (build it once per run: each
+    compiler compiles anew)."""
+    return StepCompiler(on_event=on_event) if settings.compile else None
 
 
 def batch_target(spec: str, batch: Batch, n_outputs: int) -> Tensor | str:
@@ -92,12 +93,12 @@ def attribute_batch(
     settings: Settings,
     planner: ChunkPlanner,
     on_chunk: Callable[[int, int], None] | None = None,
-    forward: ForwardFn | None = None,
+    compiler: StepCompiler | None = None,
 ) -> dict[str, Tensor]:
     """IG of one batch already on the adapter's device; per-sample results (RESULT_KEYS) on the CPU.
 
     `on_chunk(done, total)` reports progress within the batch (steps when batched, samples otherwise);
-    `forward` defaults to the adapter's `logits_from_embeds` (see `model_forward`).
+    `compiler` (see `step_compiler`) compiles the forward of the steps of the batched path.
     """
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
@@ -106,17 +107,26 @@ def attribute_batch(
     baselines = baseline_embeddings(adapter, ids, mask, embeds, settings.baseline_token)
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
     target = batch_target(settings.target, batch, n_outputs)
-    forward = forward or adapter.logits_from_embeds
+    forward = adapter.logits_from_embeds
     common = {
         "n_steps": settings.n_steps,
         "method": settings.method,
         "precision": settings.precision,
+        "cast_weights": settings.cast_weights,
         "context": context,
         "model": adapter.model,
     }
     if settings.optimized:
         result = integrated_gradients(
-            forward, embeds, baselines, mask, target, alpha_batch_size=planner, on_chunk=on_chunk, **common
+            forward,
+            embeds,
+            baselines,
+            mask,
+            target,
+            alpha_batch_size=planner,
+            compiler=compiler,
+            on_chunk=on_chunk,
+            **common,
         )
     else:
         result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_sample=on_chunk, **common)

@@ -22,8 +22,9 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs.attribution.check import compare_paths
+from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas
-from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, model_forward
+from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
     sample_records,
@@ -32,13 +33,23 @@ from gpuopt_tui.jobs.attribution.outputs import (
     write_jsonl,
     write_tensors,
 )
+from gpuopt_tui.jobs.attribution.precision import NonFiniteGradients
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, length_sorted_order, load_dataset, trim_batch
-from gpuopt_tui.jobs.device import free_memory, is_oom, resolve_device
+from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
 
 PLAN_FILE = "plan.json"
-RESULT_SETTINGS = ("n_steps", "method", "precision", "target", "baseline", "baseline_token", "optimized")
+RESULT_SETTINGS = (
+    "n_steps",
+    "method",
+    "precision",
+    "cast_weights",
+    "target",
+    "baseline",
+    "baseline_token",
+    "optimized",
+)
 RANKING = "mean share of the sample's total |attribution| per occurrence (structure tokens and zeros excluded)"
 
 
@@ -47,17 +58,19 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     device = resolve_device(profile.run.device)
     adapter = load_adapter(profile.model, device, ctx.cache_dir)
     ds = load_dataset(profile.data, adapter).head(section.n_samples)
-    settings = Settings.resolve(section, adapter, device)
+    settings = Settings.resolve(section, adapter, device, len(ds))
     plan = plan_batches(ds, section.batch_size, section.length_bucketing)
     _check_plan(ctx, settings, plan)
-    mode = "batched" if settings.optimized else "one sample and one step at a time"
     ctx.log(
         f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {settings.n_steps} steps "
-        f"({settings.method}, {settings.precision}, {mode})"
+        f"({settings.method}, {_describe_mode(settings)})"
     )
-    _attribute_pending(ctx, adapter, ds, settings, plan)
+    compiler = step_compiler(settings, ctx.event)
+    _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
+    if compiler is not None and compiler.error is not None:
+        ctx.warn(f"torch.compile failed, the steps ran without it: {compiler.error}")
     collected, seconds = _gather(ctx, ds, len(plan))
-    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds)
+    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler)
     if section.check_samples > 0:
         check = compare_paths(adapter, ds, settings, section.check_samples)
         write_json(ctx.results_dir / "check.json", check)
@@ -65,6 +78,13 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.metric("check_max_rel_diff", check["max_rel_diff"])
         summary["check_max_rel_diff"] = check["max_rel_diff"]
     return summary
+
+
+def _describe_mode(settings: Settings) -> str:
+    if not settings.optimized:
+        return f"{settings.precision}, one sample and one step at a time"
+    weights = f"{settings.precision} weights" if settings.cast_weights else settings.precision
+    return f"{weights}, batched" + (", compiled" if settings.compile else "")
 
 
 def plan_batches(ds: TextDataset, batch_size: int, bucketing: bool) -> list[list[int]]:
@@ -96,10 +116,10 @@ def _attribute_pending(
     ds: TextDataset,
     settings: Settings,
     plan: list[list[int]],
+    compiler: StepCompiler | None,
 ) -> None:
     """Attribute every batch of the plan that has no shard yet; one shard per finished batch."""
     planner = settings.planner(ctx.event)
-    forward = model_forward(adapter, settings)
     total = len(ds)
     pending = [j for j in range(len(plan)) if not ctx.shard_done(shard_name(j))]
     done = total - sum(len(plan[j]) for j in pending)
@@ -107,6 +127,19 @@ def _attribute_pending(
         ctx.log(f"resuming: {len(plan) - len(pending)} of {len(plan)} batches were already done")
     ctx.reset_rate()
     ctx.progress(done, total, stage="attribution")
+
+    def with_bf16_fallback(batch: Batch, on_chunk: Callable[[int, int], None]) -> dict[str, Tensor]:
+        """IG of a batch; in bf16 again when fp16 overflowed (bf16 has fp32's range)."""
+        try:
+            return attribute_batch(adapter, batch, settings, planner, on_chunk, compiler)
+        except NonFiniteGradients:
+            if settings.precision != "fp16" or not amp_dtype_supported(adapter.device, "bf16"):
+                raise
+        rows = batch["input_ids"].shape[0]
+        ctx.event("fp16_overflow", rows=rows)
+        ctx.warn(f"fp16 overflowed on a batch of {rows} samples: that batch was redone in bf16")
+        bf16 = dataclasses.replace(settings, precision="bf16")
+        return attribute_batch(adapter, batch, bf16, planner, on_chunk, compiler)
 
     def attribute(batch: Batch, offset: int) -> dict[str, Tensor]:
         """IG of a batch; when even one step does not fit in memory, its two halves one after the other."""
@@ -117,7 +150,7 @@ def _attribute_pending(
             ctx.progress(offset + rows * part // parts, total, stage="attribution")
 
         try:
-            return attribute_batch(adapter, batch, settings, planner, on_chunk, forward)
+            return with_bf16_fallback(batch, on_chunk)
         except Exception as exc:
             if not is_oom(exc):
                 raise
@@ -187,6 +220,7 @@ def _write_results(
     section: AttributionSection,
     settings: Settings,
     seconds: float,
+    compiler: StepCompiler | None,
 ) -> dict[str, Any]:
     """The three result files; returns the short summary for the run's `finished` event."""
     structure = adapter.special_ids.non_content()
@@ -223,7 +257,12 @@ def _write_results(
             "top_k_sample": section.top_k_sample,
             "min_token_count": section.min_token_count,
         },
-        "timing": {"compute_seconds": seconds, "samples_per_s": rate},
+        "timing": {
+            "compute_seconds": seconds,
+            "samples_per_s": rate,
+            "compile_seconds": None if compiler is None else compiler.compile_seconds,
+            "compile_error": None if compiler is None else compiler.error,
+        },
         "deltas": deltas,
         "ranking": RANKING,
         "top_k": top,

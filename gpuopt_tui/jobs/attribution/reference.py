@@ -20,6 +20,7 @@ from gpuopt_tui.jobs.attribution.common import (
     resolve_target,
     selected,
 )
+from gpuopt_tui.jobs.attribution.precision import StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
 from gpuopt_tui.jobs.device import autocast
 
@@ -34,12 +35,14 @@ def integrated_gradients_reference(
     n_steps: int = 50,
     method: str = "gausslegendre",
     precision: str = "fp32",
+    cast_weights: bool = False,
     endpoint_precision: str | None = None,
     context: Mapping[str, Tensor] | None = None,
     model: nn.Module | None = None,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> IGResult:
-    """Same contract as `integrated_gradients`, computed with one forward/backward per (sample, step).
+    """Same contract as `integrated_gradients` (without compilation), computed with one forward/backward per
+    (sample, step).
 
     `on_sample(done_samples, n_samples)` is called after every sample.
     """
@@ -50,23 +53,28 @@ def integrated_gradients_reference(
     context = dict(context or {})
     alphas, weights = step_rule(method, n_steps)
     batch = inputs.shape[0]
-    with frozen_parameters(module_of(forward, model)):
+    step = StepPrecision.of(precision, cast_weights)
+    module = module_of(forward, model)
+    with frozen_parameters(module):
         endpoints = resolve_endpoint_precision(precision, endpoint_precision)
         out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, context, endpoints)
         target = resolve_target(target, out_x)
         grads = torch.zeros_like(inputs)
-        for i in range(batch):
-            one = slice(i, i + 1)
-            mask = None if attention_mask is None else attention_mask[one]
-            sample_context = {k: v[one] for k, v in context.items()}
-            sample_target = None if target is None else target[one]
-            for alpha, weight in zip(alphas.tolist(), weights.tolist()):
-                point = (baselines[one] + alpha * (inputs[one] - baselines[one])).requires_grad_()
-                with torch.enable_grad():
-                    with autocast(inputs.device, precision):
-                        out = forward(point, mask, sample_context)
-                    (grad,) = torch.autograd.grad(selected(out.to(acc), sample_target).sum(), point)
-                grads[i] += weight * grad[0]
-            if on_sample is not None:
-                on_sample(i + 1, batch)
+        step_context = step.context(context)
+        with weights_cast(module, step.weights):
+            for i in range(batch):
+                one = slice(i, i + 1)
+                mask = None if attention_mask is None else attention_mask[one]
+                sample_context = {k: v[one] for k, v in step_context.items()}
+                sample_target = None if target is None else target[one]
+                for alpha, weight in zip(alphas.tolist(), weights.tolist()):
+                    point = step.inputs(baselines[one] + alpha * (inputs[one] - baselines[one])).requires_grad_()
+                    with torch.enable_grad():
+                        with autocast(inputs.device, step.autocast):
+                            out = forward(point, mask, sample_context)
+                        (grad,) = torch.autograd.grad(selected(out.to(acc), sample_target).sum(), point)
+                    grads[i] += weight * grad[0].to(acc)
+                if on_sample is not None:
+                    on_sample(i + 1, batch)
+    check_finite(grads, precision)
     return finish(grads, inputs, baselines, out_x, out_b, target)
