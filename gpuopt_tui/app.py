@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
@@ -30,6 +30,10 @@ from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.registry import KIND_SCREENS, SCREEN_NAMES, SCREENS
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
+
+if TYPE_CHECKING:
+    from gpuopt_tui.ui.screens.gpu import GpuView
 
 _IMPORTED_AT = time.perf_counter()
 logger = logging.getLogger(__name__)
@@ -83,7 +87,14 @@ class GpuOptApp(App[int]):
         Binding("q", "quit", "Quit", id="app.quit", tooltip="Quit (runs keep going)"),
     ]
 
-    def __init__(self, replay: Path | None = None, readonly: bool = False, screen: str = "dashboard") -> None:
+    def __init__(
+        self,
+        replay: Path | None = None,
+        readonly: bool = False,
+        screen: str = "dashboard",
+        telemetry: GpuTelemetry | None = None,
+    ) -> None:
+        """`telemetry`: a GPU source and history to show instead of live NVML or `replay` (tests, screenshots)."""
         self.DEFAULT_MODE = screen  # the first screen is built directly, with no blank screen before it
         super().__init__()
         for spec in SCREENS:
@@ -95,7 +106,7 @@ class GpuOptApp(App[int]):
         self.startup_seconds: float | None = None
         self._previous_screen = "dashboard"
         self._recent_errors: dict[str, float] = {}
-        self._telemetry: GpuTelemetry | None = None
+        self._telemetry = telemetry
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
 
@@ -130,24 +141,27 @@ class GpuOptApp(App[int]):
         # while a dialog is open, answer it first
         return not (action == "show" and isinstance(self.screen, ModalScreen))
 
+    def _show_on(self, name: str, method: str, *args: object) -> None:
+        """Switch to a screen and call one of its methods once it is shown (`select_run`, `select_gpu`)."""
+        self.action_show(name)
+        call = getattr(self.screen, method, None)
+        if callable(call):
+            self.call_after_refresh(call, *args)
+
     def show_run(self, run_id: str) -> None:
         """Open the runs screen on one run."""
-        self.action_show("runs")
-        screen = self.screen
-        select = getattr(screen, "select_run", None)
-        if callable(select):
-            self.call_after_refresh(select, run_id)
+        self._show_on("runs", "select_run", run_id)
 
-    def on_gpu_screen_run_requested(self, message: Any) -> None:
+    def on_gpu_view_run_requested(self, message: GpuView.RunRequested) -> None:
         self.show_run(message.run_id)
 
-    def on_gpu_panel_selected(self, message: Any) -> None:
-        self.action_show("gpu")
+    def on_gpu_panel_selected(self, message: GpuPanel.Selected) -> None:
+        self._show_on("gpu", "select_gpu", message.index)
 
     def gpu_telemetry(self) -> GpuTelemetry:
         """The telemetry source and history shared by the GPU panel and the GPU screen, opened on first use."""
         if self._telemetry is None:
-            self._telemetry = GpuTelemetry(self)
+            self._telemetry = GpuTelemetry.open(self.replay, self.active_run_pids)
         return self._telemetry
 
     def active_run_pids(self) -> dict[int, str]:
@@ -226,11 +240,17 @@ class GpuOptApp(App[int]):
         self.report_error(f"{type(error).__name__}: {error}", title=f"{event.worker.name or 'background task'} failed")
 
 
-def make_app(replay: Path | None = None, readonly: bool = False, screen: str | None = None) -> GpuOptApp:
-    """The app as the CLI runs it; raises UserError for a bad screen name or a missing trace file."""
+def make_app(
+    replay: Path | None = None,
+    readonly: bool = False,
+    screen: str | None = None,
+    telemetry: GpuTelemetry | None = None,
+) -> GpuOptApp:
+    """The app as the CLI runs it; raises UserError for a bad screen name or a missing trace file.
+    `telemetry` replaces the GPU source (see GpuOptApp)."""
     screen = screen or "dashboard"
     if screen not in SCREEN_NAMES:
         raise UserError(f"unknown screen {screen!r}; expected one of: {', '.join(SCREEN_NAMES)}")
     if replay is not None and not Path(replay).is_file():
         raise UserError(f"{replay}: no such trace file (record one with `gpuopt-tui gpu --record FILE`)")
-    return GpuOptApp(replay=replay, readonly=readonly, screen=screen)
+    return GpuOptApp(replay=replay, readonly=readonly, screen=screen, telemetry=telemetry)

@@ -11,6 +11,7 @@ import time
 import traceback
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 from gpuopt_tui import __version__
 from gpuopt_tui.core.errors import UserError
@@ -32,14 +33,27 @@ def _commands() -> list[ModuleType]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Unparsed(Exception):
+    """The options alone do not explain the command line."""
+
+
+class _OptionsOnlyParser(argparse.ArgumentParser):
+    """Raises instead of printing usage and exiting: the full parser is the one that reports errors."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Unparsed(message)
+
+
+def _global_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The command and its options, without the subcommands."""
+    parser = cls(
         prog="gpuopt-tui",
         description=(
             "Fast GPU interpretability runs (Integrated Gradients, TracIn, layer probing), a live GPU panel "
             "and a memory planner. Without a subcommand the terminal UI starts."
         ),
         epilog=SSH_HINT,
+        add_help=cls is not _OptionsOnlyParser,
     )
     parser.add_argument("--version", action="version", version=f"gpuopt-tui {__version__}")
     parser.add_argument(
@@ -53,12 +67,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--screen", help="TUI: screen to open first (dashboard, attribution, tracin, ablation, planner, runs, gpu)"
     )
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: every subcommand, with its module imported."""
+    parser = _global_parser()
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _commands():
         sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.configure(sub)
         sub.set_defaults(handler=module.run)
     return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The TUI's command line is parsed without importing a subcommand module (they are not needed to start
+    the app); a subcommand, --help, or anything the options alone do not explain takes the full parser."""
+    try:
+        args, rest = _global_parser(_OptionsOnlyParser).parse_known_args(argv)
+        if not rest:
+            return args
+    except _Unparsed:
+        pass
+    return build_parser().parse_args(argv)
 
 
 def _crash_log(exc: BaseException) -> Path | None:
@@ -83,8 +115,7 @@ def run_tui(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     if args.runs_dir:
         os.environ["GPUOPT_TUI_RUNS_DIR"] = str(args.runs_dir.expanduser().resolve())
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -3,10 +3,13 @@
 The runs are made the way a user makes them, with the CLI, in a data directory of their own: the demo
 profile of each kind that has an engine runs to the end; one run is given a model directory copied without
 its weights (it fails, and says why); one is cancelled part way; one long run is left going while the
-screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those runs or from this
-machine. The GPU panel shows what this machine has, or a recorded trace given with --replay.
+screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those runs, from this
+machine, or from a recorded GPU trace: by default the GPU panel and the GPU screen replay
+tests/fixtures/traces/h200_ig_bench.jsonl (NVML samples recorded on an NVIDIA H200 while the IG benchmark ran),
+held at its busiest sample with the samples before it in the history plots; their captions say so.
 
-usage: python screenshots/generate.py [--out DIR] [--data DIR] [--replay TRACE] [--keep-runs]
+usage: python screenshots/generate.py [--out DIR] [--data DIR] [--replay TRACE [--replay-start N] | --live]
+                                      [--keep-runs]
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ from typing import Any
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.events import read_events
+from gpuopt_tui.core.profiles.io import atomic_write_text
 from gpuopt_tui.core.runs import engine_available, find_run
+from gpuopt_tui.core.telemetry.replay import Trace, read_trace
+from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.registry import SCREENS
 
 SIZE = (120, 40)
 HERE = Path(__file__).resolve().parent
 LONG_RUN = ("--set", "attribution.n_steps=8000", "--set", "attribution.batch_size=1")
+H200_TRACE = HERE.parent / "tests" / "fixtures" / "traces" / "h200_ig_bench.jsonl"
+H200_CAPTION = "GPU: replay of NVML samples recorded on an NVIDIA H200 during the IG benchmark"
+GPU_SCREENS = ("dashboard", "gpu")  # the screens that show the GPUs
 
 
 def cli(*args: str, check: bool = True) -> str:
@@ -75,26 +84,40 @@ def make_runs(data: Path) -> str | None:
     return running
 
 
-async def shoot(out: Path, replay: Path | None) -> None:
+def gpu_caption(trace: Trace | None) -> str:
+    if trace is None:
+        return "GPU: this machine's NVML"
+    return H200_CAPTION if trace.path.resolve() == H200_TRACE else f"GPU: replay of {trace.path.name}"
+
+
+def save(app: Any, out: Path, name: str, caption: str) -> None:
+    atomic_write_text(out / name, app.export_screenshot(title=caption))
+
+
+async def shoot(out: Path, trace: Trace | None, start: int, gpu_caption: str) -> None:
+    """Every screen; the GPUs from `trace` (held at sample `start`), or from this machine's NVML."""
+
     async def settle(pilot: Any) -> None:
         await pilot.pause(1.5)  # a few polls of runs and GPUs
         await pilot.app.workers.wait_for_complete()
         await pilot.pause(0.3)
 
     for spec in SCREENS:
-        app = make_app(replay=replay, screen=spec.name)
+        telemetry = None if trace is None else GpuTelemetry.from_trace(trace, start, start + 1, speed=None, loop=False)
+        caption = f"gpuopt-tui · {gpu_caption}" if spec.name in GPU_SCREENS else "gpuopt-tui"
+        app = make_app(screen=spec.name, telemetry=telemetry)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
             if spec.name == "planner":
                 await pilot.press("ctrl+e")
                 await settle(pilot)
-            app.save_screenshot(f"{spec.name}.svg", path=str(out))
+            save(app, out, f"{spec.name}.svg", caption)
             if spec.name == "runs":
                 failed = next((r for r in app.runs.runs if r.status == "failed"), None)
                 if failed is not None:
                     app.screen.select_run(failed.id)  # type: ignore[attr-defined]
                     await settle(pilot)
-                    app.save_screenshot("runs-failed.svg", path=str(out))
+                    save(app, out, "runs-failed.svg", caption)
         print(f"  {spec.name}", flush=True)
 
 
@@ -104,9 +127,28 @@ def main() -> int:
     parser.add_argument(
         "--data", type=Path, default=Path("/tmp/gpuopt-tui-screenshots"), help="data directory for the runs"
     )
-    parser.add_argument("--replay", type=Path, help="a GPU trace recorded with `gpuopt-tui gpu --record`")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--replay",
+        type=Path,
+        default=H200_TRACE,
+        help="a GPU trace recorded with `gpuopt-tui gpu --record` (default: the H200 trace in tests/fixtures)",
+    )
+    gpu.add_argument("--live", action="store_true", help="show this machine's GPUs instead of a trace")
+    parser.add_argument(
+        "--replay-start",
+        type=int,
+        help="the sample of the trace shown; those before it fill the history plots "
+        "(default: the busiest: most memory in use, weighted by SM utilisation)",
+    )
     parser.add_argument("--keep-runs", action="store_true", help="reuse the runs already in --data")
     args = parser.parse_args()
+    trace = None if args.live else read_trace(args.replay)
+    start = 0
+    if trace is not None:
+        start = busiest_sample(trace) if args.replay_start is None else args.replay_start
+        if not 0 <= start < len(trace.snapshots):
+            parser.error(f"--replay-start {start}: {args.replay} has samples 0 to {len(trace.snapshots) - 1}")
     os.environ["GPUOPT_TUI_HOME"] = str(args.data.resolve())
     os.environ.pop("GPUOPT_TUI_RUNS_DIR", None)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -119,7 +161,7 @@ def main() -> int:
         running = make_runs(args.data)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        asyncio.run(shoot(args.out, args.replay))
+        asyncio.run(shoot(args.out, trace, start, gpu_caption(trace)))
     finally:
         if running is not None:
             cli("cancel", running, check=False)

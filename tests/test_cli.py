@@ -38,6 +38,23 @@ def test_help_of_the_command_and_every_subcommand(capsys: pytest.CaptureFixture[
         assert "usage: gpuopt-tui" in capsys.readouterr().out
 
 
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"    {name} " in out for name in subcommands()), out
+
+
+def test_the_tui_command_line_imports_no_subcommand_module() -> None:
+    code = (
+        "import sys; from gpuopt_tui.cli import parse_args\n"
+        "args = parse_args(['--readonly', '--screen', 'gpu', '--replay', 'trace.jsonl'])\n"
+        "print(args.readonly, args.screen, args.replay, [m for m in sys.modules if m.startswith('gpuopt_tui.commands')])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == ["True", "gpu", "trace.jsonl", "[]"]
+
+
 def test_help_runs_as_a_process_without_importing_torch() -> None:
     code = "import sys; from gpuopt_tui.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.syntax import Syntax
-from rich.table import Table
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.plan_files import config_files, restorable
+from gpuopt_tui.core.plan_report import (
+    STAGES_TITLE,
+    breakdown_table,
+    candidates_table,
+    header_lines,
+    recommendation_text,
+    stages_table,
+)
 from gpuopt_tui.core.planner import session, yamledit
-from gpuopt_tui.core.planner.compose import compose
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan
-from gpuopt_tui.core.planner.search import Candidate, Recommendation
+from gpuopt_tui.core.planner.search import Recommendation
 from gpuopt_tui.core.profiles.io import apply_overrides, find_profile, load_profile, profile_from_data
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import to_plain
@@ -176,44 +182,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _header(out: Console, inputs: session.PlanInputs) -> None:
-    spec, s = inputs.spec, inputs.setup
-    out.print(
-        f"[bold]model[/] {inputs.model.label}: {spec.model_type} {spec.task}, {spec.layers} layers, hidden "
-        f"{spec.hidden}, {spec.params / 1e6:.1f}M parameters"
-    )
-    lora = f" (r={s.lora_rank}, {','.join(s.lora_targets)})" if s.trainable == "lora" else ""
-    samples = f", {s.n_positives}+{s.n_negatives} samples per anchor" if s.sequences_per_example > 1 else ""
-    out.print(
-        f"[bold]setup[/] {s.precision}, {s.optimizer}, trains {s.trainable}{lora}, checkpointing "
-        f"{'on' if s.gradient_checkpointing else 'off'}, seq {s.seq_len}, micro-batch {s.micro_batch} x "
-        f"accumulate {s.accumulate} x {s.n_gpus} GPU(s) = {s.effective_batch}{samples}"
-    )
-    out.print(
-        f"[bold]budget[/] {inputs.budget.margin:.0%} of {human_bytes(inputs.gpu.total)} ({inputs.gpu.label}) = "
-        f"{human_bytes(inputs.budget.limit)}"
-    )
+    for line in header_lines(inputs):
+        out.print(line)
     for note in inputs.notes:
         out.print(f"[yellow]note[/] {note}")
 
 
 def _breakdown(out: Console, est: Estimate, inputs: session.PlanInputs) -> None:
-    table = Table(
-        title=f"current setup: {est.tier}, peak at {est.phase}", box=None, header_style="bold", title_justify="left"
-    )
-    table.add_column("component")
-    table.add_column("size", justify="right")
-    table.add_column("at peak", justify="center")
-    table.add_column("how", style="dim")
-    for c in est.components:
-        table.add_row(c.label, human_bytes(c.bytes), "yes" if c.in_peak else "", c.note)
-    table.add_section()
-    table.add_row(
-        "[bold]peak reserved by torch[/]", human_bytes(est.reserved), "", "what torch.cuda.max_memory_reserved() shows"
-    )
-    table.add_row(
-        "[bold]total on the GPU[/]", human_bytes(est.total), "", "with the CUDA context (what nvidia-smi shows)"
-    )
-    out.print(table)
+    out.print(breakdown_table(est, title=f"current setup: {est.tier}, peak at {est.phase}"))
     verdict = "within" if est.total <= inputs.budget.limit else "[red]over[/]"
     out.print(
         f"the current setup uses {est.total / inputs.gpu.total:.0%} of the GPU, {verdict} the "
@@ -221,65 +197,11 @@ def _breakdown(out: Console, est: Estimate, inputs: session.PlanInputs) -> None:
     )
 
 
-def _utilisation(c: Candidate) -> str:
-    colour = "green" if c.fits and c.utilisation >= 0.6 else ("yellow" if c.fits else "red")
-    return f"[{colour}]{c.utilisation:.0%}[/]"
-
-
 def _recommendation(out: Console, rec: Recommendation) -> None:
-    table = Table(
-        title=f"candidates ({rec.tier}), effective batch target {rec.target}",
-        box=None,
-        header_style="bold",
-        title_justify="left",
-    )
-    for column in ("", "micro-batch", "accumulate", "effective", "deviation", "memory", "of GPU", "fits"):
-        table.add_column(column, justify="left" if not column else "right")
-    same = [
-        c for c in rec.candidates if (c.micro_batch, c.accumulate) == (rec.chosen.micro_batch, rec.chosen.accumulate)
-    ]
-    chosen = same[0] if same else rec.chosen
-    rows = [c for c in (rec.current, *rec.candidates, *([] if same else [rec.chosen])) if c is not None]
-    for c in rows:
-        deviation = f"{c.deviation:+.1%}" if c.deviation else "exact"
-        table.add_row(
-            f"[bold]> {c.label}[/]" if c is chosen else f"  {c.label}",
-            str(c.micro_batch),
-            str(c.accumulate),
-            str(c.effective_batch),
-            deviation,
-            human_bytes(c.peak),
-            _utilisation(c),
-            "yes" if c.fits else "[red]no[/]",
-        )
-    out.print(table)
-    out.print(
-        f"> recommended ({rec.mode}): micro-batch {rec.chosen.micro_batch} x accumulate {rec.chosen.accumulate}; "
-        f"largest micro-batch under the budget: {rec.b_max}"
-    )
+    out.print(candidates_table(rec, title=f"candidates ({rec.tier}), effective batch target {rec.target}"))
+    out.print(recommendation_text(rec))
     if rec.stages:
-        stages = Table(title="curriculum stages", box=None, header_style="bold", title_justify="left")
-        for column in (
-            "stage",
-            "n_pos",
-            "n_neg",
-            "largest micro-batch",
-            "memory at chosen",
-            "of GPU",
-            "most samples at chosen",
-        ):
-            stages.add_column(column, justify="left" if column == "stage" else "right")
-        for p in rec.stages:
-            stages.add_row(
-                p.stage.name,
-                str(p.stage.n_positives),
-                str(p.stage.n_negatives),
-                str(p.b_max),
-                human_bytes(p.peak),
-                f"{p.utilisation:.0%}",
-                f"{p.max_positives} + {p.max_negatives}",
-            )
-        out.print(stages)
+        out.print(stages_table(rec.stages, title=STAGES_TITLE))
 
 
 def _measured(out: Console, plan: MeasuredPlan) -> None:
@@ -330,17 +252,16 @@ def _undo(out: Console, profile: PlanProfile, yes: bool) -> int:
     p = profile.plan
     if not p.config:
         raise UserError("--undo needs --config FILE (the config that was written)")
-    files = [layer.path for layer in compose(Path(p.config).expanduser(), p.overrides).layers]
-    files += [Path(s).expanduser() for s in p.stages]
-    restorable = list(dict.fromkeys(f for f in files if yamledit.backup_path(f).is_file()))
-    if not restorable:
-        raise UserError(f"no .backup files next to {', '.join(str(f) for f in dict.fromkeys(files))}")
-    for path in restorable:
+    files = config_files(p)
+    backed_up = restorable(files)
+    if not backed_up:
+        raise UserError(f"no .backup files next to {', '.join(str(f) for f in files)}")
+    for path in backed_up:
         _show_diff(out, yamledit.undo_preview(path))
-    if not _confirm(out, f"restore {len(restorable)} file(s) from their backups?", yes):
+    if not _confirm(out, f"restore {len(backed_up)} file(s) from their backups?", yes):
         out.print("nothing restored")
         return 1
-    for path in restorable:
+    for path in backed_up:
         yamledit.undo(path)
         out.print(f"restored {path}")
     return 0

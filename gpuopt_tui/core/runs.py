@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ class RunInfo:
     summary: dict[str, Any] = field(default_factory=dict)
     ended: float | None = None
     corrupt_lines: int = 0
+    started: float | None = None  # when the current attempt started (its `started` event), None before that
 
     @property
     def active(self) -> bool:
@@ -113,12 +115,17 @@ class RunInfo:
 
 
 class RunWatcher:
-    """Keeps an incremental reader per run so repeated refreshes read only new events."""
+    """Keeps an incremental reader per run so repeated refreshes read only new events.
+
+    Idle refreshes stay cheap with hundreds of runs: meta.json and pid.json are parsed again only when their
+    stat changes, events.jsonl is opened only when it grew, and a finished run's process is not looked up.
+    """
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or runs_dir()
         self._tails: dict[str, EventTail] = {}
         self._state: dict[str, dict[str, Any]] = {}
+        self._files: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}  # path -> (stat key, data)
 
     def run_dirs(self) -> list[Path]:
         if not self.root.is_dir():
@@ -126,23 +133,57 @@ class RunWatcher:
         return sorted((p for p in self.root.iterdir() if (p / "meta.json").is_file()), reverse=True)
 
     def refresh(self) -> list[RunInfo]:
-        """All runs, newest first."""
-        infos = [self.info(d) for d in self.run_dirs()]
+        """All runs, newest first (by creation time: ids made in the same second differ only in a random part)."""
+        reap_children()
+        infos = sorted((self.info(d) for d in self.run_dirs()), key=lambda i: (i.created, i.id), reverse=True)
         live = {i.id for i in infos}
         for gone in set(self._tails) - live:
-            self._tails.pop(gone, None)
+            run_dir = self._tails.pop(gone).path.parent
             self._state.pop(gone, None)
+            for name in ("meta.json", "pid.json"):
+                self._files.pop(run_dir / name, None)
         return infos
+
+    def _json(self, path: Path) -> dict[str, Any] | None:
+        """A JSON object file, parsed again only when its stat changes (run files are replaced whole, by atomic
+        writes seconds apart); None when it is missing or unreadable."""
+        try:
+            st = path.stat()
+        except OSError:
+            self._files.pop(path, None)
+            return None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        self._files[path] = (key, data)
+        return data
+
+    def _new_events(self, run_id: str, path: Path) -> Iterator[dict[str, Any]]:
+        tail = self._tails.setdefault(run_id, EventTail(path))
+        try:
+            grown = path.stat().st_size != tail.offset
+        except OSError:
+            grown = False
+        if grown:
+            yield from tail.read()
+            tail.events.clear()  # only the folded state is kept
 
     def info(self, run_dir: Path) -> RunInfo:
         run_id = run_dir.name
-        try:
-            meta = json.loads((run_dir / "meta.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        meta = self._json(run_dir / "meta.json")
+        if meta is None:
             return RunInfo(run_id, run_dir, "?", run_id, 0.0, "missing", message="run directory is gone or unreadable")
-        tail = self._tails.setdefault(run_id, EventTail(run_dir / "events.jsonl"))
-        state = self._state.setdefault(run_id, {"last": None, "progress": {}, "attempt": 0, "summary": {}})
-        for event in tail.read():
+        state = self._state.setdefault(
+            run_id, {"last": None, "progress": {}, "attempt": 0, "summary": {}, "started": None}
+        )
+        for event in self._new_events(run_id, run_dir / "events.jsonl"):
             etype = event["type"]
             if etype == "progress":
                 state["progress"] = event
@@ -151,9 +192,9 @@ class RunWatcher:
                 if etype == "started":
                     state["attempt"] = int(event.get("attempt", state["attempt"] + 1))
                     state["progress"] = {}
+                    state["started"] = event.get("t")
                 elif etype == "finished":
                     state["summary"] = event.get("summary") or {}
-        tail.events.clear()  # only the folded state is kept
         info = RunInfo(
             id=run_id,
             dir=run_dir,
@@ -164,17 +205,17 @@ class RunWatcher:
             attempt=state["attempt"],
             progress=state["progress"],
             summary=state["summary"],
-            corrupt_lines=tail.corrupt_lines,
+            corrupt_lines=self._tails[run_id].corrupt_lines,
+            started=state["started"],
         )
-        pid_info = _read_json(run_dir / "pid.json")
+        pid_info = self._json(run_dir / "pid.json") or {}
         info.pid = pid_info.get("pid")
-        alive = bool(info.pid) and pid_alive(int(info.pid), pid_info.get("start_time"))
         last = state["last"]
-        if (
-            last is not None
-            and last["type"] in TERMINAL_TYPES
-            and not (alive and pid_info.get("attempt", 0) > state["attempt"])
-        ):
+        ended = last is not None and last["type"] in TERMINAL_TYPES
+        newer_attempt = pid_info.get("attempt", 0) > state["attempt"]  # resumed: its `started` is not written yet
+        # the process of an attempt that reported its end is not looked up: that attempt is over either way
+        alive = bool(info.pid) and (newer_attempt or not ended) and pid_alive(int(info.pid), pid_info.get("start_time"))
+        if ended and not (alive and newer_attempt):
             info.status = last["type"]
             info.message = str(last.get("message", ""))
             info.ended = last.get("t")
@@ -184,6 +225,13 @@ class RunWatcher:
             info.status = "crashed"
             info.message = "the run's process ended without reporting why; see its log"
         return info
+
+
+def reap_children() -> None:
+    """Collect the exit status of runs this process started that have ended (no zombies left behind)."""
+    for pid, child in list(_children.items()):
+        if child.poll() is not None:
+            del _children[pid]
 
 
 def _read_json(path: Path) -> dict[str, Any]:

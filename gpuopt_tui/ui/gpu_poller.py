@@ -8,6 +8,7 @@ handled, so polls never overlap and a busy UI slows polling down instead of queu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from textual import work
 from textual.dom import NoScreen
@@ -23,10 +24,11 @@ from gpuopt_tui.core.telemetry.snapshot import Snapshot
 
 
 class GpuPoller(Widget):
-    """An invisible helper: polls `source` every `interval` seconds while its parent is on the current screen.
+    """An invisible helper: polls `source` every `interval` seconds while its parent is on the current screen
+    (and `when()` holds, if given).
 
-    The first poll runs at mount whatever the visibility, so NVML starts (in the worker thread) while the
-    app paints its first frame."""
+    Without `when`, the first poll runs at mount whatever the visibility, so NVML starts (in the worker thread)
+    while the app paints its first frame."""
 
     DEFAULT_CSS = "GpuPoller { display: none; }"
 
@@ -38,15 +40,27 @@ class GpuPoller(Widget):
             self.snapshot = snapshot
             self.seconds = seconds
 
-    def __init__(self, source: TelemetrySource, interval: float = 1.0, *, id: str | None = None) -> None:
+    def __init__(
+        self,
+        source: TelemetrySource,
+        interval: float = 1.0,
+        *,
+        when: Callable[[], bool] | None = None,
+        id: str | None = None,
+    ) -> None:
         super().__init__(id=id)
         self.source = source
         self.interval = check_interval(interval)
+        self._when = when
         self._timer: Timer | None = None
-        self._missed = False  # a tick was skipped because the parent was hidden
+        self._missed = False  # a tick was skipped because the parent was hidden or polls were not wanted
 
     def on_mount(self) -> None:
-        self._poll()
+        if self._when is None or self._when():
+            self._poll()
+        else:
+            self._missed = True
+            self._arm()
 
     @work(thread=True, group="gpu-poll", exit_on_error=False)
     def _poll(self) -> None:
@@ -68,9 +82,9 @@ class GpuPoller(Widget):
 
     def _tick(self) -> None:
         self._timer = None
-        self._missed = not self.parent_visible()
+        self._missed = not (self.parent_visible() and (self._when is None or self._when()))
         if self._missed:
-            self._arm()  # only a cheap visibility check while hidden; no NVML call
+            self._arm()  # only cheap checks while hidden or not wanted; no NVML call
         else:
             self._poll()
 
@@ -86,7 +100,7 @@ class GpuPoller(Widget):
         return _screen_seen(screen) and (target is screen or target.is_on_screen)
 
     def wake(self) -> None:
-        """Poll now if ticks were skipped while hidden (call it when the parent is shown again)."""
+        """Poll now if ticks were skipped (call it when the parent is shown again, or `when()` became true)."""
         if self._missed and self._timer is not None:
             self._timer.stop()
             self._timer = None

@@ -14,7 +14,7 @@ import pytest
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
+from gpuopt_tui.core.profiles.io import atomic_write_text, load_profile, parse_toml, profile_from_data
 from gpuopt_tui.core.runs import RunWatcher, cancel_run, create_run, find_run, pid_alive, resume_run
 
 
@@ -149,3 +149,68 @@ def test_pid_alive_detects_exit_and_reuse() -> None:
     proc.wait()
     time.sleep(0.05)
     assert not pid_alive(proc.pid)
+
+
+def test_meta_is_parsed_again_only_when_the_file_changes(runs_root: Path) -> None:
+    run_dir = make_run(runs_root, name="first")
+    meta_path = run_dir / "meta.json"
+    watcher = RunWatcher(runs_root)
+    assert watcher.refresh()[0].name == "first"
+    stat = meta_path.stat()
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "name": "other"}).ljust(stat.st_size))  # same size, inode, mtime
+    os.utime(meta_path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert watcher.refresh()[0].name == "first"  # not read again: the cached copy is used
+    os.utime(meta_path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert watcher.refresh()[0].name == "other"
+    meta_path.write_text("{not json")
+    assert watcher.refresh()[0].status == "missing"
+
+
+def test_started_is_the_start_of_the_current_attempt(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    set_pid(run_dir, None, attempt=2)
+    events = run_dir / "events.jsonl"
+    watcher = RunWatcher(runs_root)
+    assert watcher.info(run_dir).started is None
+    lines = [
+        {"t": 100.0, "type": "started", "attempt": 1},
+        {"t": 160.0, "type": "cancelled", "message": "by request"},
+        {"t": 5000.0, "type": "started", "attempt": 2},  # resumed more than an hour later
+        {"t": 5030.0, "type": "finished", "summary": {}},
+    ]
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines[:2]))
+    assert (watcher.info(run_dir).started, watcher.info(run_dir).ended) == (100.0, 160.0)
+    with events.open("a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in lines[2:]))
+    info = watcher.info(run_dir)
+    assert (info.status, info.attempt, info.started, info.ended) == ("finished", 2, 5000.0, 5030.0)
+
+
+def test_runs_of_the_same_second_are_ordered_by_creation_time(runs_root: Path) -> None:
+    created = {"ffff": 1_800_000_000.25, "0000": 1_800_000_000.75}  # the later one has the smaller random part
+    for suffix, t in created.items():
+        run_dir = runs_root / f"20270115-080000-attribution-{suffix}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "meta.json").write_text(json.dumps({"id": run_dir.name, "kind": "attribution", "created": t}))
+        set_pid(run_dir, None)
+        EventWriter(run_dir / "events.jsonl").emit("finished", summary={})
+    assert [i.id[-4:] for i in RunWatcher(runs_root).refresh()] == ["0000", "ffff"]
+
+
+def test_finished_runs_are_listed_without_looking_up_their_process(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = make_run(runs_root)
+    set_pid(run_dir, None)
+    writer = EventWriter(run_dir / "events.jsonl")
+    writer.emit("started", attempt=1)
+    writer.emit("finished", summary={"n": 1})
+    looked_up: list[int] = []
+    monkeypatch.setattr("gpuopt_tui.core.runs.pid_alive", lambda pid, start=None: looked_up.append(pid) or False)
+    watcher = RunWatcher(runs_root)
+    assert [(i.status, i.summary) for i in watcher.refresh()] == [("finished", {"n": 1})]
+    assert looked_up == []
+    resumed = {"pid": 999_999_999, "start_time": None, "attempt": 2}
+    atomic_write_text(run_dir / "pid.json", json.dumps(resumed))  # as launch() writes it; the new attempt decides
+    assert watcher.refresh()[0].status == "finished" and looked_up == [999_999_999]

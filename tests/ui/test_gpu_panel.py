@@ -1,4 +1,8 @@
-"""The GPU panel and GPU screen driven by a replayed trace: Pilot tests and SVG snapshots."""
+"""The GPU panel and GPU screen driven by replayed traces: Pilot tests and SVG snapshots.
+
+Real-looking pictures come from h200_ig_bench.jsonl, NVML samples recorded on an NVIDIA H200 while the IG
+benchmark ran; the synthetic trace covers what a real one rarely shows (N/A fields, a lost GPU, several GPUs,
+a process of a gpuopt-tui run)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,22 +20,31 @@ from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widgets import Static
 
+from gpuopt_tui.app import make_app
 from gpuopt_tui.core.telemetry import (
     GpuSample,
-    History,
     NoGpuSource,
     ProcessSample,
     ReplaySource,
     Snapshot,
     TraceWriter,
+    display,
     read_trace,
 )
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 from gpuopt_tui.ui.screens.gpu import GpuMonitorApp, GpuScreen, GpuView, HistoryPlot, ProcessList, plot_text
+from gpuopt_tui.ui.screens.gpu_slot import GpuAppScreen, GpuTelemetry, busiest_sample
+from gpuopt_tui.ui.screens.registry import SCREENS
+from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel, GpuRow, gpu_line
 
-SYNTHETIC = Path(__file__).parents[1] / "fixtures" / "traces" / "synthetic_3gpu.jsonl"
+from .conftest import make_run
+
+TRACES = Path(__file__).parents[1] / "fixtures" / "traces"
+SYNTHETIC = TRACES / "synthetic_3gpu.jsonl"
+H200 = TRACES / "h200_ig_bench.jsonl"
+BUSY = busiest_sample(read_trace(H200))  # the benchmark's largest batch
 NO_DRIVER = "no NVIDIA driver found (libnvidia-ml.so.1 is not installed)"
 SLOW = 3600.0  # an interval so long that only the poll at mount happens: a deterministic frame
 GIB = 1024**3
@@ -53,6 +67,11 @@ def replay_at(frame: int, loop: bool = True) -> ReplaySource:
     for _ in range(frame):
         source.poll()
     return source
+
+
+def h200_still(frame: int = BUSY) -> GpuTelemetry:
+    """Every poll returns sample `frame` of the H200 trace; the history holds the samples before it."""
+    return GpuTelemetry.from_trace(H200, start=frame, stop=frame + 1, speed=None, loop=False)
 
 
 class PanelApp(App):
@@ -88,6 +107,25 @@ async def test_the_panel_has_a_line_per_gpu_from_the_replayed_trace() -> None:
         assert not panel.query_one("#gpu-message").display
         await pilot.click(GpuRow, offset=(5, 0))
         await until(pilot, lambda: app.selected == [0])
+
+
+def shown(gpu: GpuSample) -> list[str]:
+    """The figures a panel line ends with: memory, SM utilisation, temperature, power."""
+    power = display.power(gpu.power_draw, gpu.power_limit)
+    return [display.memory(gpu, compact=True), f"{gpu.util_sm}%", display.temperature(gpu.temperature), power]
+
+
+async def test_the_panel_shows_the_recorded_h200() -> None:
+    panel = GpuPanel(h200_still().source, interval=SLOW)
+    async with PanelApp(panel).run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: len(panel.query(GpuRow)) == 1)
+        await pilot.pause()
+        line = panel.query_one(GpuRow).render().plain
+        gpu = read_trace(H200).snapshots[BUSY].gpus[0]
+        assert line.startswith("0 H200 ███") and line.split()[-4:] == shown(gpu)
+        assert shown(gpu)[0].endswith("/140.4G")  # an H200's 141 GB
+        assert panel.border_subtitle == "1 process"
+        assert "replay of h200_ig_bench.jsonl" in str(panel.border_title)
 
 
 async def test_a_lost_gpu_is_shown_as_lost() -> None:
@@ -156,15 +194,16 @@ async def test_eight_gpus_are_legible_at_100x30(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("width", [100, 70, 48, 40, 32])
 def test_a_gpu_line_fits_its_width_and_keeps_memory_and_util(width: int) -> None:
-    gpu = read_trace(SYNTHETIC).snapshots[0].gpus[0]
+    gpu = read_trace(H200).snapshots[BUSY].gpus[0]
     line = gpu_line(gpu, width)
+    memory, util, _, power = shown(gpu)
     assert line.cell_len <= width
-    assert "2.0/80.0G" in line.plain and "48%" in line.plain
-    assert ("360/700W" in line.plain) == (width >= 48)
+    assert memory in line.plain and util in line.plain
+    assert (power in line.plain) == (width >= 48)
 
 
 def test_a_row_is_redrawn_only_when_what_it_shows_changes() -> None:
-    first = read_trace(SYNTHETIC).snapshots[0].gpus[0]
+    first = read_trace(H200).snapshots[BUSY].gpus[0]
     row = GpuRow(first)
     redraws: list[object] = []
     row.refresh = lambda *a, **k: redraws.append(1)  # type: ignore[method-assign]
@@ -235,7 +274,8 @@ async def test_the_interval_below_the_minimum_is_refused() -> None:
 
 
 async def test_the_gpu_screen_shows_details_history_and_processes() -> None:
-    app = GpuMonitorApp(replay_at(0), interval=0.25)
+    telemetry = GpuTelemetry.from_trace(H200, start=BUSY - 4, speed=None)  # one sample a poll from there on
+    app = GpuMonitorApp(telemetry.source, interval=0.25)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = pilot.app.screen
         assert isinstance(screen, GpuScreen)
@@ -244,13 +284,24 @@ async def test_the_gpu_screen_shows_details_history_and_processes() -> None:
         )
         await pilot.pause()
         text = screen_text(pilot.app)
-        assert "GPU 0  Synthetic GPU A 80GB" in text and "UUID    GPU-00000000-synthetic-a" in text
-        assert "rx 1.2 MiB/s" in text and "MIG off" in text and "fan N/A" in text
+        first = read_trace(H200).snapshots[BUSY - 4]
+        assert "GPU 0  NVIDIA H200" in text and f"UUID    {first.gpus[0].uuid}" in text
+        assert "/140.4 GiB" in text and "MIG off" in text and "fan N/A" in text and "memory 3201 MHz" in text
         assert "read-only" in text  # a replay's pids belong to another machine
         plots = list(screen.query(HistoryPlot))
         assert all(sum(v is not None for v in plot.values) >= 1 for plot in plots)
         table = screen.query_one(ProcessList)
-        assert sorted(p.pid for p in table.processes.values()) == [4242, 5151, 6161, 7171]
+        assert [(p.pid, p.user) for p in table.processes.values()] == [(first.processes[0].pid, "user1")]
+        assert "python3 benchmarks/ig_bench.py" in text
+
+
+async def test_gpus_are_chosen_with_brackets_and_digits() -> None:
+    app = GpuMonitorApp(replay_at(0), interval=SLOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = pilot.app.screen
+        await until(pilot, lambda: screen.view.snapshot is not None)
+        await pilot.pause()
+        assert "GPU 0  Synthetic GPU A 80GB" in screen_text(pilot.app)
         await pilot.press("right_square_bracket")
         assert screen.view.selected == 1
         assert "GPU 1  Synthetic GPU B 80GB" in screen_text(pilot.app)
@@ -315,12 +366,12 @@ async def test_a_process_is_signalled_only_after_confirmation() -> None:
             table = screen.query_one(ProcessList)
             await until(pilot, lambda: len(table.processes) == 1)
             table.focus()
-            await pilot.press("t")
+            await pilot.press("T")
             await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
             await pilot.press("n")
             await until(pilot, lambda: pilot.app.screen is screen)
             assert child.poll() is None
-            await pilot.press("t")
+            await pilot.press("T")
             await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
             await pilot.press("y")
             await until(pilot, lambda: pilot.app.screen is screen)
@@ -339,7 +390,7 @@ async def test_read_only_turns_signals_off() -> None:
         table = screen.query_one(ProcessList)
         await until(pilot, lambda: len(table.processes) == 1)
         table.focus()
-        for key in ("i", "t", "k"):
+        for key in ("I", "T", "K"):
             await pilot.press(key)
             await pilot.pause()
             assert pilot.app.screen is screen
@@ -359,14 +410,101 @@ async def test_enter_on_a_process_of_a_run_asks_for_the_run() -> None:
         await until(pilot, lambda: app.runs_requested == ["20261126-101500-ig"])
 
 
+# --- in the app -----------------------------------------------------------------------------------------------
+
+
+def footer_line(app: App) -> str:
+    return screen_text(app).splitlines()[-1]
+
+
+async def test_the_apps_gpu_screen_has_the_navigation_bar_and_leaves_the_screen_keys_alone() -> None:
+    app = make_app(screen="gpu", telemetry=h200_still())
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, GpuAppScreen)
+        await until(pilot, lambda: screen.view.snapshot is not None)
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        assert all(s.label in lines[0] for s in SCREENS), lines[0]
+        assert "GPU 0  NVIDIA H200" in screen_text(app)
+        assert "Next GPU" in footer_line(app) and "SIGTERM" not in footer_line(app)  # a replay is read-only
+        await pilot.press("t")  # the TracIn key, not a signal
+        assert app.current_mode == "tracin"
+        await pilot.press("g")
+        assert app.screen is screen
+
+
+async def test_the_replay_option_plays_the_h200_trace_on_the_panel_and_the_screen() -> None:
+    app = make_app(replay=H200)  # what `gpuopt-tui --replay FILE` runs
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.screen.query_one(GpuPanel)
+        await until(pilot, lambda: panel.snapshot is not None)
+        assert panel.snapshot.gpus[0].name == "NVIDIA H200" and "replay of h200_ig_bench.jsonl" in str(
+            panel.border_title
+        )
+        await pilot.press("g")
+        view = app.screen.query_one(GpuView)
+        await until(pilot, lambda: view.snapshot is not None)
+        await pilot.pause()
+        assert "GPU 0  NVIDIA H200" in screen_text(app) and "read-only" in screen_text(app)
+        assert view.history is panel.history  # the screen's plots go on from what the panel saw
+
+
+async def test_the_panel_opens_the_gpu_screen_on_the_gpu_clicked() -> None:
+    app = make_app(telemetry=GpuTelemetry(replay_at(len(read_trace(SYNTHETIC).snapshots) - 1, loop=False)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: len(app.screen.query(GpuRow)) == 3)
+        await pilot.pause()
+        row = list(app.screen.query(GpuRow))[1]
+        await pilot.click(row, offset=(5, 0))
+        await until(pilot, lambda: app.current_mode == "gpu")
+        view = app.screen.query_one(GpuView)
+        await until(pilot, lambda: view.snapshot is not None and view.selected == 1)
+        await pilot.pause()
+        assert "GPU 1  Synthetic GPU B 80GB" in screen_text(app)
+
+
+class RunProcessSource(LiveSource):
+    """A live GPU with one process that belongs to a run."""
+
+    def __init__(self, pid: int, run_id: str) -> None:
+        super().__init__(pid)
+        self.run_id = run_id
+
+    def poll(self) -> Snapshot:
+        snapshot = super().poll()
+        return Snapshot(
+            time=snapshot.time, gpus=snapshot.gpus, processes=(replace(snapshot.processes[0], run_id=self.run_id),)
+        )
+
+
+async def test_a_process_of_a_run_opens_that_run_and_signals_ask_first(runs_root: Path) -> None:
+    runs = [make_run(runs_root, ("started", {"pid": 1, "attempt": 1}), ("failed", {"message": m})) for m in "ab"]
+    wanted = runs[0].name  # the older run: not the row the runs screen selects anyway
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        app = make_app(screen="gpu", telemetry=GpuTelemetry(RunProcessSource(child.pid, wanted)))
+        async with app.run_test(size=(120, 40)) as pilot:
+            table = app.screen.query_one(ProcessList)
+            await until(pilot, lambda: len(table.processes) == 1 and len(app.runs.runs) == 2)
+            table.focus()
+            assert "SIGTERM" in footer_line(app)
+            await pilot.press("T")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await pilot.press("n")
+            await until(pilot, lambda: isinstance(app.screen, GpuAppScreen))
+            assert child.poll() is None
+            await pilot.press("enter")
+            await until(pilot, lambda: app.current_mode == "runs")
+            screen = app.screen
+            assert isinstance(screen, RunsScreen)
+            await until(pilot, lambda: screen.table.selected_id == wanted)
+    finally:
+        child.kill()
+        child.wait()
+
+
 # --- snapshots ------------------------------------------------------------------------------------------------
-
-
-def filled_history() -> History:
-    history = History(window_s=60)
-    for frame in read_trace(SYNTHETIC).snapshots:
-        history.add(frame)
-    return history
 
 
 def at_the_end() -> ReplaySource:
@@ -380,6 +518,12 @@ async def _first_poll(pilot: Pilot) -> None:
 
 
 def test_snapshot_panel(snap_compare) -> None:
+    panel = GpuPanel(h200_still().source)
+    assert snap_compare(PanelApp(panel), terminal_size=(100, 30), run_before=_first_poll)
+
+
+def test_snapshot_panel_of_the_synthetic_trace(snap_compare) -> None:
+    """N/A fields and a lost GPU."""
     assert snap_compare(PanelApp(GpuPanel(at_the_end())), terminal_size=(100, 30), run_before=_first_poll)
 
 
@@ -389,5 +533,6 @@ def test_snapshot_panel_without_a_driver(snap_compare) -> None:
 
 
 def test_snapshot_gpu_screen(snap_compare) -> None:
-    screen = GpuScreen(at_the_end(), history=filled_history())
+    telemetry = h200_still()
+    screen = GpuScreen(telemetry.source, history=telemetry.history)
     assert snap_compare(ScreenApp(screen), terminal_size=(100, 30), run_before=_first_poll)

@@ -6,20 +6,28 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from rich.text import Text
 from textual.widgets import Log
 
 from gpuopt_tui.app import make_app
+from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.telemetry import GpuSample, ProcessSample, ReplaySource, Snapshot
 from gpuopt_tui.ui.run_poller import RunsPolled
+from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.log_view import LogScreen
+from gpuopt_tui.ui.widgets.run_progress import GPU_INTERVAL_S, RunGpuPoller
+from gpuopt_tui.ui.widgets.run_text import elapsed_seconds
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 
 from .conftest import flat_text, make_run, notifications, wait_for, widget_text
 
+TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "h200_ig_bench.jsonl"
 FAILED_LOG = "[info] loading\nTraceback (most recent call last):\nValueError: shapes do not match\n"
 
 
@@ -169,3 +177,72 @@ async def test_idle_polls_redraw_nothing(runs_root: Path) -> None:
         assert 2 <= len(idle) <= 3  # one poll a second while no run is active, never two at once
         assert not any(p.changed for p in idle)
         assert updates == []  # nothing changed, so nothing was redrawn
+
+
+GIB = 1024**3
+
+
+class RunGpuSource:
+    """Live NVML as it would report a run's process: `pid` holds `used` bytes on GPU 0. Counts its polls."""
+
+    live = True
+    label = "test"
+
+    def __init__(self, pid: int, used: int) -> None:
+        self.pid = pid
+        self.used = used
+        self.polls = 0
+
+    def poll(self) -> Snapshot:
+        self.polls += 1
+        gpu = GpuSample(index=0, name="card", memory_used=self.used, memory_total=80 * GIB, util_sm=90)
+        process = ProcessSample(pid=self.pid, gpu_index=0, gpu_memory=self.used, user="me", command="python -m job")
+        return Snapshot(time=time.time(), gpus=(gpu,), processes=(process,))
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_runs_torch_memory_is_shown_beside_nvmls_figure(live_run: tuple[Path, subprocess.Popen[bytes]]) -> None:
+    run_dir, proc = live_run
+    writer = EventWriter(run_dir / "events.jsonl")
+    writer.progress(force=True, done=2, total=8, gpu_allocated=GIB, gpu_reserved=2 * GIB, gpu_peak=3 * GIB // 2)
+    writer.close()
+    source = RunGpuSource(proc.pid, 2 * GIB + 512 * 2**20)
+    app = make_app(screen="runs", telemetry=GpuTelemetry(source))
+    async with app.run_test(size=(120, 40)) as pilot:
+        nvml = f"GPU memory (NVML): 2.5 GiB · pid {proc.pid} on GPU 0 · 512.0 MiB outside torch's pool"
+        await wait_for(pilot, lambda: nvml in widget_text(app, "#detail-progress"))
+        assert "GPU memory (torch): allocated 1.0 GiB · reserved 2.0 GiB · peak 1.5 GiB" in widget_text(
+            app, "#detail-progress"
+        )
+        await pilot.press("a")  # the run's kind screen shows the same
+        await wait_for(pilot, lambda: nvml in widget_text(app, "#run-progress"))
+        proc.kill()
+        proc.wait()
+        await wait_for(pilot, lambda: "crashed" in widget_text(app, "#run-progress"))
+        assert "NVML" not in widget_text(app, "#run-progress")  # a process that ended has no NVML figure
+
+
+async def test_gpus_are_polled_for_a_run_only_while_an_active_run_is_shown(runs_root: Path) -> None:
+    run_dir = make_run(runs_root, ("started", {"pid": 1, "attempt": 1}), ("finished", {"summary": {}}))
+    source = RunGpuSource(1, GIB)
+    app = make_app(screen="runs", telemetry=GpuTelemetry(source))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "finished" in widget_text(app, "#detail-progress"))
+        await pilot.pause(GPU_INTERVAL_S + 0.5)
+        assert source.polls == 0 and run_dir.name in widget_text(app, "#detail-progress")
+    replayed = make_app(screen="runs", telemetry=GpuTelemetry(ReplaySource(TRACE, speed=None)))
+    async with replayed.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert not replayed.screen.query(RunGpuPoller)  # a trace's processes are not this machine's
+
+
+def test_elapsed_leaves_out_the_time_before_a_resumed_attempt(runs_root: Path) -> None:
+    run_dir = make_run(runs_root)
+    info = RunInfo(run_dir.name, run_dir, "attribution", "x", created=1000.0, status="running", started=5000.0)
+    assert elapsed_seconds(info, now=5030.0) == 30.0
+    info.status, info.ended = "finished", 5100.0
+    assert elapsed_seconds(info, now=9999.0) == 100.0
+    info.started = None  # before its `started` event: counted from creation
+    assert elapsed_seconds(info, now=9999.0) == 4100.0

@@ -2,22 +2,27 @@
 
 Update the snapshots after an intended change with `pytest tests/ui/test_snapshots.py --snapshot-update` and
 look at the report. The data shown is made stable: a data directory that does not exist (no runs, no user
-profiles, the same paths everywhere) and a GPU source that reports no GPU, whatever the machine has.
+profiles, the same paths everywhere) and, whatever the machine has, a GPU source that replays one sample of
+h200_ig_bench.jsonl (NVML samples recorded on an NVIDIA H200 during the IG benchmark) after the ones before it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
 
-from gpuopt_tui.app import make_app
-from gpuopt_tui.core.telemetry import backend
+from gpuopt_tui.app import GpuOptApp, make_app
+from gpuopt_tui.core.telemetry import read_trace
+from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry, busiest_sample
+from gpuopt_tui.ui.screens.kind import check_profile_name
 from gpuopt_tui.ui.screens.registry import SCREENS
+from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.prompt import TextPrompt
 
-from .conftest import screen_lines, wait_for
+from .conftest import screen_lines
 
 # what each screen must show even at 80x24, and the widget that must keep a usable height there
 LEGIBLE = {
@@ -27,7 +32,7 @@ LEGIBLE = {
     "ablation": (("Profile", "demo-ablation", "Latest run", "[run]"), ".form-fields", 6),
     "planner": (("Profile", "demo-plan", "Latest run", "[run]"), ".form-fields", 6),
     "runs": (("status", "No run selected."), "#runs-table", 5),
-    "gpu": (("GPU",), None, 0),
+    "gpu": (("GPU 0  NVIDIA H200", "/140.4 GiB", "PID"), "#gpu-processes", 1),
     "help": (("gpuopt-tui configures",), "#help-body", 10),
 }
 
@@ -36,7 +41,15 @@ LEGIBLE = {
 def stable_data(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUOPT_TUI_HOME", "/nonexistent/gpuopt-tui-snapshots")  # paths on screen stay the same
     monkeypatch.setenv("GPUOPT_TUI_RUNS_DIR", "/nonexistent/gpuopt-tui-snapshots/runs")
-    monkeypatch.setattr(backend, "open_source", lambda *args, **kwargs: backend.NoGpuSource("none in snapshot tests"))
+
+
+H200 = Path(__file__).parents[1] / "fixtures" / "traces" / "h200_ig_bench.jsonl"
+BUSY = busiest_sample(read_trace(H200))  # the benchmark's largest batch
+
+
+def app_on(screen: str) -> GpuOptApp:
+    """The app on `screen`, its GPU panel and GPU screen still on one sample of the H200 trace."""
+    return make_app(screen=screen, telemetry=GpuTelemetry.from_trace(H200, BUSY, BUSY + 1, speed=None, loop=False))
 
 
 async def settle(pilot: Pilot[Any]) -> None:
@@ -51,29 +64,37 @@ IDS = [f"{name}-screen" for name in SCREEN_NAMES]  # a bare "gpu" id would read 
 
 @pytest.mark.parametrize("screen", SCREEN_NAMES, ids=IDS)
 def test_screen_snapshot(screen: str, snap_compare: Any) -> None:
-    assert snap_compare(make_app(screen=screen), terminal_size=(120, 40), run_before=settle)
+    assert snap_compare(app_on(screen), terminal_size=(120, 40), run_before=settle)
 
 
-def test_confirm_dialog_snapshot(snap_compare: Any) -> None:
+DIALOGS = {
+    "confirm": lambda: ConfirmDialog("Cancel run 20270115-080000-attribution-1a2b (attribution: demo)?", "Cancel run"),
+    "prompt": lambda: TextPrompt("Save the profile as (a name):", "my-demo-attribution", check_profile_name),
+}
+
+
+@pytest.mark.parametrize("dialog", DIALOGS)
+def test_dialog_snapshot(dialog: str, snap_compare: Any) -> None:
+    """The dialogs style themselves: a framed box over the dimmed dashboard, both buttons shown."""
+
     async def ask(pilot: Pilot[Any]) -> None:
         await settle(pilot)
-        await pilot.press("ctrl+n")  # save as: the name prompt
-        await wait_for(pilot, lambda: isinstance(pilot.app.screen, TextPrompt))
+        pilot.app.push_screen(DIALOGS[dialog]())
         await settle(pilot)
+        assert [b.display for b in pilot.app.screen.query("Button")] == [True, True]
 
-    assert snap_compare(make_app(screen="attribution"), terminal_size=(120, 40), run_before=ask)
+    assert snap_compare(app_on("dashboard"), terminal_size=(120, 40), run_before=ask)
 
 
 @pytest.mark.parametrize("screen", SCREEN_NAMES, ids=IDS)
 async def test_legible_at_80x24(screen: str) -> None:
     words, widget, min_height = LEGIBLE[screen]
-    app = make_app(screen=screen)
+    app = app_on(screen)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         lines = screen_lines(app)
         assert all(len(line) == 80 for line in lines)
-        if screen != "gpu":  # the GPU screen comes with its own title line
-            assert all(s.short in lines[0] for s in SCREENS), lines[0]
+        assert all(s.short in lines[0] for s in SCREENS), lines[0]
         assert "Quit" in lines[-1] or "palette" in lines[-1], lines[-1]
         text = "\n".join(lines)
         for word in words:

@@ -1,7 +1,8 @@
 """The GPU screen: every GPU in a line, details and history plots of the selected one, and its processes.
 
-Processes of the current user can be sent SIGINT / SIGTERM / SIGKILL after a confirmation, unless the screen
-is read-only (or shows a replayed trace, whose pids belong to another machine).
+Processes of the current user can be sent SIGINT / SIGTERM / SIGKILL with I, T and K (capitals, as in nvitop,
+so they never shadow an app's lower-case keys) after a confirmation, unless the screen is read-only (or shows a
+replayed trace, whose pids belong to another machine).
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ class ProcessList(VerticalScroll, can_focus=True):
 
     DEFAULT_CSS = "ProcessList { height: 1fr; }"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "move(-1)", "Up", show=False),
-        Binding("down", "move(1)", "Down", show=False),
-        Binding("enter", "choose", "Open run", show=False),
+        Binding("up", "move(-1)", "Up", show=False, tooltip="Previous process"),
+        Binding("down", "move(1)", "Down", show=False, tooltip="Next process"),
+        Binding("enter", "choose", "Open run", show=False, tooltip="Open the run the process belongs to"),
     ]
 
     class Chosen(Message):
@@ -205,7 +206,9 @@ class GpuView(Vertical):
     GpuView #gpu-message { padding: 0 1; color: $text-muted; }
     GpuView GpuRows { padding: 0 1; }
     GpuView #gpu-detail { height: auto; max-height: 8; margin-top: 1; padding: 0 1; }
-    GpuView #gpu-fields { width: 1fr; max-width: 60; height: auto; }
+    GpuView #gpu-fields {
+        width: 1fr; min-width: 48; max-width: 60; height: auto; text-wrap: nowrap; text-overflow: ellipsis;
+    }
     GpuView #gpu-plots { width: 1fr; height: auto; }
     GpuView .plot-label { color: $text-muted; }
     GpuView #gpu-note { color: $warning; padding: 0 1; }
@@ -216,9 +219,9 @@ class GpuView(Vertical):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left_square_bracket", "select_gpu(-1)", "Prev GPU", id="gpu.prev"),
         Binding("right_square_bracket", "select_gpu(1)", "Next GPU", id="gpu.next"),
-        Binding("i", "signal('SIGINT')", "SIGINT", id="gpu.sigint"),
-        Binding("t", "signal('SIGTERM')", "SIGTERM", id="gpu.sigterm"),
-        Binding("k", "signal('SIGKILL')", "SIGKILL", id="gpu.sigkill"),
+        Binding("I", "signal('SIGINT')", "SIGINT", id="gpu.sigint", tooltip="Interrupt the selected process"),
+        Binding("T", "signal('SIGTERM')", "SIGTERM", id="gpu.sigterm", tooltip="Ask the selected process to stop"),
+        Binding("K", "signal('SIGKILL')", "SIGKILL", id="gpu.sigkill", tooltip="Kill the selected process"),
         *(Binding(str(n), f"jump_gpu({n})", show=False) for n in range(10)),
     ]
 
@@ -336,6 +339,13 @@ class GpuView(Vertical):
         if self.snapshot is not None and index < len(self.snapshot.gpus):
             self._select(index)
 
+    def select(self, index: int) -> None:
+        """Show GPU `index`; before the first snapshot, from that snapshot on."""
+        if self.snapshot is None:
+            self.selected = index
+        else:
+            self.action_jump_gpu(index)
+
     def _select(self, index: int) -> None:
         self.selected = index
         self.query_one(GpuRows).select(index)
@@ -418,12 +428,6 @@ class GpuMonitorApp(App):
 
     TITLE = "gpuopt-tui gpu"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit", id="app.quit")]
-    CSS = """
-    .dialog-screen { align: center middle; }
-    .dialog { width: 72; height: auto; border: thick $error 60%; background: $surface; padding: 1 2; }
-    .dialog-buttons { height: auto; margin-top: 1; }
-    .dialog-buttons Button { margin-right: 2; }
-    """
 
     def __init__(self, source: TelemetrySource, interval: float = 1.0, readonly: bool = False) -> None:
         super().__init__()

@@ -1,70 +1,90 @@
-"""Where the GPU panel and the GPU screen plug in.
+"""Where the GPU panel and the GPU screen plug into the app.
 
-They come from `gpuopt_tui.ui.widgets.gpu_panel` and `gpuopt_tui.ui.screens.gpu`, fed by one telemetry source
-(live NVML, or the trace given with --replay) and one history shared by the panel and the screen, so the
-screen's plots go on from what the panel saw. A build without them shows one line saying so.
+Both are fed by one telemetry source (live NVML, or the trace given with --replay) and one history, so the
+screen's plots go on from what the panel saw.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
-from textual.screen import Screen
-from textual.widget import Widget
-from textual.widgets import Static
 
+from gpuopt_tui.core.telemetry.backend import CachedRunLookup, ReplaySource, TelemetrySource, open_source
+from gpuopt_tui.core.telemetry.history import History
+from gpuopt_tui.core.telemetry.replay import Trace, read_trace
 from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
 if TYPE_CHECKING:
     from gpuopt_tui.app import GpuOptApp
-
-GPU_MISSING = "GPU telemetry not available in this build"
-
-
-def _optional(module: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        return None
+    from gpuopt_tui.ui.screens.gpu import GpuView
 
 
+@dataclass
 class GpuTelemetry:
-    """The app's one telemetry source and history, opened on first use (NVML itself starts on the first poll)."""
+    """The app's one telemetry source and the history shared by the panel and the screen."""
 
-    def __init__(self, app: GpuOptApp) -> None:
-        from gpuopt_tui.core.telemetry.backend import CachedRunLookup, open_source
-        from gpuopt_tui.core.telemetry.history import History
+    source: TelemetrySource
+    history: History = field(default_factory=History)
 
-        self.source: Any = open_source(app.replay, run_lookup=CachedRunLookup(app.active_run_pids))
-        self.history: Any = History()
+    @classmethod
+    def open(cls, replay: Path | None, active_runs: Callable[[], Mapping[int, str]]) -> GpuTelemetry:
+        """Live NVML (started by the first poll, in a worker) or the trace `replay`; `active_runs` maps the
+        process ids of running runs to their ids, so that their GPU processes are marked."""
+        return cls(open_source(replay, run_lookup=CachedRunLookup(active_runs)))
+
+    @classmethod
+    def from_trace(
+        cls, trace: Trace | Path, start: int = 0, stop: int | None = None, speed: float | None = 1.0, loop: bool = True
+    ) -> GpuTelemetry:
+        """A replay of samples start..stop-1 of a trace, with the samples before `start` already in the history,
+        as if the panel had been watching since the trace began (screenshots and tests use it). With one
+        sample left, speed None and loop False, every poll returns that sample: a still picture."""
+        trace = trace if isinstance(trace, Trace) else read_trace(trace)
+        history = History()
+        for snapshot in trace.snapshots[:start]:
+            history.add(snapshot)
+        played = Trace(trace.path, trace.header, trace.snapshots[start:stop])
+        return cls(ReplaySource(played, speed=speed, loop=loop), history)
 
     def close(self) -> None:
         self.source.close()
 
 
-def create_gpu_panel(app: GpuOptApp) -> Widget:
-    module = _optional("gpuopt_tui.ui.widgets.gpu_panel")
-    if module is None:
-        return Static(GPU_MISSING, classes="gpu-missing")
+def busiest_sample(trace: Trace) -> int:
+    """Index of the first sample where the GPUs are busiest: the most memory in use, weighted by SM
+    utilisation, summed over the GPUs (screenshots and tests show a trace there)."""
+    load = [sum((g.memory_used or 0) * (g.util_sm or 0) for g in s.gpus) for s in trace.snapshots]
+    return load.index(max(load))
+
+
+def create_gpu_panel(app: GpuOptApp) -> GpuPanel:
     telemetry = app.gpu_telemetry()
-    return module.GpuPanel(telemetry.source, history=telemetry.history, id="gpu-panel")
+    return GpuPanel(telemetry.source, history=telemetry.history, id="gpu-panel")
 
 
-def create_gpu_screen(app: GpuOptApp) -> Screen:
-    module = _optional("gpuopt_tui.ui.screens.gpu")
-    if module is None:
-        return GpuMissingScreen()
-    telemetry = app.gpu_telemetry()
-    return module.GpuScreen(telemetry.source, history=telemetry.history, readonly=app.readonly)
+class GpuAppScreen(AppScreen):
+    """The GPU view under the app's navigation bar. Enter on a process of a run opens that run."""
 
-
-class GpuMissingScreen(AppScreen):
     SCREEN_NAME = "gpu"
 
     def compose_body(self) -> ComposeResult:
-        yield Static(GPU_MISSING, classes="gpu-missing")
+        from gpuopt_tui.ui.screens.gpu import GpuView  # loaded when the screen is first shown, not at start-up
+
+        telemetry = self.gapp.gpu_telemetry()
+        yield GpuView(telemetry.source, history=telemetry.history, readonly=self.gapp.readonly, id="gpu-view")
+
+    @property
+    def view(self) -> GpuView:
+        return self.query_one("#gpu-view")  # type: ignore[return-value]
+
+    def select_gpu(self, index: int) -> None:
+        self.view.select(index)
+
+    def on_screen_resume(self) -> None:
+        # AppScreen's handler runs too (Textual calls the handler of every class in the MRO)
+        self.view.wake()

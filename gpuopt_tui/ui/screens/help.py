@@ -11,6 +11,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.screens.gpu import GpuView, ProcessList
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.screens.runs import RunsScreen
@@ -55,6 +56,14 @@ class HelpScreen(AppScreen):
             ("Everywhere (when no text field has the focus)", everywhere),
             ("Profile screens", [*self._binding_rows(KindScreen.BINDINGS), ("escape", "Leave the text field")]),
             ("Runs screen", [*self._binding_rows(RunsScreen.BINDINGS), ("enter", "Select a run (dashboard: open it)")]),
+            (
+                "GPU screen (signals only with confirmation, never with --readonly or a replayed trace)",
+                [
+                    *self._binding_rows(GpuView.BINDINGS),
+                    ("0", "0-9: the GPU of that index"),
+                    *self._binding_rows(ProcessList.BINDINGS, hidden=True),
+                ],
+            ),
             ("Dialogs", self._binding_rows(ConfirmDialog.BINDINGS)),
         ]
         lines: list[Content] = []
@@ -67,9 +76,12 @@ class HelpScreen(AppScreen):
         return Content("\n").join(lines)
 
     @staticmethod
-    def _binding_rows(bindings: list[Binding]) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+    def _binding_rows(bindings: list[BindingType], hidden: bool = False) -> list[tuple[str, str]]:
+        """Key and description of the bindings shown in the footer (or of all, with `hidden`)."""
         return [
-            (b.key.split(",")[0], b.tooltip or b.description) for b in bindings if isinstance(b, Binding) and b.show
+            (b.key.split(",")[0], b.tooltip or b.description)
+            for b in bindings
+            if isinstance(b, Binding) and (b.show or hidden)
         ]
 
     def _display(self, key: str) -> str:

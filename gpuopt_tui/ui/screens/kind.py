@@ -88,7 +88,11 @@ class KindScreen(AppScreen):
                 yield from self.compose_side()
                 yield Static("", id="engine-note", markup=False)
                 yield Static("Latest run", classes="pane-title")
-                yield RunProgress(f"No {self.KIND} run yet: ctrl+r runs this profile.", id="run-progress")
+                yield RunProgress(
+                    f"No {self.KIND} run yet: ctrl+r runs this profile.",
+                    gpu=self.gapp.gpu_telemetry().source,
+                    id="run-progress",
+                )
                 yield Button("Cancel run", id="cancel", variant="error", compact=True)
                 yield self.RESULTS(id="run-results")
 

@@ -1,59 +1,52 @@
-"""The memory planner screen: a plan profile, its closed-form memory estimate and recommendation on request,
-and plan runs like the other kinds.
+"""The memory planner screen: the memory of a plan profile's training setup in two tiers, each labelled, and the
+recommendation written into the training config.
 
-The estimate comes from `gpuopt_tui.core.planner.session` (no torch): the breakdown of the training step as
-configured and the recommended micro-batch and accumulation under the budget.
+- Closed-form estimate: from the form, no GPU needed; it follows the form's edits. Bars of GPU memory with the
+  margin, the recommended micro-batch and accumulation beside other candidates, one plan per curriculum stage,
+  and the breakdown by component.
+- Measured on GPU N: a background run of the profile with plan.measure = true (probes on the GPU; the run goes on
+  if this terminal closes); its saved plan is shown once it finished.
+- Preview changes: the diff that writes the candidate under the cursor into plan.config, in a dialog; confirming
+  writes it with a .backup copy (refused when the file changed since the preview or is read-only). Undo restores
+  the backups after a diff of its own.
+
+Files, NVML and a demo model's config (seconds the first time) are read in thread workers (planner_tasks); their
+results come back as messages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import ClassVar
 
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.content import Content
 from textual.message import Message
-from textual.widgets import Static
+from textual.timer import Timer
+from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
 
-from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.planner import session
-from gpuopt_tui.core.planner.estimate import Estimate
-from gpuopt_tui.core.planner.search import Recommendation
+from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.planner.search import Candidate
 from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.core.runs import RunInfo, engine_available
+from gpuopt_tui.ui import planner_tasks as tasks
+from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen
+from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
+from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE, ProfileForm
 
-ESTIMATE_HINT = "ctrl+e: estimate the memory of this setup and recommend a batch (closed form, instant)"
-
-
-def estimate_view(inputs: session.PlanInputs, est: Estimate, rec: Recommendation) -> Group:
-    table = Table(box=None, header_style="bold", pad_edge=False, expand=False)
-    table.add_column("component")
-    table.add_column("size", justify="right")
-    table.add_column("at peak", justify="center")
-    for c in est.components:
-        table.add_row(c.label, human_bytes(c.bytes), "yes" if c.in_peak else "")
-    table.add_row(Text("peak reserved by torch", style="bold"), human_bytes(est.reserved), "")
-    table.add_row(Text("total on the GPU", style="bold"), human_bytes(est.total), "")
-    chosen = rec.chosen
-    lines = [
-        Text(f"{est.tier} of {inputs.model.label}, peak at {est.phase}", style="bold"),
-        table,
-        Text(
-            f"budget {inputs.budget.margin:.0%} of {human_bytes(inputs.gpu.total)} ({inputs.gpu.label}) = "
-            f"{human_bytes(inputs.budget.limit)}"
-        ),
-        Text(
-            f"recommended ({rec.mode}): micro-batch {chosen.micro_batch} x accumulate {chosen.accumulate} = "
-            f"{chosen.effective_batch}, {human_bytes(chosen.peak)} ({chosen.utilisation:.0%} of the GPU); "
-            f"largest micro-batch under the budget: {rec.b_max}",
-            style="bold",
-        ),
-        *(Text(f"note: {note}", style="yellow") for note in inputs.notes),
-    ]
-    return Group(*lines)
+ESTIMATE_DELAY_S = 0.8  # after the last edit of the form
+NO_MEASUREMENT = (
+    "No measurement yet. Measure on GPU (ctrl+t) starts a background run of this profile with plan.measure = true: "
+    "training steps probed on the GPU in fresh processes at 2-3 micro-batches, a line fit of peak reserved memory "
+    "and one confirming probe. It goes on if this terminal closes."
+)
 
 
 class PlannerScreen(KindScreen):
@@ -62,41 +55,331 @@ class PlannerScreen(KindScreen):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+e", "estimate", "Estimate", id="planner.estimate", tooltip="Closed-form memory estimate"),
+        Binding("ctrl+t", "measure", "Measure", id="planner.measure", tooltip="Measure on the GPU in a background run"),
+        Binding(
+            "ctrl+o",
+            "preview",
+            "Preview",
+            id="planner.preview",
+            tooltip="Diff of writing the selected configuration into plan.config; apply it from there",
+        ),
+        Binding("ctrl+z", "undo", "Undo", id="planner.undo", tooltip="Restore the config from its .backup"),
     ]
 
+    CSS: ClassVar[str] = """
+    PlannerScreen #run-side {
+        width: 62%;
+    }
+    PlannerScreen #plan-actions {
+        height: 1;
+    }
+    PlannerScreen #plan-actions Button {
+        margin: 0 1 0 0;
+    }
+    PlannerScreen #plan-config {
+        height: auto;
+        color: $text-muted;
+    }
+    PlannerScreen #plan-tune {
+        display: none;
+    }
+    PlannerScreen #plan-tune.-shown {
+        display: block;
+    }
+    PlannerScreen #plan-tabs {
+        height: 1fr;
+    }
+    PlannerScreen #plan-tabs TabPane {
+        padding: 0;
+    }
+    PlannerScreen #run-results {
+        height: auto;
+        max-height: 5;
+    }
+    PlannerScreen.-narrow #kind-body #run-side {
+        height: 60%;
+    }
+    PlannerScreen.-narrow #plan-title, PlannerScreen.-narrow #engine-note, PlannerScreen.-narrow #run-results {
+        display: none;
+    }
+    PlannerScreen.-narrow #run-progress {
+        max-height: 2;
+    }
+    """
+
     class Estimated(Message):
-        def __init__(self, view: Group | Text) -> None:
+        def __init__(self, seq: int, result: tasks.ClosedForm | UserError) -> None:
             super().__init__()
-            self.view = view
+            self.seq = seq
+            self.result = result
+
+    class MeasureChecked(Message):
+        def __init__(self, result: tuple[PlanProfile, str] | UserError) -> None:
+            super().__init__()
+            self.result = result  # the profile to run (measure = true) and its GPU, or why it cannot measure
+
+    class PlanRunRead(Message):
+        def __init__(self, run: tasks.PlanRun | None) -> None:
+            super().__init__()
+            self.run = run
+
+    class Previewed(Message):
+        def __init__(self, preview: tasks.Preview) -> None:
+            super().__init__()
+            self.preview = preview
+
+    class UndoPreviewed(Message):
+        def __init__(self, files: list[tasks.Restorable]) -> None:
+            super().__init__()
+            self.files = files
+
+    class Written(Message):
+        def __init__(self, message: str) -> None:
+            super().__init__()
+            self.message = message
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seq = 0  # estimates asked for, numbered
+        self._shown = 0  # the number of the estimate shown: one older than it is dropped when it comes
+        self._estimated: object = None  # the form's values of the newest estimate
+        self._in_flight: object = None  # the same while that estimate is being made
+        self._timer: Timer | None = None
+        self._plan_runs: object = None  # (id, status) of the plan runs last looked at
+
+    # -- layout -------------------------------------------------------------------------------------------------
 
     def compose_side(self) -> ComposeResult:
-        yield Static("Memory estimate", classes="pane-title")
-        yield Static(ESTIMATE_HINT, id="plan-estimate")
+        yield Static("Memory plan", id="plan-title", classes="pane-title")
+        with Horizontal(id="plan-actions"):
+            yield Button("Estimate", id="estimate", compact=True)
+            yield Button("Measure on GPU", id="measure", compact=True)
+            yield Button("Preview changes", id="preview", variant="primary", compact=True)
+            yield Button("Undo", id="undo", compact=True)
+        yield Static("", id="plan-config", markup=False)
+        yield Checkbox("also write the most samples per anchor into the stage files", id="plan-tune", compact=True)
+        with TabbedContent(id="plan-tabs"):
+            with TabPane("Closed-form estimate", id="tab-closed"):
+                yield PlanView("estimating…", id="plan-closed")
+            with TabPane("Measured", id="tab-measured"):
+                yield PlanView(NO_MEASUREMENT, id="plan-measured")
 
+    def on_mount(self) -> None:
+        self.call_later(self._estimate_form)  # once KindScreen.on_mount has loaded the profile
+
+    @property
+    def base(self) -> Path:
+        """Where relative paths in the profile start: its file's directory."""
+        return self.path.parent.resolve() if self.path else Path.cwd()
+
+    def _in_thread(self, name: str, group: str, work: Callable[[], None]) -> None:
+        """Run `work` in a thread worker; a UserError it raises is notified with `name` as the title."""
+        self.app.run_worker(work, name=name, group=group, thread=True, exit_on_error=False)
+
+    # -- closed-form estimate -----------------------------------------------------------------------------------
+
+    @on(Button.Pressed, "#estimate")
     def action_estimate(self) -> None:
         profile = self.current_profile("Not estimated")
-        if not isinstance(profile, PlanProfile):
-            return
-        self.query_one("#plan-estimate", Static).update("estimating…")
-        self.app.run_worker(
-            lambda: self._estimate(profile),
-            name="memory estimate",
-            group="plan-estimate",
-            thread=True,
-            exclusive=True,
-            exit_on_error=False,
-        )
+        if isinstance(profile, PlanProfile):
+            self._start_estimate(profile)
 
-    def _estimate(self, profile: PlanProfile) -> None:
-        """In a worker thread: reading configs and asking NVML for the GPU size may take a moment."""
+    @on(ProfileForm.Changed)
+    def _form_edited(self) -> None:
+        self._stop_timer()
+        self._timer = self.set_timer(ESTIMATE_DELAY_S, self._follow_form)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+
+    def _follow_form(self) -> None:
+        self._timer = None
+        if self.form.values() != self._estimated:
+            self._estimate_form()
+
+    def _estimate_form(self) -> None:
+        """The estimate of the form as it is, or why there is none (without notifications: it follows edits)."""
+        view = self.query_one("#plan-closed", PlanView)
+        form = self.form
+        if form.disabled:
+            view.show_message("Open a readable plan profile to see its memory.")
+            return
+        if not form.validate():
+            key, message = next(iter(form.errors.items()))
+            view.show_message(Content.from_markup("[$error]Fix the form to estimate: $key: $m[/]", key=key, m=message))
+            return
         try:
-            inputs = session.prepare(profile)
-            view: Group | Text = estimate_view(
-                inputs, session.estimate_current(inputs), session.recommend_closed_form(inputs)
-            )
+            profile = form.profile(str(self.path or FORM_SOURCE))
         except UserError as e:
-            view = Text(str(e), style="red")
-        self.post_message(self.Estimated(view))
+            view.show_message(Content.styled(str(e), "$error"))
+            return
+        assert isinstance(profile, PlanProfile)
+        self._start_estimate(profile)
+
+    def _start_estimate(self, profile: PlanProfile) -> None:
+        self._stop_timer()
+        values = self.form.values()
+        self._estimated = values
+        if values == self._in_flight:
+            return  # the same estimate is on its way
+        self._in_flight = values
+        self._seq += 1
+        view = self.query_one("#plan-closed", PlanView)
+        if view.plan is None:
+            view.show_message("estimating…")
+        self._in_thread("memory estimate", "plan-estimate", partial(self._estimate, self._seq, profile, self.base))
+
+    def _estimate(self, seq: int, profile: PlanProfile, base: Path) -> None:
+        """A result is posted however the estimate ends (an unexpected error also goes on to the app's report)."""
+        result: tasks.ClosedForm | UserError = UserError("the estimate stopped on an unexpected error")
+        try:
+            result = tasks.closed_form(profile, base)
+        except UserError as e:
+            result = e
+        finally:
+            self.post_message(self.Estimated(seq, result))
 
     def on_planner_screen_estimated(self, message: Estimated) -> None:
-        self.query_one("#plan-estimate", Static).update(message.view)
+        if message.seq == self._seq:
+            self._in_flight = None
+        if message.seq < self._shown:
+            return
+        self._shown = message.seq
+        view = self.query_one("#plan-closed", PlanView)
+        result = message.result
+        if isinstance(result, UserError):
+            if isinstance(result, ProfileError):
+                self.form.show_error(result.key, result.detail)
+            view.show_message(Content.styled(str(result), "$error"))
+            self.query_one("#plan-config", Static).update("")
+            return
+        view.show_plan(result.plan)
+        self.query_one("#plan-config", Static).update(result.config)
+        self.query_one("#plan-tune", Checkbox).set_class(result.stages, "-shown")
+
+    # -- measured tier ------------------------------------------------------------------------------------------
+
+    @on(Button.Pressed, "#measure")
+    def action_measure(self) -> None:
+        if not engine_available(self.KIND):
+            self.app.notify("no engine for plan runs in this build", severity="error")
+            return
+        profile = self.current_profile("Not measured")
+        if isinstance(profile, PlanProfile):
+            self._in_thread("GPU check", "plan-measure", partial(self._check_measure, profile, self.base))
+
+    def _check_measure(self, profile: PlanProfile, base: Path) -> None:
+        try:
+            profile = tasks.resolved(profile, base)
+            gpu = tasks.measuring_gpu(profile)
+        except UserError as e:
+            self.post_message(self.MeasureChecked(e))
+            return
+        profile.plan.measure = True
+        self.post_message(self.MeasureChecked((profile, gpu.label)))
+
+    def on_planner_screen_measure_checked(self, message: MeasureChecked) -> None:
+        self.query_one("#plan-tabs", TabbedContent).active = "tab-measured"
+        view = self.query_one("#plan-measured", PlanView)
+        if isinstance(message.result, UserError):
+            if view.plan is None:  # a plan measured before stays in view
+                view.show_message(Content.styled(str(message.result), "$error"))
+            self.gapp.report_error(str(message.result), title="Not measured")
+            return
+        profile, gpu = message.result
+        try:
+            run_dir = self.gapp.start_profile_run(profile, self.path)
+        except UserError as e:
+            view.show_message(Content.styled(str(e), "$error"))
+            self.gapp.report_error(str(e), title="Run not started")
+            return
+        view.show_message(f"Measuring on {gpu}: run {run_dir.name} started (see Latest run).")
+
+    def runs_updated(self, snapshot: RunsSnapshot) -> None:
+        super().runs_updated(snapshot)
+        runs = [r for r in snapshot.runs if r.kind == self.KIND]
+        key = tuple((r.id, r.status) for r in runs)
+        if key != self._plan_runs:
+            self._plan_runs = key
+            self._in_thread("measured plan", "plan-measured", partial(self._find_measured, runs))
+
+    def _find_measured(self, runs: list[RunInfo]) -> None:
+        self.post_message(self.PlanRunRead(tasks.newest_measuring_run(runs)))
+
+    def on_planner_screen_plan_run_read(self, message: PlanRunRead) -> None:
+        view = self.query_one("#plan-measured", PlanView)
+        run = message.run
+        if run is None:
+            view.show_message(NO_MEASUREMENT)
+        elif run.saved is not None:
+            view.show_plan(tasks.measured_plan(run, run.saved))
+        elif run.info.active:
+            view.show_message(f"Measuring on GPU {run.gpu}: run {run.info.id} is {run.info.status} (see Latest run).")
+        else:
+            why = run.error or run.info.message
+            view.show_message(
+                Content.styled(
+                    f"The measuring run {run.info.id} on GPU {run.gpu} is {run.info.status}"
+                    + (f": {why}" if why else "."),
+                    "$error",
+                )
+            )
+
+    # -- writing the config -------------------------------------------------------------------------------------
+
+    @on(Button.Pressed, "#preview")
+    def action_preview(self) -> None:
+        active = self.query_one("#plan-tabs", TabbedContent).active
+        view = self.query_one("#plan-measured" if active == "tab-measured" else "#plan-closed", PlanView)
+        self._preview(view, view.selected)
+
+    @on(PlanView.Picked)
+    def _picked_candidate(self, event: PlanView.Picked) -> None:
+        self._preview(event.view, event.candidate)
+
+    def _preview(self, view: PlanView, choice: Candidate | None) -> None:
+        """Preview writing `choice` (a row of `view`'s candidates) into the config, in a thread."""
+        profile = self.current_profile("No preview")
+        if not isinstance(profile, PlanProfile):
+            return
+        if view.plan is None:
+            self.app.notify("no plan on this tab to write yet", title="No preview", severity="warning")
+            return
+        measured = view.plan.rec if view.id == "plan-measured" else None
+        tune = self.query_one("#plan-tune", Checkbox).value
+        work = partial(tasks.preview, profile, self.base, measured, choice, tune)
+        self._in_thread("No preview", "plan-write", lambda: self.post_message(self.Previewed(work())))
+
+    def on_planner_screen_previewed(self, message: Previewed) -> None:
+        patches = message.preview.patches
+
+        def answered(write: bool | None) -> None:
+            if write:
+                work = partial(tasks.apply, patches)
+                self._in_thread("Config not written", "plan-write", lambda: self.post_message(self.Written(work())))
+
+        self.app.push_screen(DiffDialog(message.preview.question, message.preview.diff, "Apply", "Cancel"), answered)
+
+    @on(Button.Pressed, "#undo")
+    def action_undo(self) -> None:
+        profile = self.current_profile("Nothing restored")
+        if isinstance(profile, PlanProfile):
+            work = partial(tasks.undo_preview, profile, self.base)
+            self._in_thread("Nothing restored", "plan-write", lambda: self.post_message(self.UndoPreviewed(work())))
+
+    def on_planner_screen_undo_previewed(self, message: UndoPreviewed) -> None:
+        files = message.files
+        question = f"Restore {', '.join(f.path.name for f in files)} from the .backup copies? The backups are used up."
+
+        def answered(restore: bool | None) -> None:
+            if restore:
+                work = partial(tasks.undo, files)
+                self._in_thread("Nothing restored", "plan-write", lambda: self.post_message(self.Written(work())))
+
+        self.app.push_screen(DiffDialog(question, "".join(f.diff for f in files), "Restore", "Keep"), answered)
+
+    def on_planner_screen_written(self, message: Written) -> None:
+        self.app.notify(message.message, title="Config", timeout=10)
+        self._estimate_form()  # the config changed, and so did the current setup

@@ -91,7 +91,7 @@ SCREENS: tuple[ScreenSpec, ...] = (
         label="GPU",
         short="GPU",
         module=f"{_SCREENS_PACKAGE}.gpu_slot",
-        factory="create_gpu_screen",
+        factory="GpuAppScreen",
         help="Live GPU memory, utilisation and processes",
     ),
     ScreenSpec(

@@ -35,7 +35,7 @@ class RunsScreen(AppScreen):
     def compose_body(self) -> ComposeResult:
         yield RunsTable(FULL_COLUMNS, id="runs-table")
         with Vertical(id="run-detail"):
-            yield RunProgress("No run selected.", id="detail-progress")
+            yield RunProgress("No run selected.", gpu=self.gapp.gpu_telemetry().source, id="detail-progress")
             yield Static("", id="detail-info", markup=False)
             yield LogView(lines=30, id="detail-log")
 

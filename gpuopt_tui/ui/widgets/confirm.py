@@ -9,11 +9,30 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, ScreenResultType
 from textual.widgets import Button, Static
 
 
-class ConfirmDialog(ModalScreen[bool]):
+class Dialog(ModalScreen[ScreenResultType]):
+    """A box in the middle of the screen over the dimmed screen below: subclasses compose a `.dialog` container
+    holding a `.dialog-text` and a `.dialog-buttons` row. Styled here, so any app can use it as it is."""
+
+    DEFAULT_CSS = """
+    Dialog { align: center middle; }
+    Dialog .dialog {
+        width: 72;
+        max-width: 95%;
+        height: auto;
+        padding: 1 2;
+        border: thick $warning 60%;
+        background: $surface;
+    }
+    Dialog .dialog-buttons { height: auto; margin-top: 1; }
+    Dialog .dialog-buttons Button { margin-right: 2; }
+    """
+
+
+class ConfirmDialog(Dialog[bool]):
     """Dismissed with True when confirmed; Escape or "n" answer no."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -22,7 +41,7 @@ class ConfirmDialog(ModalScreen[bool]):
     ]
 
     def __init__(self, question: str | Content, yes: str = "Yes", no: str = "No") -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._question = question
         self._yes = yes
         self._no = no

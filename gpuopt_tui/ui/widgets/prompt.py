@@ -9,17 +9,18 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
+from gpuopt_tui.ui.widgets.confirm import Dialog
 
-class TextPrompt(ModalScreen[str | None]):
+
+class TextPrompt(Dialog[str | None]):
     """Dismissed with the text entered, or None on Escape. `check` returns an error message or ""."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss(None)", "Cancel", id="prompt.cancel")]
 
     def __init__(self, question: str, value: str = "", check: Callable[[str], str] | None = None) -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._question = question
         self._value = value
         self._check = check

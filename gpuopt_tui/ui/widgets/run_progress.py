@@ -1,4 +1,8 @@
-"""Live progress of one run: status, a progress bar, rate, ETA and the run's own GPU memory figures."""
+"""Live progress of one run: status, a progress bar, rate, ETA and the run's own GPU memory figures.
+
+Given a live GPU source (NVML on this machine), the torch figures of the run's progress events are shown
+beside what NVML reports for the run's processes; the GPUs are polled only while an active run is on screen.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +14,62 @@ from textual.widgets import Static
 
 from gpuopt_tui.core.format import human_duration
 from gpuopt_tui.core.runs import RunInfo
-from gpuopt_tui.ui.widgets.run_text import bar, eta_text, memory_text, rate_text, status_content
+from gpuopt_tui.core.telemetry.backend import TelemetrySource
+from gpuopt_tui.core.telemetry.runmem import run_memory
+from gpuopt_tui.core.telemetry.snapshot import Snapshot
+from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.widgets.run_text import (
+    bar,
+    elapsed_seconds,
+    eta_text,
+    memory_text,
+    nvml_memory_text,
+    rate_text,
+    status_content,
+)
 
 BAR_MIN = 10
+GPU_INTERVAL_S = 2.0  # NVML polls for the run's own processes
+GPU_STALE_S = 10.0  # an NVML figure older than this (the poll stopped while hidden) is not shown
 
 
 class RunProgress(Static):
-    """Renders a RunInfo; `show(None)` renders `empty_text`."""
+    """Renders a RunInfo; `show(None)` renders `empty_text`. `gpu`: the app's GPU source; used when live."""
 
-    def __init__(self, empty_text: str = "No run yet.", *, id: str | None = None) -> None:
+    def __init__(
+        self, empty_text: str = "No run yet.", *, gpu: TelemetrySource | None = None, id: str | None = None
+    ) -> None:
         super().__init__(id=id, markup=False)
         self._empty_text = empty_text
         self._info: RunInfo | None = None
+        self._gpu = gpu if gpu is not None and gpu.live else None
+        self._poller: RunGpuPoller | None = None
+        self._snapshot: Snapshot | None = None
+
+    def on_mount(self) -> None:
+        if self._gpu is not None and self.parent is not None:
+            # a Static cannot hold the (invisible) poller: it goes beside this widget, in the same container
+            self._poller = RunGpuPoller(self, self._gpu)
+            self.parent.mount(self._poller, after=self)
+
+    def on_unmount(self) -> None:
+        if self._poller is not None:
+            self._poller.remove()
 
     def show(self, info: RunInfo | None) -> None:
         self._info = info
         self.update(self._render_info())
+        if self._poller is not None and self.wants_gpu():
+            self._poller.wake()
+
+    def wants_gpu(self) -> bool:
+        """Whether NVML figures of the shown run are wanted: it is active and its process is known."""
+        return self._info is not None and self._info.active and bool(self._info.pid)
+
+    def show_gpu(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        if self.wants_gpu():
+            self.update(self._render_info())
 
     def on_resize(self, event: Resize) -> None:
         self.update(self._render_info())
@@ -51,7 +95,7 @@ class RunProgress(Static):
             details = [f"rate {rate_text(progress)}"]
             if info.active:
                 details.append(f"ETA {eta_text(info) or '--'}")
-            details.append(f"elapsed {human_duration(self._elapsed(info))}")
+            details.append(f"elapsed {human_duration(elapsed_seconds(info))}")
             if progress.get("stage"):
                 details.append(f"stage {progress['stage']}")
             lines.append(Content(" · ".join(details)))
@@ -59,6 +103,9 @@ class RunProgress(Static):
             lines.append(Content(f"GPU memory (torch): {memory}" if memory else "GPU memory: not reported by this run"))
         elif info.active:
             lines.append(Content("waiting for the first progress report…"))
+        nvml = self._nvml_text(info)
+        if nvml:
+            lines.append(Content(f"GPU memory (NVML): {nvml}"))
         if info.message:
             style = "$error" if info.status in ("failed", "crashed", "missing") else "$text-muted"
             lines.append(Content.from_markup(f"[{style}]$message[/]", message=info.message))
@@ -70,7 +117,20 @@ class RunProgress(Static):
             )
         return Content("\n").join(lines)
 
-    @staticmethod
-    def _elapsed(info: RunInfo) -> float:
-        end = info.ended if info.ended is not None and not info.active else time.time()
-        return max(0.0, end - info.created)
+    def _nvml_text(self, info: RunInfo) -> str:
+        snapshot = self._snapshot
+        if not self.wants_gpu() or snapshot is None or time.time() - snapshot.time > GPU_STALE_S:
+            return ""
+        return nvml_memory_text(run_memory(info.progress, snapshot, info.id, info.pid))
+
+
+class RunGpuPoller(GpuPoller):
+    """Polls the GPUs for a RunProgress while it shows an active run, and hands it each snapshot."""
+
+    def __init__(self, progress: RunProgress, source: TelemetrySource) -> None:
+        super().__init__(source, GPU_INTERVAL_S, when=progress.wants_gpu)
+        self._progress = progress
+
+    def on_gpu_poller_polled(self, message: GpuPoller.Polled) -> None:
+        message.stop()  # GpuPoller's own handler still runs: it arms the next poll
+        self._progress.show_gpu(message.snapshot)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from textual.content import Content
 
 from gpuopt_tui.core.format import human_bytes, human_duration
 from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.telemetry.runmem import RunMemory
 
 STATUS_COLOR = {
     "starting": "$accent",
@@ -54,6 +56,26 @@ def memory_text(progress: dict[str, Any]) -> str:
     """The run's own GPU memory figures (torch allocator, bytes) from its progress events, if it reports them."""
     parts = [f"{label} {human_bytes(progress[key])}" for key, label in MEMORY_FIELDS if progress.get(key) is not None]
     return " · ".join(parts)
+
+
+def nvml_memory_text(memory: RunMemory) -> str:
+    """What NVML reports for a run's processes: total, which processes on which GPUs, and (for one process on
+    one GPU) how much of it lies outside torch's reserved pool; "" when NVML saw none of them."""
+    if not memory.pids:
+        return ""
+    used = human_bytes(memory.nvml_used)
+    pids = f"pid {memory.pids[0]}" if len(memory.pids) == 1 else f"{len(memory.pids)} processes"
+    gpus = f"GPU{'s' if len(memory.gpus) > 1 else ''} {','.join(str(g) for g in memory.gpus)}"
+    overhead = memory.overhead
+    beyond = "" if overhead is None else f" · {human_bytes(overhead)} outside torch's pool"
+    return f"{used} · {pids} on {gpus}{beyond}"
+
+
+def elapsed_seconds(info: RunInfo, now: float | None = None) -> float:
+    """Time the current attempt has run (a resumed run's downtime left out), up to its end while it is over."""
+    start = info.started if info.started is not None else info.created
+    end = info.ended if info.ended is not None and not info.active else (time.time() if now is None else now)
+    return max(0.0, end - start)
 
 
 def bar(fraction: float | None, width: int) -> str:

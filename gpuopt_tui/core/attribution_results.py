@@ -1,0 +1,517 @@
+"""The result files of an attribution run, read without torch (the TUI reads them through this module).
+
+- attributions.jsonl: one line per sample. `SampleIndex.build` reads it once (in a worker: a 40k-sample file
+  is a few hundred MB) and keeps, per line, its byte offset and the few fields a sample list shows; the
+  tokens and scores of a sample are read again from its offset when the sample is opened. Unreadable lines
+  are skipped and counted (a line damaged only inside its tokens or scores is noticed when it is opened).
+- summary.json: the overall token ranking, convergence-delta statistics, settings and timing.
+- check.json (when the profile's attribution.check_samples > 0): the optimized path against the
+  one-step-at-a-time fp32 path on the first samples.
+- attributions.safetensors is listed (for export) but not read here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.io import load_profile
+
+JSONL_NAME = "attributions.jsonl"
+TENSORS_NAME = "attributions.safetensors"
+SUMMARY_NAME = "summary.json"
+CHECK_NAME = "check.json"
+EXPORTS = (
+    (JSONL_NAME, "per-sample tokens and scores, one JSON line per sample"),
+    (TENSORS_NAME, "padded score tensor, token ids, lengths, deltas (safetensors)"),
+    (SUMMARY_NAME, "top tokens, convergence deltas, settings and timing"),
+    (CHECK_NAME, "optimized vs original: relative difference and timings"),
+)
+CANCEL_CHECK_LINES = 512  # how often indexing looks at its cancel flag
+TOKENS_KEY = b', "tokens": '  # the keys around the bulk of a line (tokens, scores), as the engine writes them
+TARGET_KEY = b', "target": '
+
+
+# --- per-sample lines -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TopToken:
+    """One of a sample's top tokens by |score|; `position` is (token,) or, for two-tower samples,
+    (candidate, token)."""
+
+    position: tuple[int, ...]
+    token: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One token sequence of a sample: the whole input, or one candidate of a two-tower sample."""
+
+    text: str
+    tokens: tuple[str, ...]
+    scores: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleEntry:
+    """What a sample list shows of one line; kept for every sample while the line itself stays on disk."""
+
+    offset: int  # byte offset of the line in the file
+    index: int
+    target: int
+    label: int | None
+    prediction: int
+    probability: float
+    delta: float
+    relative_delta: float
+    top_tokens: tuple[str, ...]
+    search_text: str  # the sample's text, lower case (candidates joined by " | ")
+
+    @property
+    def top_token(self) -> str:
+        return self.top_tokens[0] if self.top_tokens else ""
+
+    @property
+    def wrong(self) -> bool:
+        """The prediction differs from a known label."""
+        return self.label is not None and self.prediction != self.label
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A whole line: its entry, its token sequences with their scores, and its top tokens."""
+
+    entry: SampleEntry
+    segments: tuple[Segment, ...]
+    top: tuple[TopToken, ...]
+    two_tower: bool
+
+    @property
+    def max_abs(self) -> float:
+        return max((abs(s) for seg in self.segments for s in seg.scores), default=0.0)
+
+
+def _record(line: bytes) -> dict[str, Any]:
+    record = json.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    return record
+
+
+def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
+    """The list fields of a record; its tokens and scores are not looked at (see parse_sample)."""
+    text = record["text"]
+    label = record.get("label")
+    return SampleEntry(
+        offset=offset,
+        index=int(record["index"]),
+        target=int(record["target"]),
+        label=None if label is None else int(label),
+        prediction=int(record["prediction"]),
+        probability=float(record["probability"]),
+        delta=float(record["delta"]),
+        relative_delta=float(record["relative_delta"]),
+        top_tokens=tuple(str(item[1]) for item in record.get("top") or ()),
+        search_text=(" | ".join(map(str, text)) if isinstance(text, list) else str(text)).lower(),
+    )
+
+
+def parse_sample(line: bytes, offset: int) -> Sample:
+    """One line of attributions.jsonl; ValueError (or KeyError/TypeError) when it is not a sample record."""
+    record = _record(line)
+    texts, tokens, scores = record["text"], record["tokens"], record["scores"]
+    two_tower = bool(tokens) and isinstance(tokens[0], list)
+    if not two_tower:
+        texts, tokens, scores = [texts], [tokens], [scores]
+    if not (isinstance(texts, list) and len(texts) == len(tokens) == len(scores)):
+        raise ValueError("text, tokens and scores do not have one entry per candidate")
+    segments = []
+    for text, toks, vals in zip(texts, tokens, scores):
+        if not isinstance(toks, list) or not isinstance(vals, list) or len(toks) != len(vals):
+            raise ValueError("tokens and scores differ in length")
+        segments.append(Segment(str(text), tuple(str(t) for t in toks), tuple(float(v) for v in vals)))
+    top = tuple(_top_token(item) for item in record.get("top") or ())
+    return Sample(_entry(record, offset), tuple(segments), top, two_tower)
+
+
+def _top_token(item: Any) -> TopToken:
+    position, token, score = item
+    where = tuple(int(p) for p in position) if isinstance(position, list) else (int(position),)
+    return TopToken(where, str(token), float(score))
+
+
+def _list_fields(line: bytes) -> dict[str, Any]:
+    """The record of a line without parsing its tokens and scores (most of the line), when it has the engine's
+    layout: keys in the engine's order, json.dumps' separators. A JSON string cannot hold an unescaped quote,
+    so the first `, "tokens": ` and the next `, "target": ` are the keys themselves. Other lines are parsed
+    whole."""
+    start = line.find(TOKENS_KEY)
+    end = line.find(TARGET_KEY, start + 1) if start >= 0 else -1
+    if end < 0:
+        record = _record(line)
+        if not isinstance(record["tokens"], list) or not isinstance(record["scores"], list):
+            raise ValueError("tokens and scores must be lists")
+        return record
+    return {**_record(line[:start] + b"}"), **_record(b"{" + line[end + 2 :])}
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class SampleIndex:
+    """The lines of an attributions.jsonl: entries in file order, the samples read on demand."""
+
+    def __init__(self, path: Path, entries: Sequence[SampleEntry], corrupt: int, stamp: tuple[int, int, int]) -> None:
+        self.path = path
+        self.entries = tuple(entries)
+        self.corrupt = corrupt  # unreadable lines that were skipped
+        self._stamp = stamp
+
+    @classmethod
+    def build(cls, path: Path, cancelled: Callable[[], bool] = lambda: False) -> SampleIndex | None:
+        """Read the file once, keeping each line's offset and list fields; None when `cancelled()` turned true.
+        Raises UserError when the file cannot be read."""
+        entries: list[SampleEntry] = []
+        corrupt = 0
+        try:
+            with path.open("rb") as f:
+                stamp = os.fstat(f.fileno())
+                offset = 0
+                for number, line in enumerate(f):
+                    if number % CANCEL_CHECK_LINES == 0 and cancelled():
+                        return None
+                    if line.strip():
+                        try:
+                            entries.append(_entry(_list_fields(line), offset))
+                        except (ValueError, KeyError, TypeError, IndexError):
+                            corrupt += 1
+                    offset += len(line)
+        except OSError as e:
+            raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+        return cls(path, entries, corrupt, (stamp.st_ino, stamp.st_size, stamp.st_mtime_ns))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def current(self) -> bool:
+        """Whether the file is still the one that was indexed (a resumed run may write it again)."""
+        try:
+            return _stamp(self.path) == self._stamp
+        except OSError:
+            return False
+
+    def read(self, entry: SampleEntry) -> Sample:
+        """The whole line of `entry`, read from its offset. UserError when the file changed or went away."""
+        if not self.current:
+            raise UserError(f"{self.path} changed since it was read; open the results again")
+        try:
+            with self.path.open("rb") as f:
+                f.seek(entry.offset)
+                line = f.readline()
+            return parse_sample(line, entry.offset)
+        except OSError as e:
+            raise UserError(f"{self.path}: cannot read it ({e.strerror or e})") from None
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise UserError(f"{self.path}: the line at byte {entry.offset} is unreadable ({e})") from None
+
+
+def page(rows: Sequence[SampleEntry], number: int, size: int) -> Sequence[SampleEntry]:
+    """Rows of page `number` (from 0) of `size` rows each; empty past the end."""
+    return rows[number * size : (number + 1) * size]
+
+
+def page_count(rows: Sequence[SampleEntry], size: int) -> int:
+    return max(1, -(-len(rows) // size))
+
+
+# --- searching and ordering the samples -----------------------------------------------------------------------
+
+SORTS: dict[str, tuple[str, Callable[[SampleEntry], Any]]] = {
+    "index": ("dataset order", lambda e: e.index),
+    "delta": ("largest relative delta first", lambda e: -e.relative_delta),
+    "probability": ("least confident first", lambda e: e.probability),
+}
+QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong"
+_CLASS_FILTERS = ("pred", "target", "label")
+
+
+@dataclass(frozen=True)
+class SampleQuery:
+    """A search: every word must occur in the sample's text; `top:` tokens among its top tokens; `pred:`,
+    `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label."""
+
+    words: tuple[str, ...] = ()
+    top: tuple[str, ...] = ()
+    classes: tuple[tuple[str, int], ...] = ()
+    wrong: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> SampleQuery:
+        """UserError names the part that is not understood."""
+        words: list[str] = []
+        top: list[str] = []
+        classes: list[tuple[str, int]] = []
+        wrong = False
+        for part in text.split():
+            key, sep, value = part.partition(":")
+            key = key.lower()
+            if not sep:
+                if part.lower() == "wrong":
+                    wrong = True
+                else:
+                    words.append(part.lower())
+            elif key == "top" and value:
+                top.append(value.lower())
+            elif key in _CLASS_FILTERS and value.isdigit():
+                classes.append((key, int(value)))
+            else:
+                raise UserError(f'"{part}": expected {QUERY_HELP}')
+        return cls(tuple(words), tuple(top), tuple(classes), wrong)
+
+    def matches(self, entry: SampleEntry) -> bool:
+        if self.wrong and not entry.wrong:
+            return False
+        if any(word not in entry.search_text for word in self.words):
+            return False
+        tops = {t.lower() for t in entry.top_tokens} if self.top else set()
+        if any(t not in tops for t in self.top):
+            return False
+        values = {"pred": entry.prediction, "target": entry.target, "label": entry.label}
+        return all(values[key] == value for key, value in self.classes)
+
+
+def select(entries: Iterable[SampleEntry], query: SampleQuery, sort: str = "index") -> list[SampleEntry]:
+    """The entries that match `query`, ordered by one of SORTS (ties in dataset order)."""
+    key = SORTS[sort][1]
+    return sorted((e for e in entries if query.matches(e)), key=lambda e: (key(e), e.index))
+
+
+# --- summary.json and check.json ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenRank:
+    token: str
+    mean_share: float  # mean share of its sample's total |attribution| per occurrence
+    mean_abs: float
+    mean: float
+    count: int
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    """Convergence deltas over the samples: absolute and relative to |F(x) - F(baseline)|."""
+
+    median_abs: float
+    p95_abs: float
+    median_rel: float
+    p95_rel: float
+    max_rel: float
+    threshold_rel: float
+    warning: str | None
+    suggested_n_steps: int | None
+
+
+@dataclass(frozen=True)
+class AttributionSummary:
+    path: Path
+    n_samples: int
+    model: str
+    data: str
+    ranking: str  # how the overall ranking was made, in words
+    top_k: tuple[TokenRank, ...]
+    deltas: DeltaStats
+    settings: dict[str, Any]
+    timing: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The optimized path (its own precision) against the original (one sample and one step at a time, fp32)."""
+
+    path: Path
+    n_samples: int
+    precision_optimized: str
+    cast_weights_optimized: bool
+    precision_original: str
+    max_rel_diff: float
+    median_rel_diff: float
+    seconds_optimized: float
+    seconds_original: float
+    speedup: float | None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file; None when it does not exist, UserError when it cannot be read or parsed."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def load_summary(results_dir: Path) -> AttributionSummary | None:
+    """results/summary.json, or None before the run wrote it."""
+    path = results_dir / SUMMARY_NAME
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        deltas = data["deltas"]
+        return AttributionSummary(
+            path=path,
+            n_samples=int(data["n_samples"]),
+            model=str(data.get("model", "")),
+            data=str(data.get("data", "")),
+            ranking=str(data.get("ranking", "")),
+            top_k=tuple(
+                TokenRank(
+                    str(t["token"]), float(t["mean_share"]), float(t["mean_abs"]), float(t["mean"]), int(t["count"])
+                )
+                for t in data["top_k"]
+            ),
+            deltas=DeltaStats(
+                median_abs=float(deltas["median_abs"]),
+                p95_abs=float(deltas["p95_abs"]),
+                median_rel=float(deltas["median_rel"]),
+                p95_rel=float(deltas["p95_rel"]),
+                max_rel=float(deltas["max_rel"]),
+                threshold_rel=float(deltas["threshold_rel"]),
+                warning=deltas.get("warning") or None,
+                suggested_n_steps=_optional_int(deltas.get("suggested_n_steps")),
+            ),
+            settings=dict(data.get("settings") or {}),
+            timing=dict(data.get("timing") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: not an attribution summary ({type(e).__name__}: {e})") from None
+
+
+def load_check(results_dir: Path) -> CheckResult | None:
+    """results/check.json, or None when the run has no check (yet)."""
+    path = results_dir / CHECK_NAME
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        speedup = data.get("speedup")
+        return CheckResult(
+            path=path,
+            n_samples=int(data["n_samples"]),
+            precision_optimized=str(data["precision_optimized"]),
+            cast_weights_optimized=bool(data.get("cast_weights_optimized", False)),
+            precision_original=str(data["precision_original"]),
+            max_rel_diff=float(data["max_rel_diff"]),
+            median_rel_diff=float(data["median_rel_diff"]),
+            seconds_optimized=float(data["seconds_optimized"]),
+            seconds_original=float(data["seconds_original"]),
+            speedup=None if speedup is None else float(speedup),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: not a check result ({type(e).__name__}: {e})") from None
+
+
+# --- everything a run has -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    name: str
+    path: Path
+    size: int
+    description: str
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What an attribution run has written so far; each part is None until its file exists."""
+
+    run_dir: Path
+    summary: AttributionSummary | None = None
+    check: CheckResult | None = None
+    samples: SampleIndex | None = None
+    exports: tuple[ExportFile, ...] = ()
+    check_samples: int = 0  # attribution.check_samples of the run's frozen profile
+    errors: tuple[str, ...] = ()  # files that exist but could not be read, and why
+
+    @property
+    def has_results(self) -> bool:
+        return self.summary is not None or self.samples is not None
+
+
+def results_stamp(run_dir: Path) -> tuple[tuple[int, int] | None, ...]:
+    """(size, mtime) of each result file, None where missing: cheap to compare to notice new files."""
+    stamps: list[tuple[int, int] | None] = []
+    for name, _ in EXPORTS:
+        try:
+            st = (run_dir / "results" / name).stat()
+            stamps.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
+
+
+def export_files(run_dir: Path) -> tuple[ExportFile, ...]:
+    found = []
+    for name, description in EXPORTS:
+        path = run_dir / "results" / name
+        try:
+            found.append(ExportFile(name, path, path.stat().st_size, description))
+        except OSError:
+            continue
+    return tuple(found)
+
+
+def frozen_check_samples(run_dir: Path) -> int:
+    """attribution.check_samples of the run's frozen profile (0 when it cannot be read)."""
+    try:
+        profile = load_profile(run_dir / "profile.toml")
+    except UserError:
+        return 0
+    section = getattr(profile, "attribution", None)
+    return int(getattr(section, "check_samples", 0) or 0)
+
+
+def load_run_files(run_dir: Path, cancelled: Callable[[], bool] = lambda: False) -> RunFiles | None:
+    """Everything readable in the run's results (None when `cancelled()` turned true while indexing)."""
+    results = run_dir / "results"
+    errors: list[str] = []
+    parts: dict[str, Any] = {}
+    for key, loader in (("summary", load_summary), ("check", load_check)):
+        try:
+            parts[key] = loader(results)
+        except UserError as e:
+            errors.append(str(e))
+    jsonl = results / JSONL_NAME
+    if jsonl.is_file():
+        try:
+            parts["samples"] = SampleIndex.build(jsonl, cancelled)
+        except UserError as e:
+            errors.append(str(e))
+        if parts.get("samples") is None and cancelled():
+            return None
+    return RunFiles(
+        run_dir=run_dir,
+        exports=export_files(run_dir),
+        check_samples=frozen_check_samples(run_dir),
+        errors=tuple(errors),
+        **parts,
+    )

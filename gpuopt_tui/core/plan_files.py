@@ -1,0 +1,79 @@
+"""Files around a memory plan, read without torch: the plan a run saved (results/plan.json, written by the plan
+run kind) and the config files a plan writes into, with their .backup copies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner import yamledit
+from gpuopt_tui.core.planner.compose import compose
+from gpuopt_tui.core.planner.search import Budget, Candidate, Recommendation, Stage, StagePlan
+from gpuopt_tui.core.profiles.plan import PlanSection
+
+PLAN_JSON = "plan.json"
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """What a plan run found: the recommendation of its tier (closed-form or measured) and the current setup."""
+
+    path: Path
+    model: str
+    current_total: int  # bytes the config as it was needs (closed form)
+    recommendation: Recommendation
+    notes: tuple[str, ...]
+
+
+def read_saved_plan(run_dir: Path) -> SavedPlan:
+    """results/plan.json of a plan run; UserError when it is missing or not a plan this version can read."""
+    path = run_dir / "results" / PLAN_JSON
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: the run saved no plan") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read it ({e})") from None
+    try:
+        budget = Budget(int(data["gpu_total_bytes"]), float(data["margin"]))
+        return SavedPlan(
+            path=path,
+            model=str(data["model"]),
+            current_total=int(data["current"]["total"]),
+            recommendation=_recommendation(data["recommendation"], budget),
+            notes=tuple(str(n) for n in data.get("notes", ())),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: not a plan this version can read ({type(e).__name__}: {e})") from None
+
+
+def _recommendation(rec: Mapping[str, Any], budget: Budget) -> Recommendation:
+    return Recommendation(
+        budget=budget,
+        target=int(rec["target_effective_batch"]),
+        mode=str(rec["mode"]),
+        b_max=int(rec["largest_micro_batch"]),
+        chosen=Candidate(**rec["chosen"]),
+        candidates=tuple(Candidate(**c) for c in rec["candidates"]),
+        current=Candidate(**rec["current"]) if rec.get("current") else None,
+        stages=tuple(StagePlan(**{**s, "stage": Stage(**s["stage"])}) for s in rec["stages"]),
+        tier=str(rec["tier"]),
+    )
+
+
+def config_files(plan: PlanSection) -> list[Path]:
+    """The files a plan may write into: every file of the composed config, then the stage files (each once)."""
+    if not plan.config:
+        raise UserError("no training config: set plan.config (the YAML file the plan writes into)")
+    files = [layer.path for layer in compose(Path(plan.config).expanduser(), plan.overrides).layers]
+    files += [Path(s).expanduser() for s in plan.stages]
+    return list(dict.fromkeys(files))
+
+
+def restorable(files: Iterable[Path]) -> list[Path]:
+    """The files that have a .backup copy to restore."""
+    return [f for f in files if yamledit.backup_path(f).is_file()]

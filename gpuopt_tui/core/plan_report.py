@@ -1,0 +1,243 @@
+"""A memory plan as tables and a bar of GPU memory: rich renderables shared by `gpuopt-tui plan` and the planner
+screen (no torch, no Textual)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.planner.estimate import Estimate
+from gpuopt_tui.core.planner.search import Candidate, Recommendation, StagePlan
+
+if TYPE_CHECKING:
+    from gpuopt_tui.core.planner.session import PlanInputs
+
+# one colour per component of the estimate, shared by the breakdown table and the bar
+COMPONENT_COLOURS = {
+    "weights": "blue",
+    "gradients": "magenta",
+    "optimizer": "yellow",
+    "master": "dark_orange",
+    "buckets": "cyan",
+    "cast_cache": "bright_blue",
+    "activations": "green",
+    "recompute": "bright_green",
+    "logits": "bright_magenta",
+    "working": "bright_cyan",
+    "optimizer_temp": "khaki1",
+    "batch": "white",
+    "workspaces": "grey62",
+    "allocator": "grey42",
+    "context": "red",
+}
+CANDIDATE_COLUMNS = ("", "micro", "accum", "effective", "deviation", "peak", "of GPU", "fits", "configuration")
+SWATCH = "■"
+FILLED = "█"
+FREE = "░"
+MARGIN_MARK = "┃"
+
+
+def _table(title: str | None = None) -> Table:
+    return Table(title=title, box=None, header_style="bold", title_justify="left", pad_edge=False)
+
+
+def header_lines(inputs: PlanInputs) -> list[Text]:
+    """What is planned: the model, the training setup and the memory budget, a line each."""
+    spec, s = inputs.spec, inputs.setup
+    lora = f" (r={s.lora_rank}, {','.join(s.lora_targets)})" if s.trainable == "lora" else ""
+    samples = f", {s.n_positives}+{s.n_negatives} samples per anchor" if s.sequences_per_example > 1 else ""
+    return [
+        Text.assemble(
+            ("model ", "bold"),
+            f"{inputs.model.label}: {spec.model_type} {spec.task}, {spec.layers} layers, hidden {spec.hidden}, "
+            f"{spec.params / 1e6:.1f}M parameters",
+        ),
+        Text.assemble(
+            ("setup ", "bold"),
+            f"{s.precision}, {s.optimizer}, trains {s.trainable}{lora}, checkpointing "
+            f"{'on' if s.gradient_checkpointing else 'off'}, seq {s.seq_len}, micro-batch {s.micro_batch} x "
+            f"accumulate {s.accumulate} x {s.n_gpus} GPU(s) = {s.effective_batch}{samples}",
+        ),
+        Text.assemble(
+            ("budget ", "bold"),
+            f"{inputs.budget.margin:.0%} of {human_bytes(inputs.gpu.total)} ({inputs.gpu.label}) = "
+            f"{human_bytes(inputs.budget.limit)}",
+        ),
+    ]
+
+
+def breakdown_table(est: Estimate, notes: bool = True, title: str | None = None) -> Table:
+    """One row per component (a coloured swatch, its size, whether it is part of the peak), then the totals."""
+    table = _table(title)
+    table.add_column("component")
+    table.add_column("size", justify="right")
+    table.add_column("at peak", justify="center")
+    if notes:
+        table.add_column("how", style="dim")
+    for c in est.components:
+        label = Text.assemble((SWATCH + " ", COMPONENT_COLOURS.get(c.key, "default")), c.label)
+        table.add_row(label, human_bytes(c.bytes), "yes" if c.in_peak else "", *([c.note] if notes else []))
+    table.add_section()
+    table.add_row(
+        Text("peak reserved by torch", style="bold"),
+        human_bytes(est.reserved),
+        "",
+        *(["what torch.cuda.max_memory_reserved() shows"] if notes else []),
+    )
+    table.add_row(
+        Text("total on the GPU", style="bold"),
+        human_bytes(est.total),
+        "",
+        *(["with the CUDA context (what nvidia-smi shows)"] if notes else []),
+    )
+    return table
+
+
+def candidate_rows(rec: Recommendation) -> list[tuple[Candidate, bool]]:
+    """The current setup, the candidates and the chosen configuration (once), each with whether it is chosen."""
+    key = (rec.chosen.micro_batch, rec.chosen.accumulate)
+    same = [c for c in rec.candidates if (c.micro_batch, c.accumulate) == key]
+    chosen = same[0] if same else rec.chosen
+    rows = [c for c in (rec.current, *rec.candidates, *([] if same else [rec.chosen])) if c is not None]
+    return [(c, c is chosen) for c in rows]
+
+
+def utilisation_text(c: Candidate) -> Text:
+    colour = "green" if c.fits and c.utilisation >= 0.6 else ("yellow" if c.fits else "red")
+    return Text(f"{c.utilisation:.0%}", style=colour, justify="right")
+
+
+def candidate_cells(c: Candidate, chosen: bool) -> tuple[Text, ...]:
+    """The cells of one candidate, in the order of CANDIDATE_COLUMNS: the figures first, the name last (the
+    chosen one marked)."""
+    return (
+        Text(">" if chosen else "", style="bold"),
+        Text(str(c.micro_batch), justify="right"),
+        Text(str(c.accumulate), justify="right"),
+        Text(str(c.effective_batch), justify="right"),
+        Text(f"{c.deviation:+.1%}" if c.deviation else "exact", justify="right"),
+        Text(human_bytes(c.peak), justify="right"),
+        utilisation_text(c),
+        Text("yes", justify="right") if c.fits else Text("no", style="red", justify="right"),
+        Text(c.label, style="bold" if chosen else ""),
+    )
+
+
+def candidates_table(rec: Recommendation, title: str | None = None) -> Table:
+    table = _table(title)
+    for column in CANDIDATE_COLUMNS:
+        if column == "configuration":
+            table.add_column(column, ratio=1)  # the name takes what the figures leave, wrapped if it must
+        else:
+            table.add_column(column, justify="left" if not column else "right", no_wrap=True, min_width=1)
+    for c, chosen in candidate_rows(rec):
+        table.add_row(*candidate_cells(c, chosen))
+    return table
+
+
+def recommendation_text(rec: Recommendation) -> Text:
+    c = rec.chosen
+    return Text(
+        f"> recommended ({rec.mode}): micro-batch {c.micro_batch} x accumulate {c.accumulate} = {c.effective_batch}, "
+        f"{human_bytes(c.peak)} total on the GPU ({c.utilisation:.0%}); largest micro-batch under the budget: "
+        f"{rec.b_max}"
+    )
+
+
+STAGES_TITLE = (
+    "curriculum stages: each one's largest micro-batch, and at the chosen micro-batch its peak and the most "
+    "samples per anchor (positives + negatives) that fit"
+)
+
+
+def stages_table(stages: Sequence[StagePlan], title: str | None = None, file_names: bool = False) -> Table:
+    """Per curriculum stage: its samples per anchor, its own largest micro-batch, and what the chosen micro-batch
+    costs and allows. `file_names` shows stage files by name instead of their full path (which may fold)."""
+    table = _table(title)
+    table.add_column("stage", overflow="fold", no_wrap=file_names)
+    for column in ("n_pos", "n_neg", "max batch", "peak at chosen", "max samples"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for p in stages:
+        table.add_row(
+            Path(p.stage.name).name if file_names else p.stage.name,
+            str(p.stage.n_positives),
+            str(p.stage.n_negatives),
+            str(p.b_max),
+            f"{human_bytes(p.peak)} {p.utilisation:.0%}",
+            f"{p.max_positives} + {p.max_negatives}",
+        )
+    return table
+
+
+@dataclass(frozen=True)
+class Segment:
+    bytes: int
+    colour: str
+
+
+class MemoryBar:
+    """GPU memory as one line of coloured segments over the card's size, the budget's margin marked, and a caption
+    with the figures. Drawn at whatever width it is given."""
+
+    def __init__(self, segments: Iterable[Segment], gpu_total: int, margin: float, label: str = "") -> None:
+        self.segments = tuple(s for s in segments if s.bytes > 0)
+        self.gpu_total = gpu_total
+        self.margin = margin
+        self.label = label  # starts the caption
+
+    @property
+    def used(self) -> int:
+        return sum(s.bytes for s in self.segments)
+
+    def cells(self, width: int) -> list[str]:
+        """The colour of each of `width` cells ("" for free memory); a segment ends at its rounded boundary."""
+        colours = [""] * width
+        start = 0
+        total = 0
+        for s in self.segments:
+            total += s.bytes
+            end = min(width, round(total / self.gpu_total * width))
+            colours[start:end] = [s.colour] * (end - start)
+            start = max(start, end)
+        return colours
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(10, options.max_width)
+        mark = min(width - 1, int(self.margin * width))
+        bar = Text()
+        for i, colour in enumerate(self.cells(width)):
+            if i == mark:
+                bar.append(MARGIN_MARK, style=f"bold white on {colour}" if colour else "bold yellow")
+            else:
+                bar.append(FILLED if colour else FREE, style=colour or "grey30")
+        yield bar
+        used, limit = self.used, int(self.gpu_total * self.margin)
+        verdict = Text(" · over the budget", style="bold red") if used > limit else Text("")
+        yield Text.assemble(
+            (f"{self.label}: " if self.label else "", "bold"),
+            f"{human_bytes(used)} of {human_bytes(self.gpu_total)} ({used / self.gpu_total:.0%}) · ",
+            (MARGIN_MARK, "bold yellow"),
+            f" margin {self.margin:.0%} = {human_bytes(limit)}",
+            verdict,
+        )
+
+
+def breakdown_bar(est: Estimate, gpu_total: int, margin: float, label: str = "") -> MemoryBar:
+    """The components at the peak, in the colours of the breakdown table (they add up to the total)."""
+    return MemoryBar(
+        (Segment(c.bytes, COMPONENT_COLOURS.get(c.key, "white")) for c in est.components if c.in_peak),
+        gpu_total,
+        margin,
+        label,
+    )
+
+
+def candidate_bar(c: Candidate, gpu_total: int, margin: float, label: str = "") -> MemoryBar:
+    return MemoryBar([Segment(c.peak, "green" if c.fits else "red")], gpu_total, margin, label)

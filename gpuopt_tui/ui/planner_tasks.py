@@ -1,0 +1,248 @@
+"""What the planner screen does off the UI thread: read the configs and the plan runs, ask NVML, preview and write
+config changes. Each function returns what to show and raises UserError for what the user can fix; none touches
+a widget, so the screen calls them from thread workers."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.text import Text
+
+from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.plan_files import SavedPlan, config_files, read_saved_plan, restorable
+from gpuopt_tui.core.plan_report import breakdown_bar, breakdown_table, candidate_bar, header_lines
+from gpuopt_tui.core.planner import gpu as gpu_memory
+from gpuopt_tui.core.planner import session, yamledit
+from gpuopt_tui.core.planner.measure import ALLOC_CONF
+from gpuopt_tui.core.planner.search import Candidate, Recommendation
+from gpuopt_tui.core.planner.yamledit import FilePatch
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.core.runs import RunInfo, resolve_paths
+from gpuopt_tui.ui.screens.kind import display_path
+from gpuopt_tui.ui.widgets.planner_view import TierPlan
+from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE
+
+CLOSED_FORM = "closed-form estimate"
+
+
+def gpu_index(device: str) -> int:
+    return int(device[5:]) if device.startswith("cuda:") else 0
+
+
+def resolved(profile: PlanProfile, base: Path) -> PlanProfile:
+    """A copy with relative file paths taken from `base` (the profile file's directory), as a run takes them;
+    ProfileError naming the key of a file that does not exist."""
+    profile = copy.deepcopy(profile)
+    resolve_paths(profile, base, FORM_SOURCE)
+    stages = []
+    for i, stage in enumerate(profile.plan.stages):
+        path = Path(stage).expanduser()
+        path = path if path.is_absolute() else (base / path).resolve()
+        if not path.is_file():
+            raise ProfileError(FORM_SOURCE, f"plan.stages[{i}]", f"{path}: no such file")
+        stages.append(str(path))
+    profile.plan.stages = stages
+    return profile
+
+
+def plan_inputs(profile: PlanProfile) -> session.PlanInputs:
+    """session.prepare, with a message naming the profile key when the GPU's memory is neither given nor found."""
+    memory = None
+    if profile.plan.gpu_memory_gb == "auto":
+        index = gpu_index(profile.run.device)
+        memory = gpu_memory.detect(index)
+        if memory is None:
+            raise ProfileError(
+                FORM_SOURCE,
+                "plan.gpu_memory_gb",
+                f"no GPU {index} found here through NVML: give the memory of the card to plan for, in GB "
+                "(e.g. 24, or 80 for an A100/H100 80GB)",
+            )
+    return session.prepare(profile, memory)
+
+
+# --- the closed-form tier ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    plan: TierPlan
+    config: str  # where the plan writes, and what Undo would restore
+    stages: bool  # the plan has curriculum stages
+
+
+def closed_form(profile: PlanProfile, base: Path) -> ClosedForm:
+    """The closed-form estimate of the profile (a demo model's config may take seconds the first time)."""
+    profile = resolved(profile, base)
+    inputs = plan_inputs(profile)
+    est = session.estimate_current(inputs)
+    plan = TierPlan(
+        head=Text(f"{CLOSED_FORM} of {inputs.model.label}, peak at {est.phase}", style="bold"),
+        details=header_lines(inputs),
+        rec=session.recommend_closed_form(inputs),
+        current=breakdown_bar(est, inputs.gpu.total, inputs.budget.margin, "current setup"),
+        breakdown=breakdown_table(est, notes=False, title="current setup, component by component"),
+        notes=inputs.notes,
+    )
+    return ClosedForm(plan, config_line(profile), bool(inputs.stages))
+
+
+def config_line(profile: PlanProfile) -> str:
+    if not profile.plan.config:
+        return "No training config (plan.config): the plan is not written anywhere."
+    files = config_files(profile.plan)
+    stages = len(profile.plan.stages)
+    parts = [f"Config {display_path(Path(profile.plan.config))}"]
+    if len(files) - stages > 1:
+        parts.append(f"composed of {len(files) - stages} files")
+    if stages:
+        parts.append(f"{stages} stage files")
+    backups = [yamledit.backup_path(f).name for f in restorable(files)]
+    parts.append(f"Undo restores {', '.join(backups)}" if backups else "no backups yet")
+    return "; ".join(parts)
+
+
+# --- the measured tier ---------------------------------------------------------------------------------------
+
+
+def measuring_gpu(profile: PlanProfile) -> gpu_memory.GpuMemory:
+    """The GPU the probes would run on; UserError, saying that nothing starts, when there is none."""
+    device = profile.run.device
+    if device == "cpu":
+        raise UserError("measuring runs probes on a GPU and run.device = cpu: set it to auto, cuda or cuda:N")
+    index = gpu_index(device)
+    found = gpu_memory.detect(index)
+    if found is None:
+        raise UserError(
+            f"No GPU {index} found here through NVML: measuring needs a GPU, so no run was started. "
+            "The closed-form estimate needs none."
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """A plan run as the Measured tab sees it."""
+
+    info: RunInfo
+    measure: bool  # its profile has plan.measure = true
+    gpu: int  # the GPU its probes run on
+    saved: SavedPlan | None = None  # once it finished
+    error: str = ""  # why its profile or its plan cannot be read
+
+
+def read_plan_run(info: RunInfo) -> PlanRun:
+    try:
+        profile = load_profile(info.dir / "profile.toml")
+    except UserError as e:
+        return PlanRun(info, False, 0, error=str(e))
+    if not isinstance(profile, PlanProfile):
+        return PlanRun(info, False, 0)
+    run = PlanRun(info, profile.plan.measure, gpu_index(profile.run.device))
+    if info.status != "finished" or not run.measure:
+        return run
+    try:
+        return dataclasses.replace(run, saved=read_saved_plan(info.dir))
+    except UserError as e:
+        return dataclasses.replace(run, error=str(e))
+
+
+def newest_measuring_run(runs: Sequence[RunInfo]) -> PlanRun | None:
+    """The newest of the plan runs (newest first) that measures."""
+    return next((run for run in map(read_plan_run, runs) if run.measure), None)
+
+
+def measured_plan(run: PlanRun, saved: SavedPlan) -> TierPlan:
+    rec = saved.recommendation
+    budget = rec.budget
+    return TierPlan(
+        head=Text(f"measured on GPU {run.gpu} of {saved.model}", style="bold"),
+        details=[
+            Text(f"run {run.info.id} ({run.info.name}): peaks fitted to probes on the GPU (see its log)"),
+            Text(f"budget {budget.margin:.0%} of {human_bytes(budget.gpu_total)} = {human_bytes(budget.limit)}"),
+        ],
+        rec=rec,
+        current=candidate_bar(rec.current, budget.gpu_total, budget.margin, "current setup") if rec.current else None,
+        breakdown=None,
+        notes=saved.notes,
+    )
+
+
+# --- writing the config --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preview:
+    question: str
+    patches: list[FilePatch]
+
+    @property
+    def diff(self) -> str:
+        return "".join(p.diff for p in self.patches)
+
+
+def preview(
+    profile: PlanProfile, base: Path, measured: Recommendation | None, choice: Candidate | None, tune: bool
+) -> Preview:
+    """The verified patches that write `choice` (else the recommendation of `measured`, else of the closed form)
+    into the profile's config, and the question to ask before writing them."""
+    profile = resolved(profile, base)
+    if not profile.plan.config:
+        raise UserError("no training config to write to: set plan.config to the YAML file the training reads")
+    inputs = plan_inputs(profile)
+    rec = measured or session.recommend_closed_form(inputs)
+    if choice is not None:
+        rec = dataclasses.replace(rec, chosen=choice)
+    patches = [p for p in session.planned_patches(inputs, rec, tune) if p.changes]
+    c = rec.chosen
+    what = f"micro-batch {c.micro_batch} x accumulate {c.accumulate} ({c.label.strip()}, {rec.tier})"
+    if not patches:
+        raise UserError(f"the config already holds {what}; nothing to write")
+    files = ", ".join(p.path.name for p in patches)
+    return Preview(f"Write {what} into {files}? Each file is copied to NAME.backup first.", patches)
+
+
+def apply(patches: Sequence[FilePatch]) -> str:
+    """Write previewed patches (refused, as a UserError, for a file changed since the preview or read-only)."""
+    backups = yamledit.apply(patches)
+    written = ", ".join(p.path.name for p in patches)
+    return (
+        f"wrote {written}; the previous version is in {', '.join(b.name for b in backups)} (Undo restores it). "
+        f"Train with PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF}, as the plan assumes."
+    )
+
+
+@dataclass(frozen=True)
+class Restorable:
+    path: Path
+    sha256: str  # of the file as the undo preview read it
+    diff: str  # from the file back to its backup
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(yamledit.read_text(path)[0]).hexdigest()
+
+
+def undo_preview(profile: PlanProfile, base: Path) -> list[Restorable]:
+    files = config_files(resolved(profile, base).plan)
+    backed_up = restorable(files)
+    if not backed_up:
+        raise UserError(f"no .backup next to {', '.join(f.name for f in files)}: nothing to undo")
+    return [Restorable(f, _sha256(f), yamledit.undo_preview(f)) for f in backed_up]
+
+
+def undo(files: Sequence[Restorable]) -> str:
+    """Restore the backups, if no file changed since the undo preview (all are checked before any is restored)."""
+    for f in files:
+        if _sha256(f.path) != f.sha256:
+            raise UserError(f"{f.path}: the file changed since the preview; nothing was restored, undo again")
+    for f in files:
+        yamledit.undo(f.path)
+    return f"restored {', '.join(f.path.name for f in files)} from the backups"

@@ -1,0 +1,96 @@
+"""The words and figures of the attribution results: a sample's heading, the convergence-delta report and the
+optimized-vs-original check report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.content import Content
+
+from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, Sample
+
+CHECK_TOLERANCE = 1e-2  # relative difference within which the optimized path counts as agreeing
+
+
+def figure(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def percent(value: float) -> str:
+    return f"{value * 100:.3g}%"
+
+
+def sample_heading(sample: Sample) -> Content:
+    e = sample.entry
+    what = "candidate " if sample.two_tower else ""
+    label = "" if e.label is None else f" · label {e.label}"
+    explained = "" if e.target == e.prediction else f" · explained {what}{e.target}"
+    return Content(
+        f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}\n"
+        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|"
+    )
+
+
+def delta_report(summary: AttributionSummary | None) -> Content:
+    if summary is None:
+        return Content("summary.json is not written yet.")
+    d, s = summary.deltas, summary.settings
+    lines = [
+        Content.from_markup("[b]Convergence delta[/]"),
+        Content(
+            f"sum of a sample's attributions − (F(x) − F(baseline)), over {summary.n_samples} samples; "
+            "relative: divided by |F(x) − F(baseline)|"
+        ),
+        Content(f"  relative  median {figure(d.median_rel)} · p95 {figure(d.p95_rel)} · max {figure(d.max_rel)}"),
+        Content(f"  absolute  median {figure(d.median_abs)} · p95 {figure(d.p95_abs)}"),
+    ]
+    if d.warning:
+        warning = d.warning
+        if d.suggested_n_steps and str(d.suggested_n_steps) not in warning:
+            warning += f"; suggested n_steps: {d.suggested_n_steps}"
+        lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=warning))
+    else:
+        lines.append(
+            Content(f"  the median relative delta is within the warning threshold ({figure(d.threshold_rel)})")
+        )
+    lines += [Content(""), Content.from_markup("[b]Settings[/]"), Content("  " + settings_line(s))]
+    rate, seconds = summary.timing.get("samples_per_s"), summary.timing.get("compute_seconds")
+    if isinstance(rate, (int, float)) and isinstance(seconds, (int, float)):
+        lines.append(Content(f"  speed {rate:,.1f} samples/s ({seconds:.3g} s of attribution)"))
+    return Content("\n").join(lines)
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    path = "batched" if settings.get("optimized") else "one sample and one step at a time"
+    keys = ("n_steps", "method", "precision", "baseline", "target", "device")
+    return " · ".join([*(f"{k} {settings[k]}" for k in keys if k in settings), path])
+
+
+def path_names(check: CheckResult) -> tuple[str, str]:
+    weights = f"{check.precision_optimized} weights" if check.cast_weights_optimized else check.precision_optimized
+    return (
+        f"optimized: samples × steps batched, {weights}",
+        f"original: one sample and one step at a time, {check.precision_original}",
+    )
+
+
+def check_report(check: CheckResult) -> Content:
+    optimized, original = path_names(check)
+    agrees = check.max_rel_diff <= CHECK_TOLERANCE
+    verdict = (
+        f"within {CHECK_TOLERANCE:g}: the optimized path agrees with the original"
+        if agrees
+        else f"above {CHECK_TOLERANCE:g}: the optimized scores differ; try use_amp = false or amp_mode = autocast"
+    )
+    speed = f" ({check.speedup:.3g}× faster)" if check.speedup else ""
+    lines = [
+        Content.from_markup("[b]Optimized vs original[/] on the first $n samples", n=str(check.n_samples)),
+        Content(f"  {optimized}"),
+        Content(f"  {original}"),
+        Content(f"  max relative difference     {check.max_rel_diff:.3g}"),
+        Content(f"  median relative difference  {check.median_rel_diff:.3g}"),
+        Content("  (per sample: max |optimized − original| / max |original| over its token scores)"),
+        Content.from_markup(f"  [{'$success' if agrees else '$warning'}]$verdict[/]", verdict=verdict),
+        Content(f"  time: optimized {check.seconds_optimized:.3g} s, original {check.seconds_original:.3g} s{speed}"),
+    ]
+    return Content("\n").join(lines)

@@ -1,0 +1,309 @@
+"""The results of an attribution run, in tabs: samples (a searchable list and the selected sample's token
+heatmap with its top tokens), the overall top tokens, convergence deltas, the optimized-vs-original check
+and the exported files.
+
+Everything shown comes from the run's result files, read in a thread worker (core.attribution_results); a
+sample's tokens are read from disk when it is selected. A run that is still going shows what it has written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.timer import Timer
+from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
+from textual.worker import get_current_worker
+
+from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, RunFiles, load_run_files, results_stamp
+from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
+from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
+from gpuopt_tui.ui.widgets.token_heatmap import shade
+
+FILES_CHECK_S = 1.0  # while the shown run is going on: how often its result files are looked at (a stat each)
+TOP_COLUMNS = ("#", "token", "share", "mean", "mean |a|", "count")
+
+
+class AttributionRunResults(RunResults):
+    """Results of the latest attribution run (see the module docstring)."""
+
+    ALLOW_MAXIMIZE = True
+    can_focus = False  # its tables, search field and tabs take the focus
+    DEFAULT_CSS = """
+    AttributionRunResults {
+        overflow-y: hidden;
+        #results-text { height: auto; }
+        #attribution-tabs { height: 1fr; display: none; }
+        #attribution-tabs > ContentSwitcher { height: 1fr; }
+        TabPane { height: 1fr; padding: 0; }
+        #overall-top { height: auto; }
+        #top-note, #files-note { color: $text-muted; }
+        #files-note { margin-bottom: 1; }
+        #check-run { margin-top: 1; width: auto; }
+        #export-files { height: 1fr; }
+    }
+    AttributionRunResults.-has-results #attribution-tabs { display: block; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("c", "copy_path", "Copy path", id="attribution.copy", tooltip="Copy the highlighted path"),
+    ]
+
+    class Loaded(Message):
+        """The result files of run `run_id`, read by the loading worker."""
+
+        def __init__(self, run_id: str, files: RunFiles) -> None:
+            super().__init__()
+            self.run_id = run_id
+            self.files = files
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._state: object = object()  # (run id, status, end, result file stamps) last shown
+        self._info: RunInfo | None = None
+        self._files: RunFiles | None = None
+        self._files_timer: Timer | None = None
+        self._loading = False  # result files of the shown run are being read
+        self._loaded_stamp: tuple[tuple[int, int] | None, ...] = ()  # of the files last read
+
+    def compose(self) -> ComposeResult:
+        yield from super().compose()
+        with TabbedContent(id="attribution-tabs"):
+            with TabPane("Samples", id="tab-samples"):
+                yield SampleBrowser(id="samples")
+            with TabPane("Top tokens", id="tab-top"), VerticalScroll():
+                yield Static("", id="top-note", markup=False)
+                yield DataTable(id="overall-top", cursor_type="none", show_cursor=False)
+            with TabPane("Deltas", id="tab-deltas"), VerticalScroll():
+                yield Static("", id="delta-text", markup=False)
+            with TabPane("Check", id="tab-check"), VerticalScroll():
+                yield Static("", id="check-text", markup=False)
+                yield Button("Run a check", id="check-run", compact=True)
+            with TabPane("Files", id="tab-files"):
+                yield Static("", id="files-note", markup=False)
+                yield OptionList(id="export-files", compact=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#overall-top", DataTable)
+        table.add_columns(*TOP_COLUMNS)
+        table.can_focus = False  # read-only, shown whole: the pane around it scrolls
+
+    # -- which run, and reading its files -----------------------------------------------------------------------
+
+    def show(self, info: RunInfo | None) -> None:
+        self._watch_files(info is not None and info.active)
+        stamp = results_stamp(info.dir) if info is not None else ()
+        state = (info.id, info.status, info.ended, stamp) if info is not None else None
+        if state == self._state:
+            return
+        self._state = state
+        if info is None or self._info is None or info.id != self._info.id:
+            self._files, self._loaded_stamp, self._loading = None, (), False
+            self.set_class(False, "-has-results")
+        self._info = info
+        # read the files again only when they changed (not when only the run's status did)
+        reload = info is not None and any(stamp) and stamp != self._loaded_stamp
+        self._loading = self._loading or reload
+        super().show(info)  # the header, and the log of a failed run
+        if info is not None and reload:
+            self._loaded_stamp = stamp
+            self._load(info)
+        elif self._files is not None:
+            self._show_check(self._files.check)  # what it says depends on whether the run goes on
+
+    def _watch_files(self, on: bool) -> None:
+        """While the shown run goes on, look for new result files: the engine writes them before its check,
+        and no change of the run's progress or status says so."""
+        if on and self._files_timer is None:
+            self._files_timer = self.set_interval(FILES_CHECK_S, self._files_changed, name="attribution files")
+        elif not on and self._files_timer is not None:
+            self._files_timer.stop()
+            self._files_timer = None
+
+    def _files_changed(self) -> None:
+        if self._info is not None and self.screen.is_current:  # a hidden screen catches up when shown again
+            self.show(self._info)
+
+    def _load(self, info: RunInfo) -> None:
+        run_id, run_dir = info.id, info.dir
+
+        def read() -> None:
+            worker = get_current_worker()
+            files = load_run_files(run_dir, lambda: worker.is_cancelled)
+            if files is not None:
+                self.post_message(self.Loaded(run_id, files))
+
+        self.run_worker(
+            read,
+            name="attribution results",
+            group="attribution-results",
+            thread=True,
+            exclusive=True,
+            exit_on_error=False,
+        )
+
+    def describe(self, info: RunInfo | None) -> Content:
+        if info is None:
+            return Content("")
+        files = self._files if self._files is not None and self._files.run_dir == info.dir else None
+        if files is not None and files.has_results:
+            return self._overview(info, files)
+        if info.status in ("failed", "crashed"):
+            return super().describe(info)
+        if self._loading:
+            return Content("Reading the results…")
+        if info.active:
+            return Content("The sample list, heatmaps and tables appear here once the run has written its results.")
+        if info.status == "cancelled":
+            done, total = info.progress.get("done", 0), info.progress.get("total", "?")
+            return Content(
+                f"Cancelled after {done} of {total} samples. The finished batches are kept: "
+                f"`gpuopt-tui resume {info.id}` goes on from them and writes the results."
+            )
+        return Content(f"This run wrote no attribution results in {info.dir / 'results'}.")
+
+    def _overview(self, info: RunInfo, files: RunFiles) -> Content:
+        summary, samples = files.summary, files.samples
+        parts: list[Content] = []
+        if summary is not None:
+            line = f"{summary.n_samples} samples · {summary.data} · {summary.model}"
+            parts.append(Content.from_markup("[b]$line[/]", line=line))
+        if info.active:
+            parts.append(Content.from_markup("[$text-muted]still running: results so far[/]"))
+        if samples is not None and samples.corrupt:
+            message = f"{samples.corrupt} unreadable line(s) of {samples.path.name} were skipped"
+            parts.append(Content.from_markup("[$warning]$message[/]", message=message))
+        parts.extend(Content.from_markup("[$error]$error[/]", error=error) for error in files.errors)
+        return Content("\n").join(parts)
+
+    @on(Loaded)
+    def _loaded(self, message: Loaded) -> None:
+        if self._info is None or message.run_id != self._info.id:
+            return  # read for a run that is no longer shown
+        same_run = self._files is not None
+        files = self._files = message.files
+        self._loading = False
+        self.query_one("#results-text", Static).update(self.describe(self._info))
+        self.set_class(files.has_results, "-has-results")
+        self.query_one(SampleBrowser).show_index(files.samples, same_run)
+        self._show_top(files.summary)
+        self._show_deltas(files.summary)
+        self._show_check(files.check)
+        self._show_files(files)
+        self.refresh_bindings()
+
+    # -- the other tabs -----------------------------------------------------------------------------------------
+
+    def _show_top(self, summary: AttributionSummary | None) -> None:
+        table = self.query_one("#overall-top", DataTable)
+        table.clear()
+        note = self.query_one("#top-note", Static)
+        if summary is None:
+            note.update("summary.json is not written yet.")
+            return
+        least = summary.settings.get("min_token_count")
+        fewer = f"; tokens seen fewer than {least} times are left out" if least else ""
+        note.update(f"Top {len(summary.top_k)} tokens over {summary.n_samples} samples, by {summary.ranking}{fewer}.")
+        largest = max((t.mean_share for t in summary.top_k), default=0.0)
+        for rank, t in enumerate(summary.top_k, 1):
+            table.add_row(
+                right(str(rank)),
+                Text(t.token, style=shade(math.copysign(t.mean_share, t.mean), largest) or ""),
+                right(percent(t.mean_share)),
+                right(f"{t.mean:+.3g}"),
+                right(figure(t.mean_abs)),
+                right(str(t.count)),
+            )
+
+    def _show_deltas(self, summary: AttributionSummary | None) -> None:
+        self.query_one("#delta-text", Static).update(delta_report(summary))
+
+    def _show_check(self, check: CheckResult | None) -> None:
+        info, files = self._info, self._files
+        text = self.query_one("#check-text", Static)
+        button = self.query_one("#check-run", Button)
+        button.label = "Run the check again" if check else "Run a check"
+        button.display = info is None or not info.active
+        if check is not None:
+            text.update(check_report(check))
+        elif info is not None and info.active and files is not None and files.check_samples:
+            text.update(
+                f"This run compares the two paths on its first {files.check_samples} samples after the "
+                "attribution; the figures appear here when that is done."
+            )
+        else:
+            text.update(
+                "This run has no check of the optimized path against the original. ctrl+t (or the button) runs "
+                "the profile in the form on a few samples with check_samples set: both paths attribute them and "
+                "the relative difference of their token scores shows here."
+            )
+
+    def _show_files(self, files: RunFiles) -> None:
+        note = self.query_one("#files-note", Static)
+        note.update(f"Run directory {files.run_dir}\nenter or c copies the highlighted path.")
+        options = self.query_one("#export-files", OptionList)
+        highlighted = options.highlighted
+        options.clear_options()
+        options.add_option(Option(Content.from_markup("[b]run directory[/]"), id=str(files.run_dir)))
+        for f in files.exports:
+            prompt = Content.from_markup(
+                "[b]$name[/]  $size\n[$text-muted]$description[/]",
+                name=f.name,
+                size=human_bytes(f.size),
+                description=f.description,
+            )
+            options.add_option(Option(prompt, id=str(f.path)))
+        options.highlighted = highlighted if highlighted is not None and highlighted < options.option_count else 0
+
+    # -- actions ------------------------------------------------------------------------------------------------
+
+    @property
+    def has_results(self) -> bool:
+        return self.has_class("-has-results")
+
+    def focus_first(self) -> None:
+        """Focus the sample table, or the tabs when another tab is shown."""
+        if self.active_tab == "tab-samples":
+            self.query_one(SampleBrowser).focus_table()
+        else:
+            self.query_one("#attribution-tabs Tabs").focus()
+
+    @property
+    def active_tab(self) -> str:
+        return self.query_one("#attribution-tabs", TabbedContent).active
+
+    def show_tab(self, tab: str) -> None:
+        self.query_one("#attribution-tabs", TabbedContent).active = tab
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "copy_path":
+            return self.has_results and self.active_tab == "tab-files"
+        return True
+
+    def action_copy_path(self) -> None:
+        options = self.query_one("#export-files", OptionList)
+        if options.highlighted is not None:
+            self._copy(options.get_option_at_index(options.highlighted).id)
+
+    @on(OptionList.OptionSelected, "#export-files")
+    def _selected_file(self, event: OptionList.OptionSelected) -> None:
+        self._copy(event.option.id)
+
+    def _copy(self, path: str | None) -> None:
+        if path:
+            self.app.copy_to_clipboard(path)
+            self.app.notify(path, title="Path copied to the clipboard", markup=False)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_changed(self) -> None:
+        self.refresh_bindings()

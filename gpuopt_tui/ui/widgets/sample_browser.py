@@ -1,0 +1,239 @@
+"""The samples of an attribution run: a searchable, sortable list a page at a time, and the selected sample's
+token heatmap and top tokens, read from its line of attributions.jsonl when it is selected."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.timer import Timer
+from textual.widgets import DataTable, Input, Static
+
+from gpuopt_tui.core.attribution_results import (
+    QUERY_HELP,
+    SORTS,
+    Sample,
+    SampleEntry,
+    SampleIndex,
+    SampleQuery,
+    page,
+    page_count,
+    select,
+)
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.ui.widgets.attribution_text import sample_heading
+from gpuopt_tui.ui.widgets.token_heatmap import heatmap, legend, shade
+
+PAGE_SIZE = 500  # rows in the sample table at a time
+CACHED_SAMPLES = 64  # samples kept parsed, so moving the cursor back and forth reads nothing again
+SEARCH_DELAY_S = 0.25  # the search runs once the typing pauses this long
+SEARCH_PLACEHOLDER = "/ search: words top:TOKEN pred:N label:N wrong"
+SAMPLE_COLUMNS = ("#", "pred", "tgt", "label", "p", "rel Δ", "top token")
+TOP_COLUMNS = ("#", "token", "at", "score")
+
+
+def right(text: str, style: str = "") -> Text:
+    return Text(text, style=style, justify="right")
+
+
+class SampleBrowser(Vertical):
+    """`show_index(index)` lists its samples; the search, the order and the selected sample are kept when the
+    same run's file is shown again."""
+
+    DEFAULT_CSS = """
+    SampleBrowser {
+        #sample-status { height: 1; text-wrap: nowrap; text-overflow: ellipsis; color: $text-muted; }
+        #sample-table { height: 45%; min-height: 3; }
+        #sample-detail { height: 1fr; }
+        #sample-heading { text-style: bold; }
+        #heatmap { margin: 1 0; }
+        #sample-top { height: auto; }
+        #heatmap-legend { color: $text-muted; }
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "search", "Search", id="attribution.search", tooltip=f"Search: {QUERY_HELP}"),
+        Binding("s", "cycle_sort", "Sort", id="attribution.sort", tooltip="Dataset order, largest delta, least sure"),
+        Binding("left_square_bracket", "page(-1)", "Prev page", key_display="[", id="attribution.prev_page"),
+        Binding("right_square_bracket", "page(1)", "Next page", key_display="]", id="attribution.next_page"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._index: SampleIndex | None = None
+        self._query = SampleQuery()
+        self._sort = "index"
+        self._rows: list[SampleEntry] = []  # samples that match the search, in the chosen order
+        self._page = 0
+        self._page_rows: list[SampleEntry] = []
+        self._cache: OrderedDict[int, Sample] = OrderedDict()  # by line offset
+        self._selected: int | None = None  # index of the sample shown in the heatmap
+        self._search_timer: Timer | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder=SEARCH_PLACEHOLDER, id="sample-search", compact=True, tooltip=f"Search: {QUERY_HELP}")
+        yield Static("", id="sample-status", markup=False)
+        yield DataTable(id="sample-table", cursor_type="row", zebra_stripes=True)
+        with VerticalScroll(id="sample-detail"):
+            yield Static("", id="sample-heading", markup=False)
+            yield Static("", id="heatmap", markup=False)
+            yield Static("", id="heatmap-legend", markup=False)
+            yield DataTable(id="sample-top", cursor_type="none", show_cursor=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#sample-table", DataTable).add_columns(*SAMPLE_COLUMNS)
+        top = self.query_one("#sample-top", DataTable)
+        top.add_columns(*TOP_COLUMNS)
+        top.can_focus = False  # read-only, shown whole: the pane around it scrolls
+
+    def show_index(self, index: SampleIndex | None, same_run: bool) -> None:
+        """List the samples of `index` (None: attributions.jsonl is not there yet)."""
+        self._index = index
+        self._cache.clear()
+        if not same_run:
+            self._selected, self._page = None, 0
+        self._show_rows()
+
+    def focus_table(self) -> None:
+        self.query_one("#sample-table", DataTable).focus()
+
+    # -- the list -----------------------------------------------------------------------------------------------
+
+    def _show_rows(self) -> None:
+        self._rows = select(self._index.entries, self._query, self._sort) if self._index else []
+        self._page = min(self._page, page_count(self._rows, PAGE_SIZE) - 1)
+        self._fill_table()
+
+    def _fill_table(self) -> None:
+        table = self.query_one("#sample-table", DataTable)
+        table.clear()
+        self._page_rows = list(page(self._rows, self._page, PAGE_SIZE))
+        error = self.app.get_css_variables().get("error", "red")
+        table.add_rows(self._cells(e, error) for e in self._page_rows)
+        self._update_status()
+        keep = next((i for i, e in enumerate(self._page_rows) if e.index == self._selected), 0)
+        if self._page_rows:
+            table.move_cursor(row=keep)
+            self._open(self._page_rows[keep])
+        else:
+            self._open(None)
+        self.screen.refresh_bindings()
+
+    @staticmethod
+    def _cells(e: SampleEntry, error: str) -> tuple[Text, ...]:
+        return (
+            right(str(e.index)),
+            right(str(e.prediction), f"bold {error}" if e.wrong else ""),  # the label says otherwise
+            right(str(e.target)),
+            right("" if e.label is None else str(e.label)),
+            right(f"{e.probability:.2f}"),
+            right(f"{e.relative_delta:.2g}"),
+            Text(e.top_token),
+        )
+
+    def _update_status(self, error: str = "") -> None:
+        status = self.query_one("#sample-status", Static)
+        if error:
+            status.update(Content.from_markup("[$error]$error[/]", error=error))
+            return
+        if self._index is None:
+            status.update("attributions.jsonl is not written yet")
+            return
+        parts = [f"{len(self._rows)} of {len(self._index)} samples", SORTS[self._sort][0]]
+        pages = page_count(self._rows, PAGE_SIZE)
+        if pages > 1:
+            parts.append(f"page {self._page + 1}/{pages}")
+        status.update(" · ".join(parts))
+
+    @on(Input.Changed, "#sample-search")
+    def _typed(self) -> None:
+        # searching 40k samples takes a tenth of a second: wait for a pause in the typing
+        if self._search_timer is not None:
+            self._search_timer.stop()
+        self._search_timer = self.set_timer(SEARCH_DELAY_S, self._search, name="attribution search")
+
+    def _search(self) -> None:
+        self._search_timer = None
+        try:
+            self._query = SampleQuery.parse(self.query_one("#sample-search", Input).value)
+        except UserError as e:
+            self._update_status(str(e))
+            return
+        self._page = 0
+        self._show_rows()
+
+    @on(Input.Submitted, "#sample-search")
+    def _search_done(self) -> None:
+        if self._search_timer is not None:
+            self._search_timer.stop()
+            self._search()
+        self.focus_table()
+
+    # -- the selected sample ------------------------------------------------------------------------------------
+
+    @on(DataTable.RowHighlighted, "#sample-table")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if 0 <= event.cursor_row < len(self._page_rows):
+            self._open(self._page_rows[event.cursor_row])
+
+    def _read(self, index: SampleIndex, entry: SampleEntry) -> Sample:
+        sample = self._cache.get(entry.offset)
+        if sample is None:
+            sample = index.read(entry)
+            self._cache[entry.offset] = sample
+            while len(self._cache) > CACHED_SAMPLES:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(entry.offset)
+        return sample
+
+    def _open(self, entry: SampleEntry | None) -> None:
+        """Show one sample's heatmap and top tokens."""
+        heading = self.query_one("#sample-heading", Static)
+        top = self.query_one("#sample-top", DataTable)
+        top.clear()
+        for selector in ("#heatmap", "#heatmap-legend"):
+            self.query_one(selector, Static).update("")
+        self._selected = entry.index if entry else None
+        if entry is None or self._index is None:
+            heading.update("no sample matches the search" if self._index else "")
+            return
+        try:
+            sample = self._read(self._index, entry)
+        except UserError as e:
+            heading.update(Content.from_markup("[$error]$error[/]", error=str(e)))
+            return
+        heading.update(sample_heading(sample))
+        self.query_one("#heatmap", Static).update(heatmap(sample))
+        self.query_one("#heatmap-legend", Static).update(legend(sample.max_abs))
+        max_abs = sample.max_abs
+        for rank, item in enumerate(sample.top, 1):
+            where = ":".join(str(p) for p in item.position)
+            style = shade(item.score, max_abs) or ""
+            top.add_row(right(str(rank)), Text(item.token, style=style), right(where), right(f"{item.score:+.4g}"))
+
+    # -- keys ---------------------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "page":
+            return page_count(self._rows, PAGE_SIZE) > 1
+        return True
+
+    def action_search(self) -> None:
+        self.query_one("#sample-search", Input).focus()
+
+    def action_cycle_sort(self) -> None:
+        order = list(SORTS)
+        self._sort = order[(order.index(self._sort) + 1) % len(order)]
+        self._page = 0
+        self._show_rows()
+
+    def action_page(self, step: int) -> None:
+        self._page = max(0, min(page_count(self._rows, PAGE_SIZE) - 1, self._page + step))
+        self._selected = None
+        self._fill_table()

@@ -1,0 +1,431 @@
+"""The results of a TracIn run: each test example with its proponents and opponents, the self-influence ranking
+of the training examples, the run's summary and its result files.
+
+Everything shown comes from the run's files (core.tracin_results), read in thread workers a page at a time, so
+a ranking of millions of training examples opens as fast as a small one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import DataTable, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.tracin_results import (
+    FILE_ROLES,
+    InfluenceRecord,
+    Neighbour,
+    PagedRecords,
+    RankedExample,
+    TracInResults,
+    TracInSummary,
+    load_results,
+)
+from gpuopt_tui.ui.widgets.run_results import RunResults
+
+PAGE = 200  # rows read at a time
+LOAD_MARGIN = 20  # the next page is read when the cursor comes this close to the last row read
+TEXT_CELL = 100  # characters of a text in a table cell; the line under the table shows all of it
+MAX_TENSORS = 8  # parameter tensors named in the summary
+
+T = TypeVar("T")
+
+
+def cut(text: str, width: int = TEXT_CELL) -> str:
+    text = " ".join(text.split())  # one line in a cell
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def label_text(label: int | None) -> str:
+    return "-" if label is None else str(label)
+
+
+def score_text(score: float) -> str:
+    return f"{score:+.4e}"
+
+
+def cells(*values: str) -> tuple[Text, ...]:
+    """Table cells as plain text: a string cell would be read as markup, and texts may hold brackets."""
+    return tuple(Text(v) for v in values)
+
+
+def fill(table: DataTable[Text], columns: Sequence[str], rows: Sequence[Sequence[Text]]) -> None:
+    """Replace a table's columns and rows. Each column gets the width of its widest cell here: a table left to
+    measure new rows itself keeps any drawing made before it measured them, cut to the old widths."""
+    table.clear(columns=True)
+    for i, name in enumerate(columns):
+        table.add_column(name, width=max([len(name), *(row[i].cell_len for row in rows)]))
+    table.add_rows(rows)
+
+
+class PagedTable(DataTable[Text], Generic[T]):
+    """A table over PagedRecords: the first page comes with `attach`, the next is read (in a thread) when the
+    cursor nears the last row read."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.records: list[T] = []
+        self.total = 0
+        self._source: PagedRecords[T] | None = None
+        self._row: Callable[[T], Sequence[Text]] = lambda record: ()
+        self._columns: tuple[str, ...] = ()
+        self._generation = 0  # bumped on attach: pages read for an earlier source are dropped
+        self._reading = False
+
+    class PageRead(Message):
+        def __init__(self, generation: int, records: list[Any], error: str) -> None:
+            super().__init__()
+            self.generation = generation
+            self.records = records
+            self.error = error
+
+    def attach(
+        self,
+        columns: Sequence[str],
+        source: PagedRecords[T] | None,
+        total: int,
+        first: list[T],
+        row: Callable[[T], Sequence[Text]],
+    ) -> None:
+        self._generation += 1
+        self._source, self.total, self._row, self._columns = source, total, row, tuple(columns)
+        self.records = []
+        self._reading = True  # clearing the table scrolls it: no read from there while it is refilled
+        fill(self, self._columns, [])
+        self._append(first)
+        self._reading = False
+
+    def record(self, row: int) -> T | None:
+        return self.records[row] if 0 <= row < len(self.records) else None
+
+    @property
+    def current(self) -> T | None:
+        return self.record(self.cursor_row) if self.row_count else None
+
+    def _append(self, records: list[T]) -> None:
+        rows = [self._row(r) for r in records]
+        widths = [column.width for column in self.ordered_columns]
+        self.records.extend(records)
+        if any(cell.cell_len > width for row in rows for cell, width in zip(row, widths)):
+            cursor = self.cursor_row  # a wider cell: lay the table out again (rare: widths only grow)
+            fill(self, self._columns, [self._row(r) for r in self.records])
+            self.move_cursor(row=cursor)
+        else:
+            self.add_rows(rows)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table is self:
+            self._read_more_near(event.cursor_row)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._read_more_near(int(new_value) + self.scrollable_content_region.height)  # the mouse wheel, too
+
+    def _read_more_near(self, row: int) -> None:
+        if row >= len(self.records) - LOAD_MARGIN and len(self.records) < self.total and not self._reading:
+            self._reading = True
+            source, start, generation = self._source, len(self.records), self._generation
+            self.run_worker(
+                lambda: self._read(source, start, generation), group="page", thread=True, exit_on_error=False
+            )
+
+    def _read(self, source: PagedRecords[T] | None, start: int, generation: int) -> None:
+        records: list[T] = []
+        error = ""
+        try:
+            records = source.page(start, PAGE) if source is not None else []
+        except UserError as e:
+            error = str(e)
+        if not get_current_worker().is_cancelled:
+            self.post_message(self.PageRead(generation, records, error))
+
+    @on(PageRead)
+    def _page_read(self, message: PageRead) -> None:
+        message.stop()
+        if message.generation != self._generation:
+            return
+        self._reading = False
+        if message.error:
+            self.total = len(self.records)  # stop asking for a file that cannot be read
+            self.app.notify(message.error, title="TracIn results", severity="error", timeout=10)
+        self._append(message.records)
+
+
+class FileTable(DataTable[Text]):
+    """The run's result files; `c` copies the highlighted file's full path."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("c", "copy_path", "Copy path", tooltip="Copy the highlighted file's full path"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.paths: list[Path] = []
+
+    def show_files(self, files: list[tuple[Path, int]]) -> None:
+        self.paths = [path for path, _ in files]
+        rows = [cells(path.name, human_bytes(size), FILE_ROLES.get(path.name, "")) for path, size in files]
+        fill(self, ("file", "size", "holds"), rows)
+
+    def action_copy_path(self) -> None:
+        if not 0 <= self.cursor_row < len(self.paths):
+            return
+        path = str(self.paths[self.cursor_row])
+        self.app.copy_to_clipboard(path)
+        self.app.notify(path, title="Path copied")
+
+
+@dataclass
+class Loaded:
+    """A run's results with the first page of each row file (read in a worker thread)."""
+
+    results: TracInResults
+    n_tests: int
+    tests: list[InfluenceRecord]
+    n_ranked: int
+    ranked: list[RankedExample]
+    files: list[tuple[Path, int]]
+
+
+def read_results(results_dir: Path) -> Loaded:
+    """Open a run's result files and read the first page of each row file (UserError for unreadable ones)."""
+    results = load_results(results_dir)
+    influence, ranking = results.influence, results.self_influence
+    return Loaded(
+        results=results,
+        n_tests=0 if influence is None else len(influence),
+        tests=[] if influence is None else influence.page(0, PAGE),
+        n_ranked=0 if ranking is None else len(ranking),
+        ranked=[] if ranking is None else ranking.page(0, PAGE),
+        files=results.files(),
+    )
+
+
+def summary_content(s: TracInSummary) -> Content:
+    def line(name: str, value: str) -> Content:
+        return Content.assemble((f"{name:<12}", "bold"), value)
+
+    scored = f" ({s.n_scored:,} scored)" if s.n_scored != s.n_train else ""
+    tensors, more = s.parameter_tensors[:MAX_TENSORS], len(s.parameter_tensors) - MAX_TENSORS
+    folders = {str(Path(c.path).parent) for c in s.checkpoints}
+    shared = folders.pop() if len(folders) == 1 else ""  # then each checkpoint is named by its file name
+    parts = [
+        line("Model", s.model),
+        line("Examples", f"{s.n_test:,} test × {s.n_train:,} training{scored}"),
+        line("Checkpoints", f"{len(s.checkpoints)}" + (f" in {shared}" if shared else "")),
+        *(Content(f"  lr {c.lr:<9.3g} {Path(c.path).name if shared else c.path}") for c in s.checkpoints),
+        line("Parameters", f"{s.n_parameters:,} in {len(s.parameter_tensors)} tensors ({s.layers})"),
+        *(Content(f"  {name}") for name in tensors),
+        *([Content(f"  … and {more} more")] if more > 0 else []),
+        line("Mode", f"{s.mode}; {s.gradient_size:,} numbers per gradient; {s.precision} forward"),
+        line("Filter", s.filter),
+    ]
+    if s.train_examples_per_s is not None:
+        rate = f"{s.train_examples_per_s:,.0f} training examples scored per second"
+        if s.compute_seconds is not None:
+            rate += f" ({s.compute_seconds:.3g} s computing)"
+        parts.append(line("Rate", rate))
+    if s.oom_retries:
+        parts.append(line("Memory", f"{s.oom_retries} out-of-memory retries with a halved micro-batch"))
+    if s.flipped_label_auc is not None:
+        auc = f"{s.flipped_label_auc:.4f}: the chance that self-influence ranks a label the data marks as flipped"
+        parts.append(line("Flipped AUC", auc + " above a clean one"))
+    return Content("\n").join(parts)
+
+
+def status_content(loaded: Loaded) -> Content:
+    """One line above the tabs: the size of the run and, where known, its flipped-label AUC."""
+    s = loaded.results.summary
+    if s is None:
+        return Content.from_markup("[$text-muted]No summary.json yet: showing the files written so far.[/]")
+    text = f"{s.n_test:,} test × {s.n_scored:,} training · {s.mode}"
+    if s.flipped_label_auc is not None:
+        text += f" · flipped AUC {s.flipped_label_auc:.4f}"
+    return Content(text)
+
+
+class TracInResultsView(RunResults):
+    """A run's summary line, then tabs: test examples, self-influence, summary, files. Maximizable."""
+
+    ALLOW_MAXIMIZE = True
+    DEFAULT_CSS = """
+    TracInResultsView {
+        #tracin-tabs { height: 1fr; min-height: 10; }
+        TabPane { padding: 0; }
+        DataTable { height: 1fr; min-height: 3; }
+        .tracin-note { height: auto; max-height: 3; color: $text-muted; }
+        .tracin-title { height: 1; text-style: bold; }
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._token = 0  # bumped for each read: results of an earlier read are dropped
+        self.loaded: Loaded | None = None
+
+    class Read(Message):
+        def __init__(self, token: int, loaded: Loaded | None, error: str) -> None:
+            super().__init__()
+            self.token = token
+            self.loaded = loaded
+            self.error = error
+
+    def compose(self) -> ComposeResult:
+        yield from super().compose()
+        with TabbedContent(id="tracin-tabs"):
+            with TabPane("Test examples", id="tracin-tests-tab"):
+                yield PagedTable[InfluenceRecord](id="tracin-tests")
+                yield Static("", id="tracin-test-detail", classes="tracin-note", markup=False)
+                yield Static("Proponents (training that lowered its loss)", classes="tracin-title")
+                yield DataTable[Text](id="tracin-proponents", cursor_type="row")
+                yield Static("Opponents (training that raised its loss)", classes="tracin-title")
+                yield DataTable[Text](id="tracin-opponents", cursor_type="row")
+            with TabPane("Self-influence", id="tracin-self-tab"):
+                yield Static("", id="tracin-self-note", classes="tracin-note", markup=False)
+                yield PagedTable[RankedExample](id="tracin-self")
+                yield Static("", id="tracin-self-detail", classes="tracin-note", markup=False)
+            with TabPane("Summary", id="tracin-summary-tab"), VerticalScroll():
+                yield Static("", id="tracin-summary", markup=False)
+            with TabPane("Files", id="tracin-files-tab"):
+                yield Static("", id="tracin-folder", classes="tracin-note", markup=False)
+                yield FileTable(id="tracin-files")
+
+    def on_mount(self) -> None:
+        self.query_one("#tracin-tabs").display = False
+
+    # -- reading ------------------------------------------------------------------------------------------------
+
+    def describe(self, info: RunInfo | None) -> Content:
+        """Called when the run's state moves on: read its results again (in a thread)."""
+        self._token += 1
+        if info is None:
+            self._show(None)
+            return Content("")
+        token, folder = self._token, info.dir / "results"
+        self.run_worker(lambda: self._read(token, folder), group="tracin-read", thread=True, exit_on_error=False)
+        if info.status in ("failed", "crashed"):
+            return super().describe(info)
+        return Content("Reading the results…")
+
+    def _read(self, token: int, folder: Path) -> None:
+        try:
+            message = self.Read(token, read_results(folder), "")
+        except UserError as e:
+            message = self.Read(token, None, str(e))
+        self.post_message(message)
+
+    @on(Read)
+    def _read_done(self, message: Read) -> None:
+        message.stop()
+        if message.token != self._token:
+            return
+        text = self.query_one("#results-text", Static)
+        if message.error:
+            text.update(Content.from_markup("[$error]$error[/]", error=message.error))
+            self._show(None)
+            return
+        loaded = message.loaded
+        if loaded is None or loaded.results.empty:
+            if self.query_one("#results-log").display:
+                return  # a failed run: the base shows the end of its log
+            text.update("No result files yet: they are written when the run finishes.")
+            self._show(None)
+            return
+        text.update(status_content(loaded))
+        self._show(loaded)
+
+    # -- showing ------------------------------------------------------------------------------------------------
+
+    def _show(self, loaded: Loaded | None) -> None:
+        self.loaded = loaded
+        tabs = self.query_one("#tracin-tabs", TabbedContent)
+        tabs.display = loaded is not None
+        if loaded is None:
+            return
+        tests = self.query_one("#tracin-tests", PagedTable)
+        results = loaded.results
+        tests.attach(("test", "label", "text"), results.influence, loaded.n_tests, loaded.tests, self._test_row)
+        self._show_test(tests.current)
+        self._show_ranking(loaded)
+        summary = self.query_one("#tracin-summary", Static)
+        summary.update(summary_content(results.summary) if results.summary else "No summary.json in this run.")
+        self.query_one("#tracin-folder", Static).update(f"Folder: {results.results_dir}")
+        self.query_one("#tracin-files", FileTable).show_files(loaded.files)
+
+    @staticmethod
+    def _test_row(record: InfluenceRecord) -> tuple[Text, ...]:
+        return cells(str(record.index), label_text(record.label), cut(record.text))
+
+    def _show_test(self, record: InfluenceRecord | None) -> None:
+        if record is not None:
+            detail = f"test {record.index} · label {label_text(record.label)} · {record.text}"
+        elif self.loaded is not None and self.loaded.results.influence is None:
+            detail = "No influence.jsonl in this run."
+        else:
+            detail = ""
+        self.query_one("#tracin-test-detail", Static).update(detail)
+        for table_id, neighbours in (
+            ("#tracin-proponents", record.proponents if record else ()),
+            ("#tracin-opponents", record.opponents if record else ()),
+        ):
+            self._fill_neighbours(self.query_one(table_id, DataTable), neighbours)
+
+    @staticmethod
+    def _fill_neighbours(table: DataTable[Text], neighbours: Sequence[Neighbour]) -> None:
+        rows = [cells(score_text(n.score), str(n.index), label_text(n.label), cut(n.text)) for n in neighbours]
+        fill(table, ("score", "train", "label", "text"), rows)
+
+    def _show_ranking(self, loaded: Loaded) -> None:
+        marked = any(r.flipped is not None for r in loaded.ranked)
+        note = self.query_one("#tracin-self-note", Static)
+        ranking = loaded.results.self_influence
+        if ranking is None:
+            note.update("No self_influence.jsonl or .csv in this run.")
+        else:
+            note.update(
+                f"{loaded.n_ranked:,} training examples, highest self-influence first: mislabeled examples tend to "
+                "rank high." + (" 'flipped': the data marks this label as flipped on purpose." if marked else "")
+            )
+        columns = ("rank", "score", "train", "label", *(("flipped",) if marked else ()), "text")
+
+        def row(r: RankedExample) -> tuple[Text, ...]:
+            flag = ("flipped" if r.flipped else "",) if marked else ()
+            return cells(str(r.rank), f"{r.score:.4e}", str(r.index), label_text(r.label), *flag, cut(r.text))
+
+        table = self.query_one("#tracin-self", PagedTable)
+        table.attach(columns, ranking, loaded.n_ranked, loaded.ranked, row)
+        self._show_ranked(table.current)
+
+    def _show_ranked(self, record: RankedExample | None) -> None:
+        text = f"train {record.index} · label {label_text(record.label)} · {record.text}" if record else ""
+        self.query_one("#tracin-self-detail", Static).update(text)
+
+    @on(DataTable.RowHighlighted, "#tracin-tests")
+    def _test_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_test(self.query_one("#tracin-tests", PagedTable).record(event.cursor_row))
+
+    @on(DataTable.RowHighlighted, "#tracin-self")
+    def _ranked_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_ranked(self.query_one("#tracin-self", PagedTable).record(event.cursor_row))
+
+    def focus_results(self) -> None:
+        """Focus the table of the tab shown (after the view is maximized)."""
+        tabs = self.query_one("#tracin-tabs", TabbedContent)
+        if tabs.display and tabs.active_pane is not None:
+            tables = tabs.active_pane.query(DataTable)
+            if tables:
+                tables.first().focus()

@@ -1,0 +1,261 @@
+"""The torch-free reader of an attribution run's result files, on files written by the real engine (the demo
+classifier and the demo two-tower recommender): the index against the lines themselves, reading on demand,
+paging, search, corrupt lines, a file that changed, summary.json and check.json."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuopt_tui.core.attribution_results import (
+    CHECK_NAME,
+    JSONL_NAME,
+    SUMMARY_NAME,
+    TENSORS_NAME,
+    SampleIndex,
+    SampleQuery,
+    load_check,
+    load_run_files,
+    load_summary,
+    page,
+    page_count,
+    select,
+)
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.paths import cache_dir
+from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.runs import create_run
+
+
+def engine_run(root: Path, profile_name: str, *overrides: str) -> Path:
+    """A run directory made by create_run and filled by the real attribution engine, in this process."""
+    from gpuopt_tui.jobs.attribution.job import run_job
+    from gpuopt_tui.jobs.context import JobContext
+
+    path = find_profile(profile_name)
+    profile = load_profile(path, ["run.device=cpu", *overrides])
+    run_dir = create_run(profile, source=path, root=root)
+    events = EventWriter(run_dir / "events.jsonl")
+    try:
+        run_job(profile, JobContext(run_dir, events, cache_dir()))
+    finally:
+        events.close()
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def classifier_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    settings = ("n_samples=12", "n_steps=8", "batch_size=5", "top_k_sample=3", "check_samples=3")
+    return engine_run(tmp_path_factory.mktemp("runs"), "demo-attribution", *(f"attribution.{s}" for s in settings))
+
+
+@pytest.fixture(scope="module")
+def two_tower_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    settings = ("n_samples=5", "n_steps=8", "batch_size=2", "top_k_sample=4")
+    return engine_run(
+        tmp_path_factory.mktemp("runs"), "demo-attribution-two-tower", *(f"attribution.{s}" for s in settings)
+    )
+
+
+def lines_of(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in lines_of(run_dir / "results" / JSONL_NAME)]
+
+
+def test_the_index_holds_every_line_and_reads_each_on_demand(classifier_run: Path) -> None:
+    path = classifier_run / "results" / JSONL_NAME
+    index = SampleIndex.build(path)
+    assert index is not None and index.corrupt == 0
+    expected = records(classifier_run)
+    assert len(index) == len(expected) == 12
+    offsets = [0]
+    for line in lines_of(path)[:-1]:
+        offsets.append(offsets[-1] + len(line))
+    assert [e.offset for e in index.entries] == offsets
+    for entry, record in zip(index.entries, expected):
+        assert (entry.index, entry.target, entry.prediction, entry.label) == (
+            record["index"],
+            record["target"],
+            record["prediction"],
+            record["label"],
+        )
+        assert entry.probability == record["probability"]
+        assert entry.relative_delta == record["relative_delta"]
+        assert entry.top_tokens == tuple(t[1] for t in record["top"])
+        assert entry.search_text == record["text"].lower()
+    order = list(range(len(index)))
+    random.Random(0).shuffle(order)
+    for i in order:  # read in any order, each from its own offset
+        sample = index.read(index.entries[i])
+        record = expected[i]
+        assert not sample.two_tower and len(sample.segments) == 1
+        assert list(sample.segments[0].tokens) == record["tokens"]
+        assert list(sample.segments[0].scores) == record["scores"]
+        assert [(t.position, t.token, t.score) for t in sample.top] == [((p,), t, s) for p, t, s in record["top"]]
+        assert sample.max_abs == max(abs(s) for s in record["scores"])
+
+
+def test_two_tower_lines_keep_one_segment_per_candidate(two_tower_run: Path) -> None:
+    index = SampleIndex.build(two_tower_run / "results" / JSONL_NAME)
+    assert index is not None and len(index) == 5
+    for entry, record in zip(index.entries, records(two_tower_run)):
+        sample = index.read(entry)
+        assert sample.two_tower
+        assert [s.text for s in sample.segments] == record["text"]
+        assert [list(s.tokens) for s in sample.segments] == record["tokens"]
+        assert [list(s.scores) for s in sample.segments] == record["scores"]
+        assert [(list(t.position), t.token) for t in sample.top] == [(p, t) for p, t, _ in record["top"]]
+        assert entry.search_text == " | ".join(record["text"]).lower()
+        # only the explained candidate has attributions
+        assert any(s != 0 for s in sample.segments[record["target"]].scores)
+
+
+def test_pages_cover_every_row_once(classifier_run: Path, tmp_path: Path) -> None:
+    """A file of 1,203 lines (the engine's lines repeated with new indices) read a page at a time."""
+    lines = [json.loads(line) for line in lines_of(classifier_run / "results" / JSONL_NAME)]
+    big = tmp_path / JSONL_NAME
+    with big.open("w", encoding="utf-8") as f:
+        for i in range(1203):
+            f.write(json.dumps({**lines[i % len(lines)], "index": i}, ensure_ascii=False) + "\n")
+    index = SampleIndex.build(big)
+    assert index is not None and len(index) == 1203
+    rows = list(index.entries)
+    assert page_count(rows, 500) == 3 and page_count([], 500) == 1
+    pages = [page(rows, n, 500) for n in range(3)]
+    assert [len(p) for p in pages] == [500, 500, 203]
+    assert [e.index for p in pages for e in p] == list(range(1203))
+    assert page(rows, 3, 500) == []
+    for entry in (pages[0][0], pages[1][499], pages[2][202]):
+        assert index.read(entry).entry == entry
+
+
+def test_corrupt_lines_are_skipped_and_counted(classifier_run: Path, tmp_path: Path) -> None:
+    lines = lines_of(classifier_run / "results" / JSONL_NAME)
+    damaged = tmp_path / JSONL_NAME
+    half = lines[2][: len(lines[2]) // 2] + b"\n"
+    missing = json.dumps({"index": 99, "text": "no scores"}).encode() + b"\n"
+    damaged.write_bytes(b"".join([lines[0], b"not json\n", half, b"\n", lines[1], missing, *lines[3:]]))
+    index = SampleIndex.build(damaged)
+    assert index is not None
+    assert index.corrupt == 3
+    assert [e.index for e in index.entries] == [0, 1, *range(3, 12)]
+    assert list(index.read(index.entries[-1]).segments[0].scores) == json.loads(lines[-1])["scores"]
+
+
+def test_lines_in_another_layout_are_read_whole(classifier_run: Path, tmp_path: Path) -> None:
+    """The index skips parsing tokens and scores only in the engine's own layout; other lines are parsed whole."""
+    expected = records(classifier_run)
+    other = tmp_path / JSONL_NAME
+    other.write_text(
+        "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in expected), encoding="utf-8"
+    )
+    index = SampleIndex.build(other)
+    reference = SampleIndex.build(classifier_run / "results" / JSONL_NAME)
+    assert index is not None and reference is not None and index.corrupt == 0
+    fields = [(e.index, e.target, e.probability, e.relative_delta, e.top_tokens, e.search_text) for e in index.entries]
+    assert fields == [
+        (e.index, e.target, e.probability, e.relative_delta, e.top_tokens, e.search_text) for e in reference.entries
+    ]
+    assert index.read(index.entries[4]).segments == reference.read(reference.entries[4]).segments
+
+
+def test_a_file_replaced_after_indexing_is_not_misread(classifier_run: Path, tmp_path: Path) -> None:
+    path = tmp_path / JSONL_NAME
+    shutil.copy(classifier_run / "results" / JSONL_NAME, path)
+    index = SampleIndex.build(path)
+    assert index is not None
+    tmp = tmp_path / "new.jsonl"
+    tmp.write_bytes(b"".join(reversed(lines_of(path))))
+    tmp.replace(path)  # as a resumed run writes it: a new file renamed over the old one
+    with pytest.raises(UserError, match="changed since it was read"):
+        index.read(index.entries[3])
+    path.unlink()
+    with pytest.raises(UserError, match="changed since it was read"):
+        index.read(index.entries[3])
+
+
+def test_indexing_stops_when_cancelled(classifier_run: Path) -> None:
+    assert SampleIndex.build(classifier_run / "results" / JSONL_NAME, lambda: True) is None
+    assert load_run_files(classifier_run, lambda: True) is None
+
+
+def test_search_and_order(classifier_run: Path) -> None:
+    index = SampleIndex.build(classifier_run / "results" / JSONL_NAME)
+    assert index is not None
+    expected = records(classifier_run)
+
+    def found(query: str, sort: str = "index") -> list[int]:
+        return [e.index for e in select(index.entries, SampleQuery.parse(query), sort)]
+
+    word = expected[0]["text"].split()[0]
+    assert found(word) == [r["index"] for r in expected if word in r["text"].lower()]
+    assert found(word.upper()) == found(word)
+    top = expected[1]["top"][0][1]
+    assert found(f"top:{top}") == [r["index"] for r in expected if top in [t[1] for t in r["top"]]]
+    assert found("pred:1 label:1") == [r["index"] for r in expected if r["prediction"] == r["label"] == 1]
+    assert found("target:0") == [r["index"] for r in expected if r["target"] == 0]
+    assert found("wrong") == [r["index"] for r in expected if r["prediction"] != r["label"]]
+    assert found("") == list(range(12))
+    assert found("", "delta") == [r["index"] for r in sorted(expected, key=lambda r: -r["relative_delta"])]
+    assert found("", "probability") == [r["index"] for r in sorted(expected, key=lambda r: r["probability"])]
+    for bad in ("pred:x", "colour:red", "top:"):
+        with pytest.raises(UserError, match=bad):
+            SampleQuery.parse(bad)
+
+
+def test_summary_and_check_as_written(classifier_run: Path) -> None:
+    results = classifier_run / "results"
+    raw = json.loads((results / SUMMARY_NAME).read_text())
+    summary = load_summary(results)
+    assert summary is not None
+    assert summary.n_samples == raw["n_samples"] == 12
+    assert [(t.token, t.mean_share, t.mean, t.count) for t in summary.top_k] == [
+        (t["token"], t["mean_share"], t["mean"], t["count"]) for t in raw["top_k"]
+    ]
+    assert summary.deltas.median_rel == raw["deltas"]["median_rel"]
+    assert summary.deltas.p95_rel == raw["deltas"]["p95_rel"]
+    assert summary.deltas.suggested_n_steps == raw["deltas"]["suggested_n_steps"]
+    assert summary.settings["n_steps"] == 8
+    raw_check = json.loads((results / CHECK_NAME).read_text())
+    check = load_check(results)
+    assert check is not None
+    assert check.n_samples == raw_check["n_samples"] == 3
+    assert check.max_rel_diff == raw_check["max_rel_diff"]
+    assert check.median_rel_diff == raw_check["median_rel_diff"]
+    assert check.precision_original == "fp32"
+    assert check.max_rel_diff < 1e-4  # fp32 on the CPU: both paths agree closely
+
+
+def test_unreadable_or_missing_files(two_tower_run: Path, tmp_path: Path) -> None:
+    assert load_check(two_tower_run / "results") is None  # this run has no check
+    assert load_summary(tmp_path) is None
+    (tmp_path / SUMMARY_NAME).write_text('{"n_samples": 3')
+    with pytest.raises(UserError, match=f"{SUMMARY_NAME}: not a readable JSON file"):
+        load_summary(tmp_path)
+    (tmp_path / CHECK_NAME).write_text('{"n_samples": 3}')
+    with pytest.raises(UserError, match=f"{CHECK_NAME}: not a check result"):
+        load_check(tmp_path)
+
+
+def test_everything_a_run_has(classifier_run: Path, two_tower_run: Path) -> None:
+    files = load_run_files(classifier_run)
+    assert files is not None and files.has_results and not files.errors
+    assert files.summary is not None and files.check is not None and files.samples is not None
+    assert files.check_samples == 3  # from the run's frozen profile.toml
+    results = classifier_run / "results"
+    assert [(f.name, f.path, f.size) for f in files.exports] == [
+        (name, results / name, (results / name).stat().st_size)
+        for name in (JSONL_NAME, TENSORS_NAME, SUMMARY_NAME, CHECK_NAME)
+    ]
+    other = load_run_files(two_tower_run)
+    assert other is not None and other.check is None and other.check_samples == 0
+    assert [f.name for f in other.exports] == [JSONL_NAME, TENSORS_NAME, SUMMARY_NAME]

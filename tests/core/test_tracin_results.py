@@ -1,0 +1,172 @@
+"""The torch-free reader of TracIn result files, on files the real engine wrote for the demo classifier, checked
+against a plain read of the same files; pages against a full read; CSV records with quotes and line breaks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.paths import cache_dir
+from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.tracin_results import (
+    SELF_CSV_NAME,
+    SELF_JSONL_NAME,
+    PagedRecords,
+    RankedExample,
+    load_results,
+    parse_influence,
+    parse_ranked,
+)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The results folder of a real TracIn run of the demo profile on the CPU (6 test examples)."""
+    from gpuopt_tui.jobs.context import JobContext
+    from gpuopt_tui.jobs.tracin.job import run_job
+
+    run_dir = tmp_path_factory.mktemp("tracin-run")
+    profile = load_profile(find_profile("demo-tracin"), ["run.device=cpu", "tracin.n_test=6"])
+    run_job(profile, JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), cache_dir()))
+    return run_dir / "results"
+
+
+def raw_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_reader_shows_what_the_engine_wrote(results: Path) -> None:
+    read = load_results(results)
+    raw = json.loads((results / "summary.json").read_text())
+    s = read.summary
+    assert s is not None
+    assert (s.n_test, s.n_train, s.n_scored) == (6, raw["n_train"], raw["n_train"])
+    assert [(c.path, c.lr) for c in s.checkpoints] == [(c["path"], c["lr"]) for c in raw["checkpoints"]]
+    assert s.n_parameters == raw["n_parameters"] and list(s.parameter_tensors) == raw["parameter_tensors"]
+    assert s.method == "closed_form" and s.mode == "closed form, exact gradients" and s.layers == "last 2 modules"
+    assert s.train_examples_per_s == raw["timing"]["train_examples_per_s"] > 0
+    assert s.flipped_label_auc == raw["flipped_label_auc"] >= 0.9
+
+    tests = raw_lines(results / "influence.jsonl")
+    assert read.influence is not None and len(read.influence) == 6
+    for record, line in zip(read.influence.page(0, 100), tests, strict=True):
+        assert (record.index, record.text, record.label) == (line["index"], line["text"], line["label"])
+        for side in ("proponents", "opponents"):
+            got = [(n.index, n.score, n.text, n.label) for n in getattr(record, side)]
+            assert got == [(n["index"], n["score"], n["text"], n["label"]) for n in line[side]]
+            assert len(got) == 5  # the demo profile's top_k
+
+    ranked = raw_lines(results / "self_influence.jsonl")
+    assert read.self_influence is not None and len(read.self_influence) == len(ranked) == s.n_train
+    rows = read.self_influence.page(0, len(ranked))
+    assert [r.rank for r in rows] == list(range(1, len(ranked) + 1))
+    assert [r.score for r in rows] == sorted((r.score for r in rows), reverse=True)
+    assert [(r.index, r.flipped) for r in rows] == [(r["index"], r["flipped"]) for r in ranked]
+    assert any(r.flipped for r in rows) and not all(r.flipped for r in rows)
+    assert [p.name for p, _ in read.files()][:3] == ["influence.jsonl", "self_influence.jsonl", "self_influence.csv"]
+
+
+@pytest.mark.parametrize("is_csv", [False, True], ids=["jsonl", "csv"])
+def test_pages_match_a_full_read(results: Path, is_csv: bool) -> None:
+    name = SELF_CSV_NAME if is_csv else SELF_JSONL_NAME
+    full = [parse_ranked(r) for r in raw_lines(results / SELF_JSONL_NAME)]
+    paged = PagedRecords(results / name, parse_ranked, is_csv=is_csv, stride=7)
+    n = len(full)
+    assert len(paged) == n
+    for start, count in [(0, 3), (5, 9), (7, 7), (13, 30), (n - 4, 10), (n - 1, 1), (n, 5), (3, 0), (-1, 2)]:
+        expected = full[start : start + count] if start >= 0 else []
+        assert paged.page(start, count) == expected, (start, count)
+    assert [r for s in range(0, n, 50) for r in paged.page(s, 50)] == full
+
+
+def write_csv(path: Path, rows: list[dict[str, object]]) -> None:
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_csv_records_may_hold_quotes_commas_and_line_breaks(tmp_path: Path) -> None:
+    texts = ['say "no", twice', "first line\nsecond line", "", "plain", 'a ""quoted"" "\n" mess,', "ünïcode, ok"]
+    rows = [
+        {"rank": i + 1, "index": 10 * i, "self_influence": 1.0 / (i + 1), "label": i % 3 if i != 2 else "", "text": t}
+        for i, t in enumerate(texts)
+    ]
+    path = tmp_path / "self_influence.csv"
+    write_csv(path, rows)
+    with path.open(encoding="utf-8", newline="") as f:
+        expected = [parse_ranked(r) for r in csv.DictReader(f)]
+    paged = PagedRecords(path, parse_ranked, is_csv=True, stride=2)
+    assert len(paged) == len(texts)
+    assert paged.page(0, 10) == expected and paged.page(3, 2) == expected[3:5]
+    assert [r.text for r in expected] == texts
+    assert expected[2].label is None and all(r.flipped is None for r in expected)  # no `flipped` column: unknown
+
+
+def test_a_file_written_again_is_read_again(results: Path, tmp_path: Path) -> None:
+    path = tmp_path / SELF_JSONL_NAME
+    lines = (results / SELF_JSONL_NAME).read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:40]))
+    paged = PagedRecords(path, parse_ranked, stride=4)
+    assert len(paged) == 40
+    tmp = tmp_path / "new.jsonl"
+    tmp.write_text("".join(lines[:9]))
+    os.replace(tmp, path)
+    assert len(paged) == 9 and paged.page(8, 5) == [parse_ranked(json.loads(lines[8]))]
+
+
+def test_bad_records_name_the_file_and_line(results: Path, tmp_path: Path) -> None:
+    lines = (results / "influence.jsonl").read_text().splitlines()
+    broken = tmp_path / "influence.jsonl"
+    broken.write_text("\n".join([lines[0], lines[1], "{not json", *lines[3:]]) + "\n")
+    paged = PagedRecords(broken, parse_influence, stride=2)
+    assert len(paged.page(0, 2)) == 2
+    with pytest.raises(UserError, match=r"influence\.jsonl: line 3: "):
+        paged.page(1, 3)
+
+    record = json.loads(lines[0])
+    del record["opponents"]
+    record["proponents"][0]["score"] = "high"
+    broken.write_text(json.dumps(record) + "\n")
+    with pytest.raises(UserError, match=r"line 1: proponents\[0\]\.score: expected a number"):
+        PagedRecords(broken, parse_influence).page(0, 1)
+
+    rows = [{"rank": 1, "index": 2, "self_influence": 0.5, "label": 1, "text": "x", "flipped": "maybe"}]
+    write_csv(tmp_path / "bad.csv", rows)
+    with pytest.raises(UserError, match=r"bad\.csv: row 1: flipped: expected true or false"):
+        PagedRecords(tmp_path / "bad.csv", parse_ranked, is_csv=True).page(0, 1)
+
+
+def test_summary_that_is_not_a_tracin_summary_is_a_user_error(results: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    summary = json.loads((results / "summary.json").read_text())
+    del summary["n_parameters"]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(UserError, match=r"summary\.json: no 'n_parameters'"):
+        load_results(folder)
+    (folder / "summary.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match=r"summary\.json: expected a JSON object"):
+        load_results(folder)
+
+
+def test_a_run_in_progress_shows_only_the_files_that_exist(results: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    missing = load_results(folder)
+    assert missing.empty and missing.files() == []
+
+    folder.mkdir()
+    shutil.copy(results / SELF_CSV_NAME, folder)
+    partial = load_results(folder)
+    assert partial.summary is None and partial.influence is None and not partial.empty
+    assert partial.self_influence is not None and partial.self_influence.is_csv  # the CSV when there is no JSONL
+    first: list[RankedExample] = partial.self_influence.page(0, 3)
+    assert first == [parse_ranked(r) for r in raw_lines(results / SELF_JSONL_NAME)[:3]]
+    assert [p.name for p, _ in partial.files()] == [SELF_CSV_NAME]

@@ -1,0 +1,258 @@
+"""The attribution screen's results on a run of the real engine (the demo classifier, 12 samples, with a check
+on 2): the sample list and the selected sample's heatmap against attributions.jsonl, search, the check action
+(its run's frozen profile), the check view against check.json, copying a path, a run still going, and a
+snapshot at 120x40."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.content import Content
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Input, OptionList, Static
+
+from gpuopt_tui.app import make_app
+from gpuopt_tui.core import runs as runs_module
+from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.paths import cache_dir
+from gpuopt_tui.core.profiles.io import atomic_write_text, find_profile, load_profile
+from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.ui.screens.attribution import CHECK_SAMPLES, AttributionScreen
+from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
+from gpuopt_tui.ui.widgets.token_heatmap import NEGATIVE, POSITIVE, UNCOLOURED_BELOW, word_pieces
+
+from .conftest import wait_for
+
+RUN_ID = "20250101-120000-attribution-0001"
+STARTED = 1_735_732_800.0  # a fixed clock for the run's lifecycle events (see finished_template)
+N_SAMPLES = 12
+STRONGEST = {POSITIVE[-1][0], NEGATIVE[-1][0]}
+
+
+@pytest.fixture(scope="module")
+def finished_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory whose results were written by the real engine on the demo classifier. Its lifecycle
+    events (started, last progress, finished) are written with a fixed clock and without the measured rate, so
+    the run's id, elapsed time and rate on screen are the same in every test run."""
+    from gpuopt_tui.jobs.attribution.job import run_job
+    from gpuopt_tui.jobs.context import JobContext
+
+    root = tmp_path_factory.mktemp("attribution-run")
+    source = find_profile("demo-attribution")
+    settings = (f"n_samples={N_SAMPLES}", "n_steps=8", "batch_size=4", "check_samples=2")
+    profile = load_profile(source, ["run.device=cpu", *(f"attribution.{s}" for s in settings)])
+    run_dir = create_run(profile, source=source, root=root).rename(root / RUN_ID)
+    engine_events = EventWriter(root / "engine-events.jsonl")
+    try:
+        summary = run_job(profile, JobContext(run_dir, engine_events, cache_dir()))
+    finally:
+        engine_events.close()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    atomic_write_text(run_dir / "meta.json", json.dumps({**meta, "id": RUN_ID, "created": STARTED}))
+    events = [
+        {"t": STARTED + 1, "type": "started", "pid": 0, "attempt": 1, "kind": "attribution"},
+        {"t": STARTED + 5, "type": "progress", "done": N_SAMPLES, "total": N_SAMPLES, "unit": "samples"},
+        {"t": STARTED + 6, "type": "finished", "summary": summary},
+    ]
+    atomic_write_text(run_dir / "events.jsonl", "".join(json.dumps(e) + "\n" for e in events))
+    atomic_write_text(run_dir / "pid.json", '{"pid": 0, "attempt": 1}')
+    return run_dir
+
+
+@pytest.fixture
+def finished_run(finished_template: Path, runs_root: Path) -> Path:
+    return Path(shutil.copytree(finished_template, runs_root / RUN_ID))
+
+
+def jsonl_records(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "results" / "attributions.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+async def open_results(pilot: Pilot[Any], rows: int = N_SAMPLES) -> AttributionRunResults:
+    results = pilot.app.screen.query_one(AttributionRunResults)
+    await wait_for(pilot, lambda: results.query_one("#sample-table", DataTable).row_count == rows)
+    await pilot.pause()
+    return results
+
+
+def text_of(results: AttributionRunResults, selector: str) -> str:
+    return str(results.query_one(selector, Static).content)
+
+
+def shaded_tokens(content: Content) -> list[tuple[str, str]]:
+    """(text, background colour) of every shaded stretch of a heatmap."""
+    found = []
+    for span in content.spans:
+        style = str(span.style)
+        if " on " in style:
+            found.append((content.plain[span.start : span.end], style.split(" on ")[1]))
+    return found
+
+
+def shade_level(colour: str) -> int:
+    ramp = [bg for bg, _ in POSITIVE] if colour in {bg for bg, _ in POSITIVE} else [bg for bg, _ in NEGATIVE]
+    return ramp.index(colour)
+
+
+async def test_selecting_a_sample_shows_its_tokens_shaded_by_score(finished_run: Path) -> None:
+    records = jsonl_records(finished_run)
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = await open_results(pilot)
+        table = results.query_one("#sample-table", DataTable)
+        assert [table.get_row_at(i)[0].plain for i in range(table.row_count)] == [str(i) for i in range(N_SAMPLES)]
+        await pilot.press("ctrl+o")  # the results on the whole screen, the sample table focused
+        assert app.focused is table
+        for row, keys in ((5, ["down"] * 5), (2, ["up"] * 3)):
+            await pilot.press(*keys)
+            await pilot.pause()
+            assert table.cursor_row == row
+            record = records[row]
+            assert text_of(results, "#sample-heading").startswith(
+                f"sample {row} · predicted {record['prediction']} (p {record['probability']:.3f})"
+            )
+            heatmap = results.query_one("#heatmap", Static).content
+            assert isinstance(heatmap, Content)
+            words = record["tokens"]
+            assert heatmap.plain == " ".join(words)
+            # every token at or above the threshold is shaded, by the sign of its score, more for a larger |score|
+            scores = record["scores"]
+            top = max(abs(s) for s in scores)
+            expected = [(t, s) for t, s in zip(words, scores) if s != 0 and abs(s) / top >= UNCOLOURED_BELOW]
+            shaded = shaded_tokens(heatmap)
+            assert [t for t, _ in shaded] == [t for t, _ in expected]
+            for (_, colour), (_, score) in zip(shaded, expected):
+                assert colour in {bg for bg, _ in (POSITIVE if score > 0 else NEGATIVE)}
+            levels = [(abs(s), shade_level(c)) for (_, c), (_, s) in zip(shaded, expected)]
+            assert all(la <= lb for (sa, la) in levels for (sb, lb) in levels if sa < sb)
+            assert any(c in STRONGEST for _, c in shaded)  # the largest |score| gets the strongest shade
+            # the sample's top tokens, from the line's `top`
+            top_table = results.query_one("#sample-top", DataTable)
+            assert [top_table.get_row_at(i)[1].plain for i in range(top_table.row_count)] == [
+                t[1] for t in record["top"]
+            ]
+
+
+async def test_searching_filters_the_list(finished_run: Path) -> None:
+    records = jsonl_records(finished_run)
+    word = records[0]["top"][0][1]
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = await open_results(pilot)
+        await pilot.press("ctrl+o", "slash")
+        assert isinstance(app.focused, Input)
+        await pilot.press(*f"top:{word}")
+        expected = [str(r["index"]) for r in records if word in [t[1] for t in r["top"]]]
+        assert len(expected) < N_SAMPLES
+        table = results.query_one("#sample-table", DataTable)
+        status = f"{len(expected)} of {N_SAMPLES} samples"
+        await wait_for(pilot, lambda: text_of(results, "#sample-status").startswith(status))
+        assert [table.get_row_at(i)[0].plain for i in range(table.row_count)] == expected
+        await pilot.press(*" pred:x")
+        await wait_for(pilot, lambda: '"pred:x": expected' in text_of(results, "#sample-status"))
+
+
+async def test_the_check_and_delta_views_show_their_files(finished_run: Path) -> None:
+    check = json.loads((finished_run / "results" / "check.json").read_text())
+    deltas = json.loads((finished_run / "results" / "summary.json").read_text())["deltas"]
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = await open_results(pilot)
+        results.show_tab("tab-check")
+        await pilot.pause()
+        text = text_of(results, "#check-text")
+        assert f"Optimized vs original on the first {check['n_samples']} samples" in text
+        assert f"optimized: samples × steps batched, {check['precision_optimized']}" in text
+        assert "original: one sample and one step at a time, fp32" in text
+        assert f"max relative difference     {check['max_rel_diff']:.3g}" in text
+        assert f"median relative difference  {check['median_rel_diff']:.3g}" in text
+        results.show_tab("tab-deltas")
+        await pilot.pause()
+        text = text_of(results, "#delta-text")
+        rel = f"relative  median {deltas['median_rel']:.3g} · p95 {deltas['p95_rel']:.3g} · max {deltas['max_rel']:.3g}"
+        assert rel in text
+        assert f"absolute  median {deltas['median_abs']:.3g} · p95 {deltas['p95_abs']:.3g}" in text
+        assert deltas["warning"]  # 8 steps leave this demo unconverged: the engine warns and suggests more
+        assert f"⚠ {deltas['warning']}" in text and f"n_steps = {deltas['suggested_n_steps']}" in text
+
+
+async def test_the_check_action_starts_a_small_run_with_check_samples(
+    finished_run: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launched: list[Path] = []
+    monkeypatch.setattr(runs_module, "launch", lambda run_dir: launched.append(run_dir) or 0)  # no engine process
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = await open_results(pilot)
+        screen = app.screen
+        assert isinstance(screen, AttributionScreen)
+        form_steps = screen.form.values()["attribution"]["n_steps"]
+        await pilot.press("ctrl+t")
+        await wait_for(pilot, lambda: len(launched) == 1)
+        profile = load_profile(launched[0] / "profile.toml")
+        assert profile.attribution.check_samples == CHECK_SAMPLES  # type: ignore[attr-defined]
+        assert profile.attribution.n_samples == CHECK_SAMPLES  # type: ignore[attr-defined]
+        assert profile.attribution.n_steps == form_steps  # type: ignore[attr-defined]
+        assert profile.name == "demo-attribution check"
+        assert results.active_tab == "tab-check"
+        await wait_for(pilot, lambda: screen.latest is not None and screen.latest.dir == launched[0])
+        assert not results.has_results  # the new run has written nothing yet
+
+
+async def test_copying_an_export_path(finished_run: Path) -> None:
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = await open_results(pilot)
+        await pilot.press("ctrl+o")
+        results.show_tab("tab-files")
+        options = results.query_one("#export-files", OptionList)
+        options.focus()
+        await pilot.pause()
+        assert [options.get_option_at_index(i).id for i in range(options.option_count)] == [
+            str(finished_run),
+            *(str(finished_run / "results" / name) for name in ("attributions.jsonl", "attributions.safetensors")),
+            *(str(finished_run / "results" / name) for name in ("summary.json", "check.json")),
+        ]
+        await pilot.press("down", "c")
+        assert app.clipboard == str(finished_run / "results" / "attributions.jsonl")
+        await pilot.press("down", "enter")
+        assert app.clipboard == str(finished_run / "results" / "attributions.safetensors")
+
+
+async def test_a_running_run_shows_the_results_it_has_written(
+    live_run: tuple[Path, Any], finished_template: Path
+) -> None:
+    run_dir, _ = live_run
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = app.screen.query_one(AttributionRunResults)
+        await wait_for(pilot, lambda: "once the run has written its results" in text_of(results, "#results-text"))
+        assert not results.has_results
+        for name in ("attributions.jsonl", "summary.json"):  # as the engine writes them before its check
+            shutil.copy(finished_template / "results" / name, run_dir / "results" / name)
+        await open_results(pilot)
+        assert results.has_results
+        assert "still running: results so far" in text_of(results, "#results-text")
+
+
+def test_word_pieces_are_joined_into_words() -> None:
+    def joined(tokens: tuple[str, ...]) -> str:
+        return "".join((" " if space else "") + text for text, space in word_pieces(tokens))
+
+    assert joined(("[CLS]", "play", "##ing", "cards", "[SEP]")) == "[CLS] playing cards [SEP]"
+    assert joined(("<s>", "Ġplay", "ing", "Ġcards", "</s>")) == "<s> playing cards </s>"
+    assert joined(("▁play", "ing", "▁cards")) == "playing cards"
+
+
+def test_snapshot_with_a_finished_run(finished_run: Path, snap_compare: Any) -> None:
+    async def loaded(pilot: Pilot[Any]) -> None:
+        results = await open_results(pilot)
+        results.query_one("#sample-table", DataTable).move_cursor(row=2)  # a sample other than the first
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(screen="attribution"), terminal_size=(120, 40), run_before=loaded)

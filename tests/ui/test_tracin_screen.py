@@ -1,0 +1,205 @@
+"""The TracIn screen's results, on a real run of the demo profile (the engine run once by the CLI, in a separate
+process: the UI test process never loads torch): test examples with their proponents and opponents, the
+self-influence ranking read a page at a time, the files with their copy key, and a run that has not written
+results yet."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.text import Text
+from textual.pilot import Pilot
+from textual.widgets import DataTable, TabbedContent
+
+from gpuopt_tui.app import make_app
+from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.profiles.io import atomic_write_text, find_profile, load_profile
+from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.ui.widgets.tracin_view import PAGE, score_text
+
+from .conftest import flat_text, screen_text, wait_for, widget_text
+
+N_TEST = 6
+N_TRAIN = 500  # more than two pages of the self-influence ranking
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished TracIn run of the demo profile on the CPU, made by `gpuopt-tui run`."""
+    home = tmp_path_factory.mktemp("tracin-home")
+    env = dict(os.environ, GPUOPT_TUI_HOME=str(home), GPUOPT_TUI_RUNS_DIR=str(home / "runs"), OMP_NUM_THREADS="1")
+    sizes = [f"tracin.n_test={N_TEST}", f"tracin.n_train={N_TRAIN}"]
+    command = ["run", "demo-tracin", "--set", "run.device=cpu", *(f"--set={size}" for size in sizes)]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuopt_tui", *command], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (home / "runs").iterdir()
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(demo_run: Path, runs_root: Path) -> Path:
+    """The demo run, copied into this test's runs directory."""
+    return Path(shutil.copytree(demo_run, runs_root / demo_run.name))
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def rows(table: DataTable[Text]) -> list[list[str]]:
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def table(pilot: Pilot[Any], selector: str) -> DataTable[Text]:
+    return pilot.app.screen.query_one(selector, DataTable)
+
+
+async def open_results(pilot: Pilot[Any]) -> None:
+    """Wait for the latest run's results, then show them on the whole screen."""
+    await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == N_TEST, timeout=30)
+    await pilot.press("ctrl+o")
+    await pilot.pause()
+
+
+async def show_tab(pilot: Pilot[Any], pane: str) -> None:
+    pilot.app.screen.query_one("#tracin-tabs", TabbedContent).active = pane
+    await pilot.pause()
+
+
+def neighbour_rows(record: dict[str, Any], side: str) -> list[list[str]]:
+    return [[score_text(n["score"]), str(n["index"]), str(n["label"]), n["text"]] for n in record[side]]
+
+
+async def test_selecting_a_test_example_shows_its_proponents_and_opponents(run_dir: Path) -> None:
+    records = jsonl(run_dir / "results" / "influence.jsonl")
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        tests = table(pilot, "#tracin-tests")
+        assert app.focused is tests
+        assert rows(tests) == [[str(r["index"]), str(r["label"]), r["text"]] for r in records]
+        for i in (0, 2, 3):
+            tests.move_cursor(row=i)
+            await pilot.pause()
+            assert rows(table(pilot, "#tracin-proponents")) == neighbour_rows(records[i], "proponents")
+            assert rows(table(pilot, "#tracin-opponents")) == neighbour_rows(records[i], "opponents")
+            assert records[i]["text"] in widget_text(app, "#tracin-test-detail")
+        await pilot.press("up")  # as a user would: the keys move the selection
+        await pilot.pause()
+        assert rows(table(pilot, "#tracin-proponents")) == neighbour_rows(records[2], "proponents")
+        assert neighbour_rows(records[2], "proponents") != neighbour_rows(records[3], "proponents")
+        text = screen_text(app)
+        assert records[2]["proponents"][0]["text"] in text and records[2]["opponents"][0]["text"] in text
+
+
+async def test_self_influence_tab_lists_training_examples_in_rank_order(run_dir: Path) -> None:
+    ranked = jsonl(run_dir / "results" / "self_influence.jsonl")
+    expected = [
+        [str(r["rank"]), f"{r['self_influence']:.4e}", str(r["index"]), str(r["label"]), "flipped" * r["flipped"]]
+        for r in ranked
+    ]
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        await show_tab(pilot, "tracin-self-tab")
+        ranking = table(pilot, "#tracin-self")
+        assert [str(c.label) for c in ranking.columns.values()] == [
+            "rank",
+            "score",
+            "train",
+            "label",
+            "flipped",
+            "text",
+        ]
+        assert len(ranked) == N_TRAIN > 2 * PAGE and ranking.row_count == PAGE  # one page read at first
+        assert [row[:5] for row in rows(ranking)] == expected[:PAGE]
+        assert f"{len(ranked)} training examples" in widget_text(app, "#tracin-self-note")
+        ranking.focus()
+        while ranking.row_count < len(ranked):  # going down reads the following pages
+            count = ranking.row_count
+            await pilot.press("ctrl+end")
+            await wait_for(pilot, lambda count=count: ranking.row_count > count)
+        assert [row[:5] for row in rows(ranking)] == expected
+        await pilot.press("ctrl+end")
+        await pilot.pause()
+        assert ranked[-1]["text"] in widget_text(app, "#tracin-self-detail")
+
+
+async def test_files_tab_copies_a_path(run_dir: Path) -> None:
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        await show_tab(pilot, "tracin-files-tab")
+        files = table(pilot, "#tracin-files")
+        names = [row[0] for row in rows(files)]
+        assert names[:3] == ["influence.jsonl", "self_influence.jsonl", "self_influence.csv"]
+        assert set(names) == {p.name for p in (run_dir / "results").iterdir()}
+        files.focus()
+        await pilot.press("down", "c")
+        assert app.clipboard == str(run_dir / "results" / "self_influence.jsonl")
+        await pilot.press("escape")  # back from the whole screen
+        await pilot.pause()
+        assert app.screen.maximized is None
+
+
+async def test_results_fit_80x24_on_the_whole_screen(run_dir: Path) -> None:
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_results(pilot)
+        assert table(pilot, "#tracin-tests").region.height >= 4
+        assert table(pilot, "#tracin-proponents").region.height >= 3
+        assert table(pilot, "#tracin-opponents").region.height >= 3
+        assert "flipped AUC" in flat_text(app)
+
+
+@pytest.fixture
+def running_tracin(runs_root: Path) -> Iterator[Path]:
+    """A TracIn run whose process is alive (a `sleep` stands in for the job) and has written no results."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    path = find_profile("demo-tracin")
+    run_dir = create_run(load_profile(path), source=path, root=runs_root)
+    writer = EventWriter(run_dir / "events.jsonl")
+    writer.emit("started", pid=proc.pid, attempt=1)
+    writer.close()
+    atomic_write_text(run_dir / "pid.json", f'{{"pid": {proc.pid}, "attempt": 1}}')
+    yield run_dir
+    proc.kill()
+    proc.wait()
+
+
+async def test_a_run_without_results_yet_says_so(running_tracin: Path) -> None:
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "No result files yet" in widget_text(app, "#results-text"))
+        assert not app.screen.query_one("#tracin-tabs").display
+
+
+async def test_a_run_in_progress_shows_the_files_it_has(running_tracin: Path, demo_run: Path) -> None:
+    (running_tracin / "results").mkdir(exist_ok=True)
+    shutil.copy(demo_run / "results" / "influence.jsonl", running_tracin / "results")
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == N_TEST, timeout=30)
+        assert "No summary.json yet" in widget_text(app, "#results-text")
+        assert widget_text(app, "#tracin-self-note") == "No self_influence.jsonl or .csv in this run."
+        assert table(pilot, "#tracin-self").row_count == 0
+
+
+def test_results_snapshot(run_dir: Path, snap_compare: Any) -> None:
+    async def second_example(pilot: Pilot[Any]) -> None:
+        await open_results(pilot)
+        await pilot.press("down")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(screen="tracin"), terminal_size=(120, 40), run_before=second_example)
