@@ -17,7 +17,7 @@ from typing import Any
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 
-RESUME_RECORD = "plan.json"
+RESUME_RECORD = "resume.json"
 
 
 class JobCancelled(Exception):

@@ -8,7 +8,6 @@ the batches whose shard exists. At the end the shards are gathered into the resu
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,6 @@ from gpuopt_tui.jobs.data import TextDataset, length_sorted_order, load_dataset,
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
 
-PLAN_FILE = "plan.json"
 RESULT_SETTINGS = (
     "n_steps",
     "method",
@@ -100,14 +98,7 @@ def shard_name(j: int) -> str:
 def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> None:
     """Shards of an earlier attempt are reused only if they were made with the same batches and the same
     settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
-    shaping = {k: getattr(settings, k) for k in RESULT_SETTINGS}
-    record = json.loads(json.dumps({"settings": shaping, "batches": plan}))
-    path = ctx.shard_path(PLAN_FILE)
-    if path.exists():
-        if json.loads(path.read_text(encoding="utf-8")) != record:
-            raise UserError(f"{ctx.state_dir}: the saved shards were made with other settings or data")
-        return
-    ctx.save_shard(PLAN_FILE, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
+    ctx.check_resume_record({"settings": {k: getattr(settings, k) for k in RESULT_SETTINGS}, "batches": plan})
 
 
 def _attribute_pending(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,6 @@ from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.params import select_parameters
 from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, tracin_scores
-
-PLAN_FILE = "tracin_plan.json"
 
 
 class ContextReporter(Reporter):
@@ -157,23 +154,19 @@ def _check_plan(
         for key in sorted(ds.tensors):
             digest.update(key.encode())
             digest.update(ds.tensors[key].contiguous().numpy().tobytes())
-    record = {
-        "method": options.method,
-        "precision": options.precision,
-        "projection_dim": options.projection_dim,
-        "seed": options.seed,
-        "shard_size": options.shard_size,
-        "filter": filter_name,
-        "parameters": names,
-        "checkpoints": [[str(c.path), c.lr] for c in checkpoints],
-        "data": digest.hexdigest(),
-    }
-    path = ctx.shard_path(PLAN_FILE)
-    if path.exists():
-        if json.loads(path.read_text(encoding="utf-8")) != record:
-            raise UserError(f"{ctx.state_dir}: the saved shards were made with other settings or data")
-        return
-    ctx.save_shard(PLAN_FILE, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
+    ctx.check_resume_record(
+        {
+            "method": options.method,
+            "precision": options.precision,
+            "projection_dim": options.projection_dim,
+            "seed": options.seed,
+            "shard_size": options.shard_size,
+            "filter": filter_name,
+            "parameters": names,
+            "checkpoints": [[str(c.path), c.lr] for c in checkpoints],
+            "data": digest.hexdigest(),
+        }
+    )
 
 
 # --- results ----------------------------------------------------------------------------------------------------
