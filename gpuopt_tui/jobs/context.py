@@ -42,6 +42,7 @@ class JobContext:
         self._memory_fields = memory_fields or dict
         self._cancel = threading.Event()
         self._rate_window: list[tuple[float, int]] = []
+        self._stage = ""
 
     # -- cancellation -------------------------------------------------------------------------------------
     def request_cancel(self) -> None:
@@ -75,7 +76,8 @@ class JobContext:
         self.events.emit("artifact", path=rel, description=description)
 
     def progress(self, done: int, total: int, *, unit: str = "samples", stage: str = "", **extra: Any) -> None:
-        """Report progress; throttled to a few events a second, the last step (done == total) always."""
+        """Report progress; throttled to a few events a second, but the last step (done == total) and the
+        first event of a new stage are always written."""
         now = time.monotonic()
         window = self._rate_window
         window.append((now, done))
@@ -87,7 +89,8 @@ class JobContext:
         fields = {"done": done, "total": total, "unit": unit, "rate": rate, "eta": eta, **extra}
         if stage:
             fields["stage"] = stage
-        self.events.progress(force=done >= total, **fields, **self._memory_fields())
+        new_stage, self._stage = stage != self._stage, stage
+        self.events.progress(force=done >= total or new_stage, **fields, **self._memory_fields())
 
     def reset_rate(self) -> None:
         """Forget rate history, e.g. when a new stage with a different unit starts."""

@@ -160,6 +160,9 @@ def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, fi
     check = json.loads((run_dir / "results" / "check.json").read_text())
     assert check["n_samples"] == 4 and check["max_rel_diff"] < 1e-5
     assert summary["check_max_rel_diff"] == check["max_rel_diff"]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    stages = [e.get("stage") for e in events if e["type"] == "progress"]
+    assert stages[-2:] == ["check", "check"]  # the check reports its own progress after the attribution
 
 
 class CancelAfterFirstBatch(JobContext):

@@ -70,7 +70,10 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     collected, seconds = _gather(ctx, ds, len(plan))
     summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler)
     if section.check_samples > 0:
+        ctx.reset_rate()
+        ctx.progress(0, 2, unit="paths", stage="check")
         check = compare_paths(adapter, ds, settings, section.check_samples)
+        ctx.progress(2, 2, unit="paths", stage="check")
         write_json(ctx.results_dir / "check.json", check)
         ctx.artifact(ctx.results_dir / "check.json", "optimized vs original: relative difference of the scores")
         ctx.metric("check_max_rel_diff", check["max_rel_diff"])
