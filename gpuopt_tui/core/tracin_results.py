@@ -1,11 +1,13 @@
 """The result files of a TracIn run (written by jobs/tracin/job.py), read without torch by the TUI.
 
-- influence.jsonl: one line per test example: index, text, label, and its `proponents` and `opponents`
+- influence.jsonl: one line per test example: index, text, label, the model's prediction at the last checkpoint
+  with its probability and the label's (absent from older runs), and its `proponents` and `opponents`
   (training index, score, text, label), strongest first.
 - self_influence.jsonl, and the same rows in self_influence.csv: every scored training example ranked by
   self-influence, highest first; `flipped` only where the data marks deliberately flipped labels (the demo).
 - summary.json: checkpoints with their learning rates, the parameters that counted, the gradient method,
-  timing, and the flipped-label AUC where the data marks flipped labels.
+  timing, the label names and the checkpoint the predictions come from (both absent from older runs), and the
+  flipped-label AUC where the data marks flipped labels.
 
 The two row files can hold millions of rows, so they are read lazily: `PagedRecords` scans a file once for
 where its records start (keeping every STRIDE-th offset) and then reads any page by seeking there.
@@ -68,6 +70,9 @@ class InfluenceRecord:
     label: int | None
     proponents: tuple[Neighbour, ...]
     opponents: tuple[Neighbour, ...]
+    prediction: int | None = None  # the class the model at the last checkpoint predicts; None in older runs
+    probability: float | None = None  # of the prediction
+    label_probability: float | None = None  # of the label
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,9 @@ def parse_influence(row: Mapping[str, Any]) -> InfluenceRecord:
         label=_label(row.get("label"), "label"),
         proponents=_neighbours(_get(row, "proponents"), "proponents"),
         opponents=_neighbours(_get(row, "opponents"), "opponents"),
+        prediction=_label(row.get("prediction"), "prediction"),
+        probability=_optional_float(row.get("probability"), "probability"),
+        label_probability=_optional_float(row.get("label_probability"), "label_probability"),
     )
 
 
@@ -315,6 +323,15 @@ class TracInSummary:
     train_examples_per_s: float | None
     oom_retries: int
     flipped_label_auc: float | None  # only where the data marks flipped labels
+    label_names: tuple[str, ...] | None = None  # by class index; None when the model has none (or older runs)
+    predictions_checkpoint: str = ""  # where the test predictions come from; "" in older runs
+
+    def label_name(self, label: int | None) -> str:
+        """A class as its name where the model names it, else its number ("-" for none)."""
+        if label is None:
+            return "-"
+        names = self.label_names
+        return names[label] if names and 0 <= label < len(names) else str(label)
 
     @property
     def mode(self) -> str:
@@ -370,7 +387,17 @@ def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
         train_examples_per_s=_optional_float(timing.get("train_examples_per_s"), "timing.train_examples_per_s"),
         oom_retries=_int(data.get("oom_retries", 0), "oom_retries"),
         flipped_label_auc=_optional_float(data.get("flipped_label_auc"), "flipped_label_auc"),
+        label_names=_label_names(data.get("label_names")),
+        predictions_checkpoint=_text(data.get("predictions_checkpoint") or "", "predictions_checkpoint"),
     )
+
+
+def _label_names(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RecordError(f"label_names: expected a list, found {type(value).__name__}")
+    return tuple(_text(name, f"label_names[{i}]") for i, name in enumerate(value))
 
 
 def read_summary(path: Path) -> TracInSummary:

@@ -12,8 +12,11 @@ from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import Estimate
+from gpuopt_tui.core.planner.fit import ProbeResult
+from gpuopt_tui.core.planner.measure import MeasuredPlan
 from gpuopt_tui.core.planner.search import Candidate, Recommendation
 from gpuopt_tui.core.planner.session import (
+    device_index,
     estimate_current,
     measure_probes,
     planned_patches,
@@ -59,6 +62,35 @@ def _recommendation_json(rec: Recommendation) -> dict[str, Any]:
     }
 
 
+def _probe_json(r: ProbeResult) -> dict[str, Any]:
+    return {
+        "micro_batch": r.micro_batch,
+        "sequences": r.sequences,
+        "oom": r.oom,
+        "peak_reserved": r.max_reserved,
+        "peak_allocated": r.max_allocated,
+        "alloc_retries": r.num_alloc_retries,
+        "context": r.context,
+        "seconds": r.seconds,
+        "error": r.error,
+    }
+
+
+def _measured_json(m: MeasuredPlan) -> dict[str, Any]:
+    """The probes behind a measured recommendation, and the line fitted through them (bytes throughout)."""
+    fit = None
+    if m.fit is not None:
+        fit = {"intercept": m.fit.intercept, "slope_per_sequence": m.fit.slope, "points": list(m.fit.points)}
+    return {
+        "probes": [_probe_json(r) for r in m.probes],
+        "fit": fit,
+        "context": m.context,
+        "sequences_per_example": m.sequences_per_example,
+        "largest_micro_batch": m.b_max,
+        "confirmed_micro_batch": m.micro_batch,
+    }
+
+
 def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
     inputs = prepare(profile)
     for note in inputs.notes:
@@ -75,11 +107,14 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
     ctx.progress(2, 3, unit="steps", stage="recommend")
     plan = {
         "model": inputs.model.label,
+        "gpu_index": device_index(profile.run.device),
+        "gpu_label": inputs.gpu.label,
         "gpu_total_bytes": inputs.gpu.total,
         "margin": profile.plan.margin,
         "current": _estimate_json(current),
         "recommendation": _recommendation_json(rec),
         "notes": list(inputs.notes),
+        "measured": _measured_json(measured) if measured is not None else None,
     }
     out = ctx.results_dir / "plan.json"
     atomic_write_text(out, json.dumps(plan, indent=2, default=str))

@@ -32,23 +32,11 @@ from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE
 CLOSED_FORM = "closed-form estimate"
 
 
-def gpu_index(device: str) -> int:
-    return int(device[5:]) if device.startswith("cuda:") else 0
-
-
 def resolved(profile: PlanProfile, base: Path) -> PlanProfile:
-    """A copy with relative file paths taken from `base` (the profile file's directory), as a run takes them;
-    ProfileError naming the key of a file that does not exist."""
+    """A copy with relative file paths (stage files among them) taken from `base` (the profile file's directory),
+    as a run takes them; ProfileError naming the key of a file that does not exist."""
     profile = copy.deepcopy(profile)
     resolve_paths(profile, base, FORM_SOURCE)
-    stages = []
-    for i, stage in enumerate(profile.plan.stages):
-        path = Path(stage).expanduser()
-        path = path if path.is_absolute() else (base / path).resolve()
-        if not path.is_file():
-            raise ProfileError(FORM_SOURCE, f"plan.stages[{i}]", f"{path}: no such file")
-        stages.append(str(path))
-    profile.plan.stages = stages
     return profile
 
 
@@ -56,7 +44,7 @@ def plan_inputs(profile: PlanProfile) -> session.PlanInputs:
     """session.prepare, with a message naming the profile key when the GPU's memory is neither given nor found."""
     memory = None
     if profile.plan.gpu_memory_gb == "auto":
-        index = gpu_index(profile.run.device)
+        index = session.device_index(profile.run.device)
         memory = gpu_memory.detect(index)
         if memory is None:
             raise ProfileError(
@@ -114,17 +102,10 @@ def config_line(profile: PlanProfile) -> str:
 
 def measuring_gpu(profile: PlanProfile) -> gpu_memory.GpuMemory:
     """The GPU the probes would run on; UserError, saying that nothing starts, when there is none."""
-    device = profile.run.device
-    if device == "cpu":
-        raise UserError("measuring runs probes on a GPU and run.device = cpu: set it to auto, cuda or cuda:N")
-    index = gpu_index(device)
-    found = gpu_memory.detect(index)
-    if found is None:
-        raise UserError(
-            f"No GPU {index} found here through NVML: measuring needs a GPU, so no run was started. "
-            "The closed-form estimate needs none."
-        )
-    return found
+    try:
+        return session.measuring_gpu(profile.run.device)
+    except UserError as e:
+        raise UserError(f"{e}, so no run was started. The closed-form estimate needs none.") from None
 
 
 @dataclass(frozen=True)
@@ -145,7 +126,7 @@ def read_plan_run(info: RunInfo) -> PlanRun:
         return PlanRun(info, False, 0, error=str(e))
     if not isinstance(profile, PlanProfile):
         return PlanRun(info, False, 0)
-    run = PlanRun(info, profile.plan.measure, gpu_index(profile.run.device))
+    run = PlanRun(info, profile.plan.measure, session.device_index(profile.run.device))
     if info.status != "finished" or not run.measure:
         return run
     try:

@@ -85,7 +85,7 @@ def test_without_a_gpu_the_message_says_what_to_do(
     assert code == 1
     assert "no GPU 0 found through NVML" in err and "--gpu-memory GB" in err and "Traceback" not in err
     code, _, err = plan(capsys, "--config", str(config), "--model", str(model), "--gpu-memory", "24", "--profile")
-    assert code == 1 and "NVML finds none here" in err
+    assert code == 1 and "No GPU 0 found here through NVML: measuring needs a GPU" in err
 
 
 def test_bad_inputs_are_one_line_errors(work: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

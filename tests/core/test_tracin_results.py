@@ -23,6 +23,7 @@ from gpuopt_tui.core.tracin_results import (
     load_results,
     parse_influence,
     parse_ranked,
+    parse_summary,
 )
 
 
@@ -53,11 +54,17 @@ def test_reader_shows_what_the_engine_wrote(results: Path) -> None:
     assert s.method == "closed_form" and s.mode == "closed form, exact gradients" and s.layers == "last 2 modules"
     assert s.train_examples_per_s == raw["timing"]["train_examples_per_s"] > 0
     assert s.flipped_label_auc == raw["flipped_label_auc"] >= 0.9
+    assert s.label_names == tuple(raw["label_names"]) and len(s.label_names) == 2
+    assert s.predictions_checkpoint == raw["checkpoints"][-1]["path"]
+    assert s.label_name(1) == s.label_names[1] and s.label_name(7) == "7" and s.label_name(None) == "-"
 
     tests = raw_lines(results / "influence.jsonl")
     assert read.influence is not None and len(read.influence) == 6
     for record, line in zip(read.influence.page(0, 100), tests, strict=True):
         assert (record.index, record.text, record.label) == (line["index"], line["text"], line["label"])
+        assert (record.prediction, record.probability) == (line["prediction"], line["probability"])
+        assert record.label_probability == line["label_probability"]
+        assert 0 < record.label_probability <= record.probability <= 1
         for side in ("proponents", "opponents"):
             got = [(n.index, n.score, n.text, n.label) for n in getattr(record, side)]
             assert got == [(n["index"], n["score"], n["text"], n["label"]) for n in line[side]]
@@ -71,6 +78,18 @@ def test_reader_shows_what_the_engine_wrote(results: Path) -> None:
     assert [(r.index, r.flipped) for r in rows] == [(r["index"], r["flipped"]) for r in ranked]
     assert any(r.flipped for r in rows) and not all(r.flipped for r in rows)
     assert [p.name for p, _ in read.files()][:3] == ["influence.jsonl", "self_influence.jsonl", "self_influence.csv"]
+
+
+def test_files_of_older_runs_without_predictions_or_label_names_are_read(results: Path) -> None:
+    line = raw_lines(results / "influence.jsonl")[0]
+    for key in ("prediction", "probability", "label_probability"):
+        del line[key]
+    record = parse_influence(line)
+    assert (record.prediction, record.probability, record.label_probability) == (None, None, None)
+    raw = json.loads((results / "summary.json").read_text())
+    del raw["label_names"], raw["predictions_checkpoint"]
+    old = parse_summary(raw)
+    assert old.label_names is None and old.predictions_checkpoint == "" and old.label_name(1) == "1"
 
 
 @pytest.mark.parametrize("is_csv", [False, True], ids=["jsonl", "csv"])

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from gpuopt_tui.core.events import EventWriter, read_events
+from gpuopt_tui.core.plan_files import read_saved_plan
+from gpuopt_tui.core.planner import session
+from gpuopt_tui.core.planner.fit import ProbeResult
+from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
-from gpuopt_tui.jobs.planjob import run_job
+
+GIB = 1024**3
+MIB = 1024**2
 
 CONFIG = """\
 # training config
@@ -32,7 +43,7 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
         "plan.toml",
     )
     ctx = JobContext(tmp_path / "run", EventWriter(tmp_path / "events.jsonl"), tmp_path / "cache")
-    summary = run_job(profile, ctx)
+    summary = planjob.run_job(profile, ctx)
     plan = json.loads((ctx.results_dir / "plan.json").read_text())
     chosen = plan["recommendation"]["chosen"]
     assert summary["micro_batch"] == chosen["micro_batch"] > 4  # a tiny model fits far more than 4
@@ -44,3 +55,45 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
     assert config.read_text() == CONFIG  # a run only proposes; applying is explicit
     events, _ = read_events(tmp_path / "events.jsonl")
     assert [e["type"] for e in events if e["type"] == "artifact"] == ["artifact", "artifact"]
+
+
+def test_measured_plan_saves_the_gpu_probes_and_fit(
+    tmp_path: Path, tiny_bert_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes come from a simulated GPU whose peak reserved memory is 1 GiB + 40 MiB per sequence."""
+
+    def simulated(request: Mapping[str, Any]) -> ProbeResult:
+        b = int(request["micro_batch"])
+        reserved = GIB + b * 40 * MIB
+        if reserved + 500 * MIB > 8 * GIB:
+            return ProbeResult(b, b, oom=True)
+        return ProbeResult(b, b, max_reserved=reserved, max_allocated=reserved // 2, context=500 * MIB)
+
+    def measure_here(inputs: session.PlanInputs, log: Callable[[str], None]) -> MeasuredPlan:
+        request = lambda b: probe_request(inputs.model.config, inputs.spec.task, inputs.setup.with_batch(b))  # noqa: E731
+        return measure(request, 1, inputs.budget, 16, probe=simulated, log=log)
+
+    monkeypatch.setattr(planjob, "measure_probes", measure_here)
+    profile = profile_from_data(
+        {
+            "kind": "plan",
+            "run": {"device": "cuda:1"},
+            "model": {"adapter": "hf", "path": str(tiny_bert_dir)},
+            "plan": {"gpu_memory_gb": 8.0, "seq_len": 64, "measure": True},
+        },
+        "plan.toml",
+    )
+    ctx = JobContext(tmp_path / "run", EventWriter(tmp_path / "events.jsonl"), tmp_path / "cache")
+    planjob.run_job(profile, ctx)
+    plan = json.loads((ctx.results_dir / "plan.json").read_text())
+    assert plan["gpu_index"] == 1 and plan["gpu_label"] == "8 GB given"
+    measured = plan["measured"]
+    probes = measured["probes"]
+    assert len(probes) >= 2 and all(p["peak_reserved"] == GIB + p["micro_batch"] * 40 * MIB for p in probes)
+    assert all(p["peak_allocated"] == p["peak_reserved"] // 2 and p["alloc_retries"] == 0 for p in probes)
+    assert measured["fit"]["slope_per_sequence"] == pytest.approx(40 * MIB)
+    assert measured["fit"]["intercept"] == pytest.approx(GIB)
+    assert measured["context"] == 500 * MIB
+    assert plan["recommendation"]["tier"] == "measured"
+    assert measured["confirmed_micro_batch"] <= measured["largest_micro_batch"]
+    assert read_saved_plan(tmp_path / "run").recommendation.tier == "measured"

@@ -115,6 +115,13 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
         assert [p["index"] for p in record["proponents"]] == rows
         assert all(p["text"] == train.texts[p["index"]] for p in record["proponents"] + record["opponents"])
         assert record["text"] == test.texts[record["index"]]
+    adapter.load_weights(project / "ckpt2.pt")  # predictions come from the last checkpoint, one example at a time
+    for record in records:
+        with torch.no_grad():
+            probs = adapter.logits(test.batch([record["index"]]))[0].double().softmax(-1)
+        assert record["prediction"] == int(probs.argmax())
+        assert record["probability"] == pytest.approx(float(probs.max()), abs=1e-5)
+        assert record["label_probability"] == pytest.approx(float(probs[record["label"]]), abs=1e-5)
 
     with (results / "self_influence.csv").open() as f:
         ranked = list(csv.DictReader(f))
@@ -127,6 +134,7 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
     saved = json.loads((results / "summary.json").read_text())
     assert saved["method"] == "closed_form" and saved["n_parameters"] == 32 * 32 + 32 + 2 * 32 + 2
     assert saved["flipped_label_auc"] is None
+    assert saved["label_names"] == adapter.label_names and saved["predictions_checkpoint"] == str(project / "ckpt2.pt")
     events, _ = read_events(run_dir / "events.jsonl")
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"] == 36 and progress[-1]["unit"] == "train gradients"

@@ -15,7 +15,9 @@ from gpuopt_tui.app import make_app
 from gpuopt_tui.core.paths import shipped_profiles_dir
 from gpuopt_tui.core.profiles.attribution import AttributionProfile
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import describe
+from gpuopt_tui.ui import planner_tasks
 from gpuopt_tui.ui.screens import kind as kind_screen
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -241,3 +243,33 @@ async def test_cancel_the_latest_run_from_its_screen(live_run: tuple[Path, subpr
         proc.wait(timeout=10)
         assert proc.returncode == -signal.SIGTERM
         await wait_for(pilot, lambda: not app.screen.query_one("#cancel").display)
+
+
+async def test_bool_or_auto_fields_keep_auto_through_save_and_estimate(
+    user_profiles: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requested: list[object] = []
+    closed_form = planner_tasks.closed_form
+
+    def recording(profile: PlanProfile, base: Path) -> planner_tasks.ClosedForm:
+        requested.append(profile.plan.gradient_checkpointing)
+        return closed_form(profile, base)
+
+    monkeypatch.setattr(planner_tasks, "closed_form", recording)
+    app = make_app(screen="planner")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, KindScreen)
+        editor = screen.query_one("#field-plan--gradient_checkpointing", Select)
+        assert editor.value == "auto"
+        await pilot.press("ctrl+e")
+        await wait_for(pilot, lambda: "total on the GPU" in screen_text(app))
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert screen.path == user_profiles / "demo-plan.toml"
+        editor.value = False
+        await pilot.pause()
+        assert screen.form.values()["plan"]["gradient_checkpointing"] is False
+    assert requested and set(requested) == {"auto"}
+    assert load_profile(user_profiles / "demo-plan.toml").plan.gradient_checkpointing == "auto"

@@ -8,6 +8,7 @@ patches = planned_patches(inputs, rec)         # previews with diffs; yamledit.a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -36,6 +37,7 @@ from gpuopt_tui.core.planner.search import (
 )
 from gpuopt_tui.core.planner.yamledit import FilePatch, Scalar, ValueEdit
 from gpuopt_tui.core.profiles.common import ModelSection
+from gpuopt_tui.core.profiles.io import atomic_write_text
 from gpuopt_tui.core.profiles.plan import PlanProfile
 
 DEFAULT_SEQ_LEN = 128
@@ -84,25 +86,57 @@ def model_source(model: ModelSection) -> ModelSource:
     )
 
 
+_demo_configs: dict[Path, dict[str, Any]] = {}  # by config file, for this process
+
+
+def demo_config_path(kind: str) -> Path:
+    """Where a demo's config is kept for later processes, next to the demo caches."""
+    return cache_dir() / "demo" / f"{kind}-config.json"
+
+
 def demo_config(kind: str) -> dict[str, Any]:
-    """A demo model's config: from its cache if it was built, else from the demo code in a child process."""
+    """A demo model's config: from its newest built cache, else from the config a previous process kept, else
+    from the demo code in a child process (seconds: it imports torch), whose answer is kept for later."""
     versions = {}
     for path in (cache_dir() / "demo").glob(f"{kind}-v*/model/config.json"):
         match = re.fullmatch(rf"{re.escape(kind)}-v(\d+)", path.parent.parent.name)  # not the -seedN variants
         if match:
             versions[int(match.group(1))] = path
-    if versions:
-        return load_config(versions[max(versions)])[0]
+    path = versions[max(versions)] if versions else demo_config_path(kind)
+    if path not in _demo_configs:
+        _demo_configs[path] = load_config(path)[0] if path.is_file() else _demo_config_from_code(kind, path)
+    return copy.deepcopy(_demo_configs[path])
+
+
+def _demo_config_from_code(kind: str, keep: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", PROBE_MODULE, "--demo-config", kind], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise UserError(f"cannot read the {kind} demo's config: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout)
+    config = json.loads(done.stdout)
+    try:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(keep, json.dumps(config, indent=2))
+    except OSError:
+        pass  # only a cache: the next process asks the demo code again
+    return config
 
 
-def _device_index(device: str) -> int:
+def device_index(device: str) -> int:
+    """The CUDA index of a run.device value (auto and cuda mean GPU 0)."""
     return int(device[5:]) if device.startswith("cuda:") else 0
+
+
+def measuring_gpu(device: str) -> gpu_memory.GpuMemory:
+    """The GPU that probes for run.device would run on; UserError when measuring cannot happen here."""
+    if device == "cpu":
+        raise UserError("measuring runs probes on a GPU and run.device = cpu: set it to auto, cuda or cuda:N")
+    index = device_index(device)
+    found = gpu_memory.detect(index)
+    if found is None:
+        raise UserError(f"No GPU {index} found here through NVML: measuring needs a GPU")
+    return found
 
 
 def prepare(profile: PlanProfile, gpu: gpu_memory.GpuMemory | None = None) -> PlanInputs:
@@ -143,7 +177,7 @@ def prepare(profile: PlanProfile, gpu: gpu_memory.GpuMemory | None = None) -> Pl
     setup.check()
     stages = tuple(_stage(Path(s).expanduser(), p.keys) for s in p.stages)
     memory = gpu or gpu_memory.resolve(
-        None if p.gpu_memory_gb == "auto" else float(p.gpu_memory_gb), _device_index(profile.run.device)
+        None if p.gpu_memory_gb == "auto" else float(p.gpu_memory_gb), device_index(profile.run.device)
     )
     return PlanInputs(
         profile=profile,
@@ -180,11 +214,8 @@ def recommend_closed_form(inputs: PlanInputs) -> Recommendation:
 
 def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
     """Probe the most demanding stage (or the setup) on the GPU, starting from the closed-form guess."""
-    if inputs.profile.run.device == "cpu":
-        raise UserError("measuring needs a GPU: run.device = cpu; use auto, cuda or cuda:N")
-    index = _device_index(inputs.profile.run.device)
-    if gpu_memory.detect(index) is None:
-        raise UserError(f"measuring runs probes on GPU {index}, and NVML finds none here; estimate without it")
+    measuring_gpu(inputs.profile.run.device)
+    index = device_index(inputs.profile.run.device)
     setups = [
         dataclasses.replace(inputs.setup, n_positives=s.stage.n_positives, n_negatives=s.stage.n_negatives)
         for s in inputs.stages

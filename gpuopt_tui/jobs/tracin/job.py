@@ -1,13 +1,15 @@
 """The TracIn run: checkpoints x training set x test set from a profile, resumable, with result files.
 
 Result files (in results/):
-- influence.jsonl: one line per test example: index, text, label, and its top_k `proponents` and
+- influence.jsonl: one line per test example: index, text, label, the model's `prediction` at the last
+  checkpoint with its `probability` and the label's (`label_probability`), and its top_k `proponents` and
   `opponents` (training index, score, text, label).
 - self_influence.jsonl and self_influence.csv: every scored training example ranked by self-influence
   sum_c lr_c * ||g_c||^2, highest first (mislabeled examples tend to rank high).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
-- summary.json: settings, parameter count, timing, and for the demo the flipped-label AUC of self-influence.
+- summary.json: settings, parameter count, timing, the label names (null when the model has none), the
+  checkpoint the predictions come from, and for the demo the flipped-label AUC of self-influence.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.params import select_parameters
 from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, tracin_scores
+
+PREDICTIONS_SHARD = "test_predictions"
 
 
 class ContextReporter(Reporter):
@@ -188,7 +192,8 @@ def _write_results(
     }
     flipped = _flipped(train)
     ranked = _self_influence_ranking(train, result, flipped)
-    write_jsonl(files["influence"], _influence_records(train, test, result))
+    predictions = _predictions(adapter, test, checkpoints[-1], section.batch_size, ContextStore(ctx))
+    write_jsonl(files["influence"], _influence_records(train, test, result, predictions))
     write_jsonl(files["self_jsonl"], ranked)
     _write_csv(files["self_csv"], ranked)
     ctx.artifact(files["influence"], "top proponents and opponents of each test example")
@@ -216,6 +221,8 @@ def _write_results(
         "train": train.origin,
         "test": test.origin,
         "checkpoints": [{"path": str(c.path), "lr": c.lr} for c in checkpoints],
+        "label_names": adapter.label_names,
+        "predictions_checkpoint": str(checkpoints[-1].path),
         "settings": to_plain(section),
         "method": stats["method"],
         "precision": stats["precision"],
@@ -249,12 +256,47 @@ def _neighbours(train: TextDataset, top: TopK, i: int) -> list[dict[str, Any]]:
     ]
 
 
-def _influence_records(train: TextDataset, test: TextDataset, result: InfluenceResult) -> list[dict[str, Any]]:
+def _predictions(
+    adapter: Adapter, test: TextDataset, checkpoint: Checkpoint, batch_size: int | str, store: ContextStore
+) -> list[dict[str, Any]]:
+    """Per test example: the class (a ranker: the candidate) the model at `checkpoint` predicts, its softmax
+    probability and the probability of the example's label, from an fp32 forward (kept as a shard, so a
+    resumed run loads no checkpoint again)."""
+    saved = store.load(PREDICTIONS_SHARD)
+    if saved is None:
+        adapter.load_weights(checkpoint.path)  # the scores may have come from shards without loading it
+        step = batch_size if isinstance(batch_size, int) else 32
+        parts = []
+        with torch.inference_mode():
+            for start in range(0, len(test), step):
+                rows = list(range(start, min(start + step, len(test))))
+                batch = to_device(trim_batch(test.batch(rows), test.token_fields), adapter.device)
+                parts.append(adapter.logits(batch).float().softmax(-1).cpu())
+        saved = {"probabilities": torch.cat(parts)}
+        store.save(PREDICTIONS_SHARD, saved)
+    probs = saved["probabilities"]
+    out = []
+    for i, row in enumerate(probs):
+        best, label = int(row.argmax()), _label(test, i)
+        out.append(
+            {
+                "prediction": best,
+                "probability": float(row[best]),
+                "label_probability": None if label is None else float(row[label]),
+            }
+        )
+    return out
+
+
+def _influence_records(
+    train: TextDataset, test: TextDataset, result: InfluenceResult, predictions: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     return [
         {
             "index": i,
             "text": test.texts[i],
             "label": _label(test, i),
+            **predictions[i],
             "proponents": _neighbours(train, result.proponents, i),
             "opponents": _neighbours(train, result.opponents, i),
         }

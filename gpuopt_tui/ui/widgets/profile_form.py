@@ -96,6 +96,14 @@ def switch_text(value: bool) -> str:
     return "on (true)" if value else "off (false)"
 
 
+def select_options(info: FieldInfo) -> list[tuple[str, Any]]:
+    """A Select's (label, value) pairs: the choices, or auto / true / false for a `bool | "auto"` field (a Switch
+    cannot show "auto"), whose values are what the profile holds so that a form round-trips exactly."""
+    if info.choices:
+        return [(c, c) for c in info.choices]
+    return [(AUTO, AUTO), ("true", True), ("false", False)]
+
+
 def field_id(key: str) -> str:
     return "field-" + key.replace(".", "--")
 
@@ -177,11 +185,12 @@ class ProfileForm(Vertical):
     def _editor(self, info: FieldInfo) -> Widget:
         editor_id = field_id(info.key)
         tooltip = f"{info.help} ({range_text(info)})"
-        if info.type_name == "bool":
+        if info.type_name == "bool" and not info.auto:
             return Switch(bool(info.default), animate=False, id=editor_id, tooltip=tooltip)
-        if info.choices:
-            options = [(c, c) for c in info.choices]
-            return Select(options, allow_blank=False, value=info.default, id=editor_id, compact=True, tooltip=tooltip)
+        if info.choices or info.type_name == "bool":
+            return Select(
+                select_options(info), allow_blank=False, value=info.default, id=editor_id, compact=True, tooltip=tooltip
+            )
         placeholder = "(empty)" if info.type_name == "str" else range_text(info)
         editor = Input(
             field_text(info, info.default), placeholder=placeholder, id=editor_id, compact=True, tooltip=tooltip
