@@ -1,4 +1,5 @@
-"""Regenerate screenshots/*.svg: every screen of the app at 120x40, showing real runs.
+"""Regenerate screenshots/*.svg: every screen of the app at 120x40, showing real runs, and the ablation
+screen's run pane at 80x24 (where the form and the run pane take turns).
 
 The runs are made the way a user makes them, with the CLI, in a data directory of their own: the demo
 profile of each kind that has an engine runs to the end; one run is given a model directory copied without
@@ -33,6 +34,7 @@ from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.registry import SCREENS
 
 SIZE = (120, 40)
+NARROW = (80, 24)
 HERE = Path(__file__).resolve().parent
 LONG_RUN = ("--set", "attribution.n_steps=8000", "--set", "attribution.batch_size=1")
 H200_TRACE = HERE.parent / "tests" / "fixtures" / "traces" / "h200_ig_bench.jsonl"
@@ -119,6 +121,12 @@ async def shoot(out: Path, trace: Trace | None, start: int, gpu_caption: str) ->
                     await settle(pilot)
                     save(app, out, "runs-failed.svg", caption)
         print(f"  {spec.name}", flush=True)
+    async with make_app(screen="ablation").run_test(size=NARROW) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+l")  # the run pane
+        await settle(pilot)
+        save(pilot.app, out, "ablation-80x24.svg", "gpuopt-tui at 80x24")
+    print("  ablation at 80x24", flush=True)
 
 
 def main() -> int:

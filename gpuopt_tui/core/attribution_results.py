@@ -457,18 +457,6 @@ class RunFiles:
         return self.summary is not None or self.samples is not None
 
 
-def results_stamp(run_dir: Path) -> tuple[tuple[int, int] | None, ...]:
-    """(size, mtime) of each result file, None where missing: cheap to compare to notice new files."""
-    stamps: list[tuple[int, int] | None] = []
-    for name, _ in EXPORTS:
-        try:
-            st = (run_dir / "results" / name).stat()
-            stamps.append((st.st_size, st.st_mtime_ns))
-        except OSError:
-            stamps.append(None)
-    return tuple(stamps)
-
-
 def export_files(run_dir: Path) -> tuple[ExportFile, ...]:
     found = []
     for name, description in EXPORTS:

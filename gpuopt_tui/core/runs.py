@@ -101,6 +101,8 @@ class RunInfo:
     ended: float | None = None
     corrupt_lines: int = 0
     started: float | None = None  # when the current attempt started (its `started` event), None before that
+    artifacts: int = 0  # `artifact` events so far (of every attempt): grows as result files are written
+    last_artifact: str = ""  # the newest artifact's path, relative to the run directory
 
     @property
     def active(self) -> bool:
@@ -181,12 +183,24 @@ class RunWatcher:
         if meta is None:
             return RunInfo(run_id, run_dir, "?", run_id, 0.0, "missing", message="run directory is gone or unreadable")
         state = self._state.setdefault(
-            run_id, {"last": None, "progress": {}, "attempt": 0, "summary": {}, "started": None}
+            run_id,
+            {
+                "last": None,
+                "progress": {},
+                "attempt": 0,
+                "summary": {},
+                "started": None,
+                "artifacts": 0,
+                "artifact": "",
+            },
         )
         for event in self._new_events(run_id, run_dir / "events.jsonl"):
             etype = event["type"]
             if etype == "progress":
                 state["progress"] = event
+            elif etype == "artifact":
+                state["artifacts"] += 1
+                state["artifact"] = str(event.get("path", ""))
             elif etype in LIFECYCLE:
                 state["last"] = event
                 if etype == "started":
@@ -207,6 +221,8 @@ class RunWatcher:
             summary=state["summary"],
             corrupt_lines=self._tails[run_id].corrupt_lines,
             started=state["started"],
+            artifacts=state["artifacts"],
+            last_artifact=state["artifact"],
         )
         pid_info = self._json(run_dir / "pid.json") or {}
         info.pid = pid_info.get("pid")
@@ -271,38 +287,64 @@ def log_tail(run_dir: Path, lines: int = 20) -> list[str]:
 # --- creating, launching, cancelling, resuming ----------------------------------------------------------------
 
 _PATH_FIELD_NAMES = ("path", "config")
+_PATH_LIST_NAMES = ("stages",)
 
 
-def _path_fields(obj: Any, prefix: str = "") -> list[tuple[Any, str, str]]:
-    """(owner, attribute, dotted key) of every non-empty file path in a profile.
+@dataclass(frozen=True)
+class _PathSlot:
+    """Where one file path sits in a profile: `owner.attr`, or its item `index` when the field is a list."""
 
-    Path fields are recognised by name: `path`, `config` and anything ending in `_path`.
+    owner: Any
+    attr: str
+    key: str  # dotted key as errors name it, e.g. "plan.stages[1]"
+    index: int | None = None
+
+    def get(self) -> str:
+        value = getattr(self.owner, self.attr)
+        return value if self.index is None else value[self.index]
+
+    def set(self, path: str) -> None:
+        if self.index is None:
+            setattr(self.owner, self.attr, path)
+        else:
+            getattr(self.owner, self.attr)[self.index] = path
+
+
+def _path_fields(obj: Any, prefix: str = "") -> list[_PathSlot]:
+    """Every non-empty file path in a profile.
+
+    Path fields are recognised by name: a string field named `path` or `config` or ending in `_path`, and each
+    item of a list-of-strings field named `stages` or ending in `_paths`.
     """
-    found: list[tuple[Any, str, str]] = []
+    found: list[_PathSlot] = []
     for f in fields(obj):
         value = getattr(obj, f.name)
+        key = prefix + f.name
         if is_dataclass(value):
-            found += _path_fields(value, f"{prefix}{f.name}.")
+            found += _path_fields(value, f"{key}.")
         elif isinstance(value, list):
+            is_path_list = f.name in _PATH_LIST_NAMES or f.name.endswith("_paths")
             for i, item in enumerate(value):
                 if is_dataclass(item):
-                    found += _path_fields(item, f"{prefix}{f.name}[{i}].")
+                    found += _path_fields(item, f"{key}[{i}].")
+                elif is_path_list and isinstance(item, str) and item:
+                    found.append(_PathSlot(obj, f.name, f"{key}[{i}]", i))
         elif isinstance(value, str) and value and (f.name in _PATH_FIELD_NAMES or f.name.endswith("_path")):
-            found.append((obj, f.name, prefix + f.name))
+            found.append(_PathSlot(obj, f.name, key))
     return found
 
 
 def resolve_paths(profile: ProfileBase, base: Path, source: str = "") -> None:
     """Make relative paths absolute (relative to the profile file's directory) and check that they exist."""
-    for owner, attr, key in _path_fields(profile):
-        path = Path(getattr(owner, attr)).expanduser()
+    for slot in _path_fields(profile):
+        path = Path(slot.get()).expanduser()
         if not path.is_absolute():
             path = (base / path).resolve()
-        setattr(owner, attr, str(path))
+        slot.set(str(path))
         if not path.exists():
-            raise ProfileError(source, key, f"{path}: no such file or directory")
-        if key == "model.path" and not (path / "config.json").is_file():
-            raise ProfileError(source, key, f"{path}: expected a model directory with a config.json")
+            raise ProfileError(source, slot.key, f"{path}: no such file or directory")
+        if slot.key == "model.path" and not (path / "config.json").is_file():
+            raise ProfileError(source, slot.key, f"{path}: expected a model directory with a config.json")
 
 
 def create_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:

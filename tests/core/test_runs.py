@@ -12,10 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import atomic_write_text, load_profile, parse_toml, profile_from_data
-from gpuopt_tui.core.runs import RunWatcher, cancel_run, create_run, find_run, pid_alive, resume_run
+from gpuopt_tui.core.runs import (
+    RunWatcher,
+    cancel_run,
+    create_run,
+    find_run,
+    pid_alive,
+    resolve_paths,
+    resume_run,
+)
 
 
 @pytest.fixture
@@ -60,6 +68,20 @@ def test_missing_files_are_reported_before_launch(runs_root: Path, tmp_path: Pat
     with pytest.raises(UserError, match=r"key 'data.path': .*missing.jsonl"):
         make_run(runs_root, data={"source": "jsonl", "path": "missing.jsonl"})
     assert not runs_root.exists() or not any(runs_root.iterdir())
+
+
+def test_plan_stage_files_are_resolved_and_checked(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    (profiles / "stages").mkdir(parents=True)
+    (profiles / "stages" / "one.yaml").write_text("n_positives: 1\nn_negatives: 2\n")
+    (profiles / "two.yaml").write_text("n_positives: 3\nn_negatives: 4\n")
+    data = {"kind": "plan", "model": {"adapter": "demo"}, "plan": {"stages": ["stages/one.yaml", "two.yaml"]}}
+    profile = profile_from_data(data, "plan.toml")
+    resolve_paths(profile, profiles, "plan.toml")
+    assert profile.plan.stages == [str(profiles / "stages" / "one.yaml"), str(profiles / "two.yaml")]
+    missing = profile_from_data({**data, "plan": {"stages": ["two.yaml", "gone.yaml"]}}, "plan.toml")
+    with pytest.raises(ProfileError, match=r"key 'plan.stages\[1\]': .*gone.yaml: no such file or directory"):
+        resolve_paths(missing, profiles, "plan.toml")
 
 
 def test_status_follows_events_and_liveness(runs_root: Path) -> None:

@@ -20,12 +20,12 @@ from gpuopt_tui.core import runs as runs_module
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import atomic_write_text, find_profile, load_profile
-from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.core.runs import RunWatcher, create_run
 from gpuopt_tui.ui.screens.attribution import CHECK_SAMPLES, AttributionScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.token_heatmap import NEGATIVE, POSITIVE, UNCOLOURED_BELOW, word_pieces
 
-from .conftest import wait_for
+from .conftest import make_run, wait_for
 
 RUN_ID = "20250101-120000-attribution-0001"
 STARTED = 1_735_732_800.0  # a fixed clock for the run's lifecycle events (see finished_template)
@@ -233,11 +233,34 @@ async def test_a_running_run_shows_the_results_it_has_written(
         results = app.screen.query_one(AttributionRunResults)
         await wait_for(pilot, lambda: "once the run has written its results" in text_of(results, "#results-text"))
         assert not results.has_results
+        events = EventWriter(run_dir / "events.jsonl")
         for name in ("attributions.jsonl", "summary.json"):  # as the engine writes them before its check
             shutil.copy(finished_template / "results" / name, run_dir / "results" / name)
+            events.emit("artifact", path=f"results/{name}", description=name)
+        events.close()
         await open_results(pilot)
         assert results.has_results
         assert "still running: results so far" in text_of(results, "#results-text")
+
+
+def test_the_run_watcher_counts_artifact_events(runs_root: Path) -> None:
+    """What the results view follows to read a run's files again: the number of `artifact` events so far (read
+    incrementally) and the newest one's path."""
+    run_dir = make_run(
+        runs_root,
+        ("started", {"pid": 0, "attempt": 1}),
+        ("artifact", {"path": "results/attributions.jsonl", "description": "per-sample"}),
+        ("progress", {"done": 1, "total": 2}),
+    )
+    watcher = RunWatcher(runs_root)
+    info = watcher.info(run_dir)
+    assert (info.artifacts, info.last_artifact) == (1, "results/attributions.jsonl")
+    events = EventWriter(run_dir / "events.jsonl")
+    events.emit("artifact", path="results/summary.json", description="summary")
+    events.close()
+    info = watcher.info(run_dir)
+    assert (info.artifacts, info.last_artifact) == (2, "results/summary.json")
+    assert watcher.info(run_dir).artifacts == 2  # nothing new: nothing counted twice
 
 
 def test_word_pieces_are_joined_into_words() -> None:

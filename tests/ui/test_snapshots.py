@@ -24,13 +24,14 @@ from gpuopt_tui.ui.widgets.prompt import TextPrompt
 
 from .conftest import screen_lines
 
-# what each screen must show even at 80x24, and the widget that must keep a usable height there
+# what each screen must show even at 80x24, and the widget that must keep a usable height there (a kind screen
+# shows its form there; its run pane is the other tab)
 LEGIBLE = {
     "dashboard": (("Runs", "status", "No runs yet"), "#dashboard-runs", 5),
-    "attribution": (("Profile", "demo-attribution", "Latest run", "[run]"), ".form-fields", 6),
-    "tracin": (("Profile", "demo-tracin", "Latest run", "[run]"), ".form-fields", 6),
-    "ablation": (("Profile", "demo-ablation", "Latest run", "[run]"), ".form-fields", 6),
-    "planner": (("Profile", "demo-plan", "Latest run", "[run]"), ".form-fields", 6),
+    "attribution": (("Profile", "demo-attribution", "Run & results", "[run]"), ".form-fields", 12),
+    "tracin": (("Profile", "demo-tracin", "Run & results", "[run]"), ".form-fields", 12),
+    "ablation": (("Profile", "demo-ablation", "Run & results", "[run]"), ".form-fields", 12),
+    "planner": (("Profile", "demo-plan", "Run & results", "[run]"), ".form-fields", 12),
     "runs": (("status", "No run selected."), "#runs-table", 5),
     "gpu": (("GPU 0  NVIDIA H200", "/140.4 GiB", "PID"), "#gpu-processes", 1),
     "help": (("gpuopt-tui configures",), "#help-body", 10),
@@ -71,6 +72,37 @@ DIALOGS = {
     "confirm": lambda: ConfirmDialog("Cancel run 20270115-080000-attribution-1a2b (attribution: demo)?", "Cancel run"),
     "prompt": lambda: TextPrompt("Save the profile as (a name):", "my-demo-attribution", check_profile_name),
 }
+
+
+# the widget of a kind screen's run pane that must get a usable height at 80x24
+RUN_PANE = {
+    "attribution": "#run-results",
+    "tracin": "#run-results",
+    "ablation": "#run-results",
+    "planner": "#plan-tabs",
+}
+
+
+@pytest.mark.parametrize("screen", list(RUN_PANE))
+async def test_the_run_pane_is_usable_at_80x24(screen: str) -> None:
+    """ctrl+l swaps the form for the latest run and its results, which get most of the height; ctrl+l again
+    brings the form back. At 120x40 both are shown and there is nothing to swap."""
+    app = app_on(screen)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "Latest run" not in "\n".join(screen_lines(app))
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        text = "\n".join(screen_lines(app))
+        assert "Latest run" in text and not app.screen.query_one(".form-fields").region.height
+        assert app.screen.query_one(RUN_PANE[screen]).region.height >= 8
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.screen.query_one(".form-fields").region.height >= 12
+    async with app_on(screen).run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert "Latest run" in "\n".join(screen_lines(pilot.app))
+        assert not pilot.app.screen.check_action("switch_pane", ())
 
 
 @pytest.mark.parametrize("dialog", DIALOGS)

@@ -87,7 +87,13 @@ async def test_selecting_a_test_example_shows_its_proponents_and_opponents(run_d
         await open_results(pilot)
         tests = table(pilot, "#tracin-tests")
         assert app.focused is tests
-        assert rows(tests) == [[str(r["index"]), str(r["label"]), r["text"]] for r in records]
+        names = json.loads((run_dir / "results" / "summary.json").read_text())["label_names"]
+        assert names  # the demo names its classes
+
+        def predicted(r: dict[str, Any]) -> str:
+            return f"{names[r['prediction']]} ({r['probability']:.2f})"
+
+        assert rows(tests) == [[str(r["index"]), names[r["label"]], predicted(r), r["text"]] for r in records]
         for i in (0, 2, 3):
             tests.move_cursor(row=i)
             await pilot.pause()

@@ -15,7 +15,6 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
-from textual.widget import Widget
 from textual.widgets import ContentSwitcher, Static, Tab, Tabs
 from textual.worker import Worker, WorkerState
 
@@ -97,7 +96,6 @@ class ReportedState:
 class ProbingResults(RunResults):
     """The latest probing run: a head line, then the views Table, Plot and Cache (tabs, or `v`)."""
 
-    ALLOW_MAXIMIZE = True
     DEFAULT_CSS = """
     ProbingResults {
         overflow-y: auto;
@@ -148,7 +146,6 @@ class ProbingResults(RunResults):
         self.info: RunInfo | None = None
         self.results: AblationResults | None = None
         self.problem = ""  # why a finished run's results cannot be shown
-        self._followed: object = object()  # (run id, status, end time) last followed
         self._reported: ReportedState | None = None
         self._reading: ReportedState | None = None  # whose events a worker is reading now
         self._timer: Timer | None = None
@@ -166,15 +163,7 @@ class ProbingResults(RunResults):
 
     def on_mount(self) -> None:
         self._timer = self.set_interval(LIVE_INTERVAL_S, self._tick, pause=True, name="ablation live events")
-        self.watch(self.screen, "maximized", self._zoomed, init=False)
         self._redraw()
-
-    def _zoomed(self, widget: Widget | None) -> None:
-        # the side pane's top margin (app CSS, which DEFAULT_CSS cannot override) is not wanted on a screen of its own
-        if widget is self:
-            self.styles.margin = 0
-        else:
-            self.styles.clear_rule("margin")
 
     # -- views ------------------------------------------------------------------------------------------------
 
@@ -193,6 +182,10 @@ class ProbingResults(RunResults):
         if view == "cache":
             self.query_one(CachePanel).reload()
         self.refresh_bindings()
+
+    def focus_first(self) -> None:
+        """The view tabs: they stay in sight whichever view is shown, so v, s, o and c keep working."""
+        self.query_one("#ablation-tabs").focus()
 
     def action_next_view(self) -> None:
         self.show_view(VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)])
@@ -227,13 +220,12 @@ class ProbingResults(RunResults):
     # -- following the latest run -----------------------------------------------------------------------------
 
     def show(self, info: RunInfo | None) -> None:
-        super().show(info)
         if info is not None and info.active and self._timer is not None:
             self._timer.resume()  # also after the screen was shown again
-        key = (info.id, info.status, info.ended) if info else None
-        if key == self._followed:
-            return
-        self._followed = key
+        super().show(info)
+
+    def run_changed(self, info: RunInfo | None) -> None:
+        super().run_changed(info)
         if info is None or self.info is None or info.id != self.info.id:
             self.results, self.problem = None, ""
             self._reported = ReportedState(info) if info is not None else None
@@ -380,20 +372,3 @@ class AblationScreen(KindScreen):
     KIND = "ablation"
     RESULTS = ProbingResults
     COMMANDS: ClassVar[set[type[Provider]]] = {FeatureCacheCommands}
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding(
-            "ctrl+o",
-            "zoom_results",
-            "Results",
-            id="ablation.results",
-            tooltip="Zoom the results (table, plot, feature cache) to the whole screen; escape comes back",
-        ),
-    ]
-
-    def action_zoom_results(self) -> None:
-        if self.maximized is not None:
-            self.minimize()
-            return
-        results = self.query_one(ProbingResults)
-        self.maximize(results, container=False)
-        self.query_one("#ablation-tabs").focus()

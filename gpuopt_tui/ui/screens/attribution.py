@@ -9,10 +9,10 @@ from textual import on
 from textual.binding import Binding, BindingType
 from textual.widgets import Button
 
-from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
+from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser
 
 CHECK_SAMPLES = 8  # samples of a check run: each is attributed by both paths
 
@@ -21,7 +21,7 @@ class AttributionScreen(KindScreen):
     SCREEN_NAME = "attribution"
     KIND = "attribution"
     RESULTS = AttributionRunResults
-    CSS = "AttributionRunResults.-maximized { margin: 0; }"  # full screen: no gap above the results
+    HELP_WIDGETS = (SampleBrowser,)
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
@@ -32,23 +32,11 @@ class AttributionScreen(KindScreen):
             tooltip=f"Run this profile on {CHECK_SAMPLES} samples with the optimized and the original path and "
             "compare their scores",
         ),
-        Binding(
-            "ctrl+o",
-            "zoom_results",
-            "Results",
-            id="attribution.results",
-            tooltip="Show the latest run's results on the whole screen (escape comes back)",
-        ),
     ]
 
     @property
     def results(self) -> AttributionRunResults:
         return self.query_one("#run-results", AttributionRunResults)
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "zoom_results":
-            return self.maximized is not None or self.results.has_results
-        return super().check_action(action, parameters)
 
     @on(Button.Pressed, "#check-run")
     def action_check_paths(self) -> None:
@@ -60,17 +48,5 @@ class AttributionScreen(KindScreen):
         section.n_samples = min(section.n_samples, CHECK_SAMPLES) if section.n_samples else CHECK_SAMPLES
         section.check_samples = section.n_samples
         profile.name = f"{profile.name or self.KIND} check"
-        try:
-            self.gapp.start_profile_run(profile, self.path)
-        except UserError as e:
-            self.gapp.report_error(str(e), title="Check not started")
-            return
-        self.results.show_tab("tab-check")
-
-    def action_zoom_results(self) -> None:
-        if self.maximized is not None:
-            self.minimize()
-            return
-        results = self.results
-        self.maximize(results, container=False)
-        results.focus_first()
+        if self.start(profile, title="Check not started") is not None:
+            self.results.show_tab("tab-check")

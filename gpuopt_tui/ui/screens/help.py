@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import replace
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -27,7 +29,8 @@ GUIDE = "\n\n".join(
         "comments in the file are kept; a shipped profile is saved as your own copy of the same name); ctrl+n "
         "saves under a new name.",
         "2. ctrl+r starts a run with the values on screen. Its progress (rate, ETA, GPU memory) shows beside the "
-        "form, then its summary and result files.",
+        "form, then its results; ctrl+o shows them on the whole screen. On a terminal narrower than 100 columns "
+        "the form and the run take turns: ctrl+l (or the tabs above them) switches.",
         "3. r lists every run: c cancels (the run stops after its current chunk and keeps what it finished), "
         "s resumes a stopped run from its finished shards, l follows the log, x deletes the run directory.",
         "4. The same from a shell: gpuopt-tui run PROFILE, gpuopt-tui runs, gpuopt-tui attach ID, "
@@ -53,14 +56,24 @@ class HelpScreen(AppScreen):
         everywhere = [(s.key, f"{s.label}: {s.help}") for s in SCREENS]
         everywhere += [("ctrl+p", "Command palette: go to a screen, run a profile"), ("q", "Quit (runs keep going)")]
         groups = [
-            ("Everywhere (when no text field has the focus)", everywhere),
-            ("Profile screens", [*self._binding_rows(KindScreen.BINDINGS), ("escape", "Leave the text field")]),
-            ("Runs screen", [*self._binding_rows(RunsScreen.BINDINGS), ("enter", "Select a run (dashboard: open it)")]),
+            ("Everywhere (when no text field has the focus)", self._rows(everywhere)),
+            (
+                "Profile screens",
+                [*self._binding_rows(KindScreen.BINDINGS), *self._rows([("escape", "Leave the text field")])],
+            ),
+            *self._kind_screen_groups(),
+            (
+                "Runs screen",
+                [
+                    *self._binding_rows(RunsScreen.BINDINGS),
+                    *self._rows([("enter", "Select a run (dashboard: open it)")]),
+                ],
+            ),
             (
                 "GPU screen (signals only with confirmation, never with --readonly or a replayed trace)",
                 [
                     *self._binding_rows(GpuView.BINDINGS),
-                    ("0", "0-9: the GPU of that index"),
+                    *self._rows([("0", "0-9: the GPU of that index")]),
                     *self._binding_rows(ProcessList.BINDINGS, hidden=True),
                 ],
             ),
@@ -70,19 +83,31 @@ class HelpScreen(AppScreen):
         for title, keys in groups:
             lines.append(Content.from_markup("\n[b]$title[/]", title=title))
             for key, description in keys:
-                lines.append(
-                    Content.from_markup("  [$accent]$key[/]  $what", key=self._display(key).ljust(8), what=description)
-                )
+                lines.append(Content.from_markup("  [$accent]$key[/]  $what", key=key.ljust(8), what=description))
         return Content("\n").join(lines)
 
-    @staticmethod
-    def _binding_rows(bindings: list[BindingType], hidden: bool = False) -> list[tuple[str, str]]:
+    def _kind_screen_groups(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """The keys each run kind's screen adds: its own, and those of its results' views."""
+        groups = []
+        for spec in SCREENS:
+            screen = getattr(importlib.import_module(spec.module), spec.factory)
+            if not (isinstance(screen, type) and issubclass(screen, KindScreen)):
+                continue
+            own = [b for b in screen.__dict__.get("BINDINGS", []) if isinstance(b, Binding)]
+            rows = self._binding_rows(own)
+            for widget in (screen.RESULTS, *screen.HELP_WIDGETS):
+                rows += self._binding_rows(widget.__dict__.get("BINDINGS", []))
+            if rows:
+                groups.append((f"{spec.label} screen", rows))
+        return groups
+
+    def _rows(self, keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(self.app.get_key_display(Binding(key, "")), description) for key, description in keys]
+
+    def _binding_rows(self, bindings: list[BindingType], hidden: bool = False) -> list[tuple[str, str]]:
         """Key and description of the bindings shown in the footer (or of all, with `hidden`)."""
         return [
-            (b.key.split(",")[0], b.tooltip or b.description)
+            (self.app.get_key_display(replace(b, key=b.key.split(",")[0])), b.tooltip or b.description)
             for b in bindings
             if isinstance(b, Binding) and (b.show or hidden)
         ]
-
-    def _display(self, key: str) -> str:
-        return self.app.get_key_display(Binding(key, ""))

@@ -12,7 +12,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.events import Resize
-from textual.widgets import Button, Label, Select, Static
+from textual.widget import Widget
+from textual.widgets import Button, Label, Select, Static, Tab, Tabs
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
@@ -55,12 +56,27 @@ class KindScreen(AppScreen):
 
     KIND: ClassVar[str] = ""
     RESULTS: ClassVar[type[RunResults]] = RunResults
+    HELP_WIDGETS: ClassVar[tuple[type[Widget], ...]] = ()  # widgets inside RESULTS whose keys the help lists too
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "run", "Run", id="profile.run", tooltip="Start a run of this profile in the background"),
         Binding("ctrl+s", "save", "Save", id="profile.save", tooltip="Save the profile (comments are kept)"),
         Binding("ctrl+n", "save_as", "Save as", id="profile.save_as", tooltip="Save under a new name"),
         Binding("ctrl+g", "cancel_run", "Cancel run", id="profile.cancel", tooltip="Stop the latest run"),
+        Binding(
+            "ctrl+o",
+            "toggle_results",
+            "Results",
+            id="profile.results",
+            tooltip="Show the latest run's results on the whole screen (escape comes back)",
+        ),
+        Binding(
+            "ctrl+l",
+            "switch_pane",
+            "Form/Run",
+            id="profile.pane",
+            tooltip="On a narrow terminal: show the profile form, or the latest run and its results",
+        ),
         Binding("escape", "leave_field", "Leave field", show=False, id="profile.leave_field"),
     ]
 
@@ -82,6 +98,8 @@ class KindScreen(AppScreen):
             yield Button("Save as", id="save-as", compact=True)
             yield Button("Run", id="run", variant="success", compact=True)
         yield Static("", id="profile-info", markup=False)
+        # shown only on a narrow terminal, where the form and the run pane take turns
+        yield Tabs(Tab("Profile", id="pane-form"), Tab("Run & results", id="pane-run"), id="pane-tabs")
         with Horizontal(id="kind-body"):
             yield ProfileForm(self.cls, id="form")
             with Vertical(id="run-side"):
@@ -107,6 +125,25 @@ class KindScreen(AppScreen):
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.width < NARROW_BELOW, "-narrow")
+        self.refresh_bindings()
+
+    @property
+    def results(self) -> RunResults:
+        return self.query_one("#run-results", RunResults)
+
+    def show_pane(self, pane: str) -> None:
+        """On a narrow terminal, show the "form" or the "run" pane (both are always shown on a wide one)."""
+        self.query_one("#pane-tabs", Tabs).active = f"pane-{pane}"
+
+    @on(Tabs.TabActivated, "#pane-tabs")
+    def _pane_chosen(self, event: Tabs.TabActivated) -> None:
+        event.stop()
+        run_pane = event.tab.id == "pane-run"
+        if self.has_class("-narrow") and self.focused is not None:
+            hidden = self.query_one("#form" if run_pane else "#run-side")
+            if self.focused is hidden or hidden in self.focused.ancestors:
+                self.set_focus(None)
+        self.set_class(run_pane, "-run-pane")
 
     @property
     def form(self) -> ProfileForm:
@@ -214,7 +251,22 @@ class KindScreen(AppScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel_run":
             return self.latest is not None and self.latest.active
+        if action == "toggle_results":
+            return self.maximized is not None or self.results.has_results
+        if action == "switch_pane":
+            return self.has_class("-narrow") and self.maximized is None
         return True
+
+    def action_toggle_results(self) -> None:
+        if self.maximized is not None:
+            self.minimize()
+            return
+        results = self.results
+        if self.maximize(results, container=False):
+            results.focus_first()
+
+    def action_switch_pane(self) -> None:
+        self.show_pane("form" if self.has_class("-run-pane") else "run")
 
     def action_leave_field(self) -> None:
         self.set_focus(None)
@@ -288,16 +340,25 @@ class KindScreen(AppScreen):
             self.app.notify(f"no engine for {self.KIND} runs in this build", severity="error")
             return
         profile = self.current_profile("Not started")
-        if profile is None:
-            return
+        if profile is not None:
+            self.start(profile)
+
+    def start(self, profile: ProfileBase, title: str = "Run not started") -> Path | None:
+        """Start a background run of `profile` and show the run pane; on an error, say it (at its field if it has
+        one) and return None."""
         try:
-            self.gapp.start_profile_run(profile, self.path)
+            run_dir = self.gapp.start_profile_run(profile, self.path)
         except UserError as e:
             if isinstance(e, ProfileError):
+                self.show_pane("form")
                 self.form.show_error(e.key, e.detail)  # e.g. a path that does not exist, at its field
-            self.gapp.report_error(str(e), title="Run not started")
+            self.gapp.report_error(str(e), title=title)
+            return None
+        self.show_pane("run")
+        return run_dir
 
     def _refuse(self, title: str, errors: dict[str, str]) -> None:
+        self.show_pane("form")
         key, message = next(iter(errors.items()))
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         self.app.notify(f"{key}: {message}{more}", title=title, severity="error", timeout=10)
@@ -313,5 +374,5 @@ class KindScreen(AppScreen):
         self.latest = snapshot.latest(self.KIND)
         self.query_one("#run-progress", RunProgress).show(self.latest)
         self.query_one("#cancel", Button).display = self.latest is not None and self.latest.active
-        self.query_one("#run-results", RunResults).show(self.latest)
+        self.results.show(self.latest)
         self.refresh_bindings()

@@ -96,9 +96,6 @@ class PlannerScreen(KindScreen):
         height: auto;
         max-height: 5;
     }
-    PlannerScreen.-narrow #kind-body #run-side {
-        height: 60%;
-    }
     PlannerScreen.-narrow #plan-title, PlannerScreen.-narrow #engine-note, PlannerScreen.-narrow #run-results {
         display: none;
     }
@@ -284,16 +281,17 @@ class PlannerScreen(KindScreen):
         self.query_one("#plan-tabs", TabbedContent).active = "tab-measured"
         view = self.query_one("#plan-measured", PlanView)
         if isinstance(message.result, UserError):
+            error = message.result
             if view.plan is None:  # a plan measured before stays in view
-                view.show_message(Content.styled(str(message.result), "$error"))
-            self.gapp.report_error(str(message.result), title="Not measured")
+                view.show_message(Content.styled(str(error), "$error"))
+            if isinstance(error, ProfileError):
+                self.show_pane("form")
+                self.form.show_error(error.key, error.detail)
+            self.gapp.report_error(str(error), title="Not measured")
             return
         profile, gpu = message.result
-        try:
-            run_dir = self.gapp.start_profile_run(profile, self.path)
-        except UserError as e:
-            view.show_message(Content.styled(str(e), "$error"))
-            self.gapp.report_error(str(e), title="Run not started")
+        run_dir = self.start(profile, title="Not measured")
+        if run_dir is None:
             return
         view.show_message(f"Measuring on {gpu}: run {run_dir.name} started (see Latest run).")
 

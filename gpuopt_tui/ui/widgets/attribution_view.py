@@ -3,7 +3,8 @@ heatmap with its top tokens), the overall top tokens, convergence deltas, the op
 and the exported files.
 
 Everything shown comes from the run's result files, read in a thread worker (core.attribution_results); a
-sample's tokens are read from disk when it is selected. A run that is still going shows what it has written.
+sample's tokens are read from disk when it is selected. A run that is still going shows what it has written
+(read again when its events report a new result file).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.message import Message
-from textual.timer import Timer
 from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
-from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, RunFiles, load_run_files, results_stamp
+from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, RunFiles, load_run_files
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
@@ -31,14 +31,12 @@ from gpuopt_tui.ui.widgets.run_results import RunResults
 from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
 
-FILES_CHECK_S = 1.0  # while the shown run is going on: how often its result files are looked at (a stat each)
 TOP_COLUMNS = ("#", "token", "share", "mean", "mean |a|", "count")
 
 
 class AttributionRunResults(RunResults):
     """Results of the latest attribution run (see the module docstring)."""
 
-    ALLOW_MAXIMIZE = True
     can_focus = False  # its tables, search field and tabs take the focus
     DEFAULT_CSS = """
     AttributionRunResults {
@@ -69,12 +67,10 @@ class AttributionRunResults(RunResults):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._state: object = object()  # (run id, status, end, result file stamps) last shown
         self._info: RunInfo | None = None
         self._files: RunFiles | None = None
-        self._files_timer: Timer | None = None
         self._loading = False  # result files of the shown run are being read
-        self._loaded_stamp: tuple[tuple[int, int] | None, ...] = ()  # of the files last read
+        self._read_artifacts: int | None = None  # the run's artifact count when its files were last read
 
     def compose(self) -> ComposeResult:
         yield from super().compose()
@@ -100,39 +96,23 @@ class AttributionRunResults(RunResults):
 
     # -- which run, and reading its files -----------------------------------------------------------------------
 
-    def show(self, info: RunInfo | None) -> None:
-        self._watch_files(info is not None and info.active)
-        stamp = results_stamp(info.dir) if info is not None else ()
-        state = (info.id, info.status, info.ended, stamp) if info is not None else None
-        if state == self._state:
-            return
-        self._state = state
+    def run_changed(self, info: RunInfo | None) -> None:
         if info is None or self._info is None or info.id != self._info.id:
-            self._files, self._loaded_stamp, self._loading = None, (), False
+            self._files, self._read_artifacts, self._loading = None, None, False
             self.set_class(False, "-has-results")
         self._info = info
-        # read the files again only when they changed (not when only the run's status did)
-        reload = info is not None and any(stamp) and stamp != self._loaded_stamp
+        # read the files when the run reports a new one, and once when it ends (not when only its status moves on)
+        artifacts = info.artifacts if info is not None else 0
+        reload = info is not None and (
+            artifacts > (self._read_artifacts or 0) or (self._read_artifacts is None and not info.active)
+        )
         self._loading = self._loading or reload
-        super().show(info)  # the header, and the log of a failed run
+        super().run_changed(info)  # the header, and the log of a failed run
         if info is not None and reload:
-            self._loaded_stamp = stamp
+            self._read_artifacts = artifacts
             self._load(info)
         elif self._files is not None:
             self._show_check(self._files.check)  # what it says depends on whether the run goes on
-
-    def _watch_files(self, on: bool) -> None:
-        """While the shown run goes on, look for new result files: the engine writes them before its check,
-        and no change of the run's progress or status says so."""
-        if on and self._files_timer is None:
-            self._files_timer = self.set_interval(FILES_CHECK_S, self._files_changed, name="attribution files")
-        elif not on and self._files_timer is not None:
-            self._files_timer.stop()
-            self._files_timer = None
-
-    def _files_changed(self) -> None:
-        if self._info is not None and self.screen.is_current:  # a hidden screen catches up when shown again
-            self.show(self._info)
 
     def _load(self, info: RunInfo) -> None:
         run_id, run_dir = info.id, info.dir

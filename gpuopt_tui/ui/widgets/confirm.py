@@ -49,9 +49,14 @@ class ConfirmDialog(Dialog[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(self._question, classes="dialog-text", markup=False)
+            yield from self.compose_detail()
             with Horizontal(classes="dialog-buttons"):
                 yield Button(f"{self._yes} (y)", variant="error", id="yes", compact=True)
                 yield Button(f"{self._no} (n)", id="no", compact=True)
+
+    def compose_detail(self) -> ComposeResult:
+        """What goes between the question and the buttons (nothing by default)."""
+        yield from ()
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

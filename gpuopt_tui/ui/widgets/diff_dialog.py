@@ -6,9 +6,9 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.widgets import Button, Static
+from textual.widgets import Static
 
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 
@@ -67,11 +67,6 @@ class DiffDialog(ConfirmDialog):
         }[how]
         scroll(animate=False)
 
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Static(self._question, classes="dialog-text", markup=False)
-            with VerticalScroll(classes="diff-view"):
-                yield Static(diff_content(self.diff), id="diff-text")
-            with Horizontal(classes="dialog-buttons"):
-                yield Button(f"{self._yes} (y)", variant="error", id="yes", compact=True)
-                yield Button(f"{self._no} (n)", id="no", compact=True)
+    def compose_detail(self) -> ComposeResult:
+        with VerticalScroll(classes="diff-view"):
+            yield Static(diff_content(self.diff), id="diff-text")

@@ -13,7 +13,7 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.widgets import Static
+from textual.widgets import Static, Tabs
 
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.runs import RunInfo
@@ -70,11 +70,17 @@ def _scalar(value: Any) -> str:
 
 
 class RunResults(VerticalScroll):
-    """Summary and result files of a run; for a failed run, the tail of its log."""
+    """Summary and result files of a run; for a failed run, the tail of its log.
+
+    The kind screen maximizes it with ctrl+o (`-maximized` then); subclasses override `run_changed` to read
+    the run's files again, `has_results` and `focus_first`.
+    """
+
+    ALLOW_MAXIMIZE = True
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="run-results")
-        self._key: object = object()  # what is shown: (run id, status, end time), or None for no run
+        self._key: object = object()  # what is shown: (run id, status, end time, artifacts), or None for no run
 
     def compose(self) -> ComposeResult:
         yield Static("", id="results-text", markup=False)
@@ -83,15 +89,35 @@ class RunResults(VerticalScroll):
         yield log
 
     def show(self, info: RunInfo | None) -> None:
-        key = (info.id, info.status, info.ended) if info else None
+        """Called with the latest run on each poll; `run_changed` only when its state moved on."""
+        key = (info.id, info.status, info.ended, info.artifacts) if info else None
         if key == self._key:
-            return  # reading files again only when the run's state moved on
+            return
         self._key = key
+        self.run_changed(info)
+
+    def run_changed(self, info: RunInfo | None) -> None:
+        """The run shown changed, or its status, end time or result files did: draw the summary (and the log of
+        a failed run) again."""
         log = self.query_one("#results-log", LogView)
         failed = info is not None and info.status in ("failed", "crashed")
         log.display = failed
         log.show(info.dir if failed and info else None)
         self.query_one("#results-text", Static).update(self.describe(info))
+
+    @property
+    def has_results(self) -> bool:
+        """Whether there is anything to show on the whole screen."""
+        return self._key is not None
+
+    def focus_first(self) -> None:
+        """Focus the first thing inside that takes the focus, other than a tab bar (when maximized): the view
+        shown rather than the choice of view, which shift+tab reaches."""
+        inside = [w for w in self.screen.focus_chain if self in w.ancestors]
+        views = [w for w in inside if not isinstance(w, Tabs)]
+        target = (views or inside or [self])[0]
+        if target.focusable:
+            target.focus()
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:

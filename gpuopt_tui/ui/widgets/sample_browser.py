@@ -58,10 +58,30 @@ class SampleBrowser(Vertical):
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("slash", "search", "Search", id="attribution.search", tooltip=f"Search: {QUERY_HELP}"),
-        Binding("s", "cycle_sort", "Sort", id="attribution.sort", tooltip="Dataset order, largest delta, least sure"),
-        Binding("left_square_bracket", "page(-1)", "Prev page", key_display="[", id="attribution.prev_page"),
-        Binding("right_square_bracket", "page(1)", "Next page", key_display="]", id="attribution.next_page"),
+        Binding("slash", "search", "Search", id="attribution.search", tooltip=f"Search the samples: {QUERY_HELP}"),
+        Binding(
+            "s",
+            "cycle_sort",
+            "Sort",
+            id="attribution.sort",
+            tooltip="Sort the samples: dataset order, largest delta, least sure",
+        ),
+        Binding(
+            "left_square_bracket",
+            "page(-1)",
+            "Prev page",
+            key_display="[",
+            id="attribution.prev_page",
+            tooltip="Previous page of the sample list",
+        ),
+        Binding(
+            "right_square_bracket",
+            "page(1)",
+            "Next page",
+            key_display="]",
+            id="attribution.next_page",
+            tooltip="Next page of the sample list",
+        ),
     ]
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -77,7 +97,12 @@ class SampleBrowser(Vertical):
         self._search_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder=SEARCH_PLACEHOLDER, id="sample-search", compact=True, tooltip=f"Search: {QUERY_HELP}")
+        yield Input(
+            placeholder=SEARCH_PLACEHOLDER,
+            id="sample-search",
+            compact=True,
+            tooltip=f"Search the samples: {QUERY_HELP}",
+        )
         yield Static("", id="sample-status", markup=False)
         yield DataTable(id="sample-table", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="sample-detail"):

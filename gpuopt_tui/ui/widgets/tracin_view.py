@@ -54,6 +54,13 @@ def label_text(label: int | None) -> str:
     return "-" if label is None else str(label)
 
 
+def prediction_text(record: InfluenceRecord, name: Callable[[int | None], str]) -> str:
+    """The predicted class and its probability at the last checkpoint ("-" for runs that saved none)."""
+    if record.prediction is None:
+        return "-"
+    return name(record.prediction) + ("" if record.probability is None else f" ({record.probability:.2f})")
+
+
 def score_text(score: float) -> str:
     return f"{score:+.4e}"
 
@@ -309,14 +316,19 @@ class TracInResultsView(RunResults):
 
     # -- reading ------------------------------------------------------------------------------------------------
 
-    def describe(self, info: RunInfo | None) -> Content:
-        """Called when the run's state moves on: read its results again (in a thread)."""
+    def run_changed(self, info: RunInfo | None) -> None:
+        """The run's state moved on: read its results again (in a thread)."""
+        super().run_changed(info)
         self._token += 1
         if info is None:
             self._show(None)
-            return Content("")
+            return
         token, folder = self._token, info.dir / "results"
         self.run_worker(lambda: self._read(token, folder), group="tracin-read", thread=True, exit_on_error=False)
+
+    def describe(self, info: RunInfo | None) -> Content:
+        if info is None:
+            return Content("")
         if info.status in ("failed", "crashed"):
             return super().describe(info)
         return Content("Reading the results…")
@@ -358,17 +370,18 @@ class TracInResultsView(RunResults):
             return
         tests = self.query_one("#tracin-tests", PagedTable)
         results = loaded.results
-        tests.attach(("test", "label", "text"), results.influence, loaded.n_tests, loaded.tests, self._test_row)
+        name = results.summary.label_name if results.summary else label_text
+
+        def test_row(record: InfluenceRecord) -> tuple[Text, ...]:
+            return cells(str(record.index), name(record.label), prediction_text(record, name), cut(record.text))
+
+        tests.attach(("test", "label", "predicted", "text"), results.influence, loaded.n_tests, loaded.tests, test_row)
         self._show_test(tests.current)
         self._show_ranking(loaded)
         summary = self.query_one("#tracin-summary", Static)
         summary.update(summary_content(results.summary) if results.summary else "No summary.json in this run.")
         self.query_one("#tracin-folder", Static).update(f"Folder: {results.results_dir}")
         self.query_one("#tracin-files", FileTable).show_files(loaded.files)
-
-    @staticmethod
-    def _test_row(record: InfluenceRecord) -> tuple[Text, ...]:
-        return cells(str(record.index), label_text(record.label), cut(record.text))
 
     def _show_test(self, record: InfluenceRecord | None) -> None:
         if record is not None:
@@ -422,7 +435,7 @@ class TracInResultsView(RunResults):
     def _ranked_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_ranked(self.query_one("#tracin-self", PagedTable).record(event.cursor_row))
 
-    def focus_results(self) -> None:
+    def focus_first(self) -> None:
         """Focus the table of the tab shown (after the view is maximized)."""
         tabs = self.query_one("#tracin-tabs", TabbedContent)
         if tabs.display and tabs.active_pane is not None:
