@@ -1,7 +1,7 @@
 """Layer probing speed: spectral feature extraction, the feature cache and MLP probe training.
 
 1. Top-k singular values (k = 10) + standardisation of N samples x L layers of per-sample matrices, by:
-   - numpy CPU pipeline (the original's "before"): full SVD with U/V per layer stack (np.linalg.svd), top k,
+   - numpy CPU pipeline (the usual unoptimized baseline): full SVD with U/V per layer stack (np.linalg.svd), top k,
      per-feature standardisation in numpy, result copied to the device;
    - torch full SVD (torch.linalg.svd) / exact singular values (torch.linalg.svdvals) on the device;
    - torch.svd_lowrank with q = k + 10, 4 power iterations, on the device;
@@ -14,7 +14,7 @@
    (compute, write entries) against the rerun (verify checksums, memory-map).
 3. Probe training: G layers x R seeds of MLP probes on [N, 10] features, fixed epochs (no early stopping):
    batched ensemble in fp32 / bf16 / fp16 autocast, features on the device or streamed from pinned memory, and
-   one probe at a time (the original's loop; run on a few probes and scaled).
+   one probe at a time (the usual loop; run on a few probes and scaled).
 
     python benchmarks/ablation_bench.py --out benchmarks/results/ablation_h100.md   # on the GPU
     python benchmarks/ablation_bench.py --device cpu --scale 0.05                   # the CPU figures

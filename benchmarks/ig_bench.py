@@ -13,7 +13,7 @@ way in), so each of ours has a Captum row at the same precision. The forward is 
 Hugging Face models: the model called with the attention mask (which Hugging Face drops when it is all ones,
 except inside torch.compile).
 
-Also: the original setting of 2000 steps on a few samples, and a variable-length dataset with and without
+Also: 2000 steps on a few samples, and a variable-length dataset with and without
 length bucketing.
 
     python benchmarks/ig_bench.py --out benchmarks/results/ig_h100.md     # on the GPU (writes .md and .json)
