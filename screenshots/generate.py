@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.app import make_app
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import read_events
-from gpuopt_tui.core.profiles.io import atomic_write_text
 from gpuopt_tui.core.runs import engine_available, find_run
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry, busiest_sample

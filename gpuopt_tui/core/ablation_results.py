@@ -19,8 +19,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.profiles.io import atomic_write_text
 
 FORMAT = 1
 JSON_NAME = "results.json"

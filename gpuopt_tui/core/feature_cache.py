@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuopt_tui.core import paths
-from gpuopt_tui.core.profiles.io import atomic_write_text
+from gpuopt_tui.core.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     import numpy as np

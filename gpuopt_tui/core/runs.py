@@ -21,11 +21,12 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import atomic_write_text, load_profile, profile_to_toml
+from gpuopt_tui.core.profiles.io import load_profile, profile_to_toml
 
 ENGINE_MODULES = {
     "attribution": "attribution/job.py",

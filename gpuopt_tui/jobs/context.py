@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuopt_tui.core.atomic import write_atomically
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 
@@ -109,9 +110,7 @@ class JobContext:
     def save_shard(self, name: str, write: Callable[[Path], None]) -> Path:
         """Call `write(tmp_path)`, then move the file into place atomically: a shard exists whole or not at all."""
         final = self.shard_path(name)
-        tmp = final.with_name(final.name + ".tmp")
-        write(tmp)
-        os.replace(tmp, final)
+        write_atomically(final, write)
         return final
 
     def check_resume_record(self, record: dict[str, Any]) -> None:

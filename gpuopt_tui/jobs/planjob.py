@@ -10,6 +10,7 @@ import dataclasses
 import json
 from typing import Any
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
@@ -24,7 +25,6 @@ from gpuopt_tui.core.planner.session import (
     recommend_closed_form,
     recommend_measured,
 )
-from gpuopt_tui.core.profiles.io import atomic_write_text
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.jobs.context import JobContext
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.profiles.io import atomic_write_text, load_profile, parse_toml, profile_from_data
+from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
 from gpuopt_tui.core.runs import (
     RunWatcher,
     cancel_run,

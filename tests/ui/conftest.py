@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from textual.app import App
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.profiles.io import atomic_write_text, find_profile, load_profile
+from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import create_run
 
 

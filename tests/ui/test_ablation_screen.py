@@ -20,9 +20,10 @@ from textual.pilot import Pilot
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core import runs
 from gpuopt_tui.core.ablation_results import ReportedProbe, ReportedProbes, best_of, sort_rows
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventWriter
 from gpuopt_tui.core.feature_cache import FeatureCache, group_entries
-from gpuopt_tui.core.profiles.io import atomic_write_text, profile_from_data
+from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.ui.screens.ablation import ProbingResults
 from gpuopt_tui.ui.widgets.ablation_view import (
     BRAILLE_BLANK,

@@ -17,9 +17,10 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core import runs as runs_module
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
-from gpuopt_tui.core.profiles.io import atomic_write_text, find_profile, load_profile
+from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import RunWatcher, create_run
 from gpuopt_tui.ui.screens.attribution import CHECK_SAMPLES, AttributionScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Input, TabbedContent
 
 import gpuopt_tui.app as app_module
 from gpuopt_tui.app import GpuOptApp, make_app
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.plan_report import candidate_rows
@@ -25,7 +26,7 @@ from gpuopt_tui.core.planner import session, yamledit
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import measure
 from gpuopt_tui.core.planner.yamledit import FilePatch
-from gpuopt_tui.core.profiles.io import atomic_write_text, load_profile
+from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.runs import create_run
 from gpuopt_tui.jobs import planjob

@@ -20,8 +20,9 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, TabbedContent
 
 from gpuopt_tui.app import make_app
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.profiles.io import atomic_write_text, find_profile, load_profile
+from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import create_run
 from gpuopt_tui.ui.widgets.tracin_view import PAGE, score_text
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
@@ -37,7 +38,6 @@ from gpuopt_tui.core.planner.search import (
 )
 from gpuopt_tui.core.planner.yamledit import FilePatch, Scalar, ValueEdit
 from gpuopt_tui.core.profiles.common import ModelSection
-from gpuopt_tui.core.profiles.io import atomic_write_text
 from gpuopt_tui.core.profiles.plan import PlanProfile
 
 DEFAULT_SEQ_LEN = 128

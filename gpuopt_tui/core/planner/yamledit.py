@@ -13,19 +13,18 @@ replaces the file atomically. `undo` puts the backup back.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import json
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpuopt_tui.core.atomic import replace_file
 from gpuopt_tui.core.errors import UserError
 
 BACKUP_SUFFIX = ".backup"
@@ -372,26 +371,6 @@ def _check_unchanged(patch: FilePatch) -> None:
         raise UserError(f"{patch.path}: cannot read it again ({e.strerror or e}); nothing was written") from None
     if hashlib.sha256(current).hexdigest() != patch.sha256:
         raise UserError(f"{patch.path}: the file changed since the preview; nothing was written, preview again")
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file next to `path`, fsync it, keep the file's mode, and replace `path`."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise UserError(f"{path}: cannot write next to it ({e.strerror or e}); nothing was written") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if path.exists():
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise UserError(f"{path}: cannot write it ({e.strerror or e}); nothing was written") from None
 
 
 def apply(patches: Iterable[FilePatch], backup: bool = True) -> list[Path]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import tomlkit
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
@@ -152,26 +152,6 @@ def save_profile(profile: ProfileBase, path: Path) -> None:
     values = {"kind": profile.kind, **to_plain(profile)}
     _update(doc, values)
     atomic_write_text(path, tomlkit.dumps(doc))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file so that it is either the old or the new content, never half of each."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise UserError(f"{path}: cannot write here ({e.strerror or e})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"{path}: cannot write here ({e.strerror or e})") from None
 
 
 def profile_dirs() -> list[tuple[Path, bool]]:

@@ -18,7 +18,6 @@ two-tower input other than the explained one) are ranked neither overall nor per
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import Tensor
+
+from gpuopt_tui.core.atomic import write_atomically
 
 
 @dataclass
@@ -44,16 +45,6 @@ class Collected:
     prediction: Tensor  # [N]
     probability: Tensor  # [N]
     labels: Tensor | None  # [N]
-
-
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` then rename over `path`: readers never see a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -15,10 +15,11 @@ from textual.events import Resize
 from textual.widget import Widget
 from textual.widgets import Button, Label, Select, Static, Tab, Tabs
 
+from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import ProfileEntry, atomic_write_text, list_profiles, load_profile, read_text
+from gpuopt_tui.core.profiles.io import ProfileEntry, list_profiles, load_profile, read_text
 from gpuopt_tui.core.profiles.io import save_profile as write_profile
 from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.runs import RunInfo, engine_available

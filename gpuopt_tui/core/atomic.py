@@ -1,0 +1,49 @@
+"""Writing files so that a reader sees the old content or the new one, never half of each."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuopt_tui.core.errors import UserError
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` to a temporary file next to `path`, then rename it over `path`; the temporary file is
+    removed if `write` fails."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` durably (fsync) next to `path`, keep an existing file's mode, and replace `path`.
+    Any failure is a UserError and leaves `path` as it was."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write here ({e.strerror or e}); nothing was written") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UserError(f"{path}: cannot write it ({e.strerror or e}); nothing was written") from None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    replace_file(path, text.encode("utf-8"))
