@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 
@@ -47,3 +49,16 @@ def replace_file(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     replace_file(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8"))
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    write_atomically(path, write)

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from gpuopt_tui.core.atomic import write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs.attribution.check import compare_paths
@@ -28,8 +29,6 @@ from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
     sample_records,
     token_ranking,
-    write_json,
-    write_jsonl,
     write_tensors,
 )
 from gpuopt_tui.jobs.attribution.precision import NonFiniteGradients

@@ -17,8 +17,7 @@ two-tower input other than the explained one) are ranked neither overall nor per
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,19 +44,6 @@ class Collected:
     prediction: Tensor  # [N]
     probability: Tensor  # [N]
     labels: Tensor | None  # [N]
-
-
-def write_json(path: Path, data: Any) -> None:
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8"))
-
-
-def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    def write(tmp: Path) -> None:
-        with tmp.open("w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-    write_atomically(path, write)
 
 
 def write_tensors(path: Path, collected: Collected) -> None:

@@ -23,11 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from gpuopt_tui.core.atomic import write_atomically
+from gpuopt_tui.core.atomic import write_atomically, write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
-from gpuopt_tui.jobs.attribution.outputs import write_json, write_jsonl
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
