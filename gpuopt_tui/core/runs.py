@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
-from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail, EventWriter
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile, profile_to_toml
@@ -419,7 +419,9 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
     except PermissionError:
         raise UserError(f"run {info.id} belongs to another user; cannot signal pid {info.pid}") from None
     if force:
-        _append_event(run_dir, "cancelled", message="killed (SIGKILL); shards finished before were kept")
+        events = EventWriter(run_dir / "events.jsonl")
+        events.emit("cancelled", message="killed (SIGKILL); shards finished before were kept")
+        events.close()
     return info
 
 
@@ -437,11 +439,6 @@ def delete_run(run_dir: Path) -> None:
     if info.active:
         raise UserError(f"run {info.id} is still running; cancel it first")
     shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _append_event(run_dir: Path, type: str, **fields: Any) -> None:
-    with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"t": round(time.time(), 3), "type": type, **fields}) + "\n")
 
 
 def wait_for(run_dir: Path, statuses: frozenset[str], timeout: float) -> RunInfo:
