@@ -24,7 +24,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import list_profiles, load_profile
-from gpuopt_tui.core.runs import RunInfo, cancel_run, engine_available, start_run
+from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, engine_available, start_run
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
@@ -166,7 +166,7 @@ class GpuOptApp(App[int]):
 
     def active_run_pids(self) -> dict[int, str]:
         """Process id -> run id of the runs going on (the GPU panel marks their processes)."""
-        return {r.pid: r.id for r in self.runs.runs if r.active and r.pid}
+        return active_run_pids(self.runs.runs)
 
     # -- runs ---------------------------------------------------------------------------------------------------
 

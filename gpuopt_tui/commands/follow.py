@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import human_bytes, human_duration
-from gpuopt_tui.core.runs import RunWatcher, cancel_run, log_tail
+from gpuopt_tui.core.runs import RunWatcher, cancel_run, combined_progress, log_tail
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)
@@ -39,14 +40,14 @@ def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
             if isinstance(value, float):
                 console.print(f"  {key}: {value:.4g}")
             elif not isinstance(value, (dict, list)):
-                console.print(f"  {key}: {value}")
+                console.print(f"  {key}: {value}", markup=False)
         console.print(f"  results: {run_dir / 'results'}")
         return 0
     if kind == "cancelled":
-        console.print(f"[yellow]cancelled[/] {run_dir.name}: {event.get('message', '')}")
+        console.print(f"[yellow]cancelled[/] {run_dir.name}: {escape(str(event.get('message', '')))}")
         console.print(f"  resume with: gpuopt-tui resume {run_dir.name}")
         return 130
-    console.print(f"[red]failed[/] {run_dir.name}: {event.get('message', '')}")
+    console.print(f"[red]failed[/] {run_dir.name}: {escape(str(event.get('message', '')))}")
     tail = log_tail(run_dir, 15)
     if tail:
         console.print("  last lines of log.txt:")
@@ -85,15 +86,19 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     )
     task = progress.add_task(run_dir.name, total=None, stats="starting…")
     outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
+    ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
     try:
         with progress:
             while True:
                 for event in tail.read():
                     etype = event["type"]
                     if etype == "started":
-                        outcome = None
+                        outcome, ranks = None, {}
                         progress.update(task, stats=f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
                     elif etype == "progress":
+                        if "rank" in event:
+                            ranks[event["rank"]] = event
+                            event = combined_progress(ranks)
                         label = event.get("stage") or run_dir.name
                         progress.update(
                             task,
@@ -104,7 +109,12 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                         )
                     elif etype in ("log", "warning"):
                         style = "yellow" if etype == "warning" else "dim"
-                        progress.console.print(f"[{style}]{event.get('message', '')}[/]", markup=True)
+                        where = f"rank {event['rank']}: " if event.get("rank") else ""
+                        progress.console.print(f"{where}{event.get('message', '')}", style=style, markup=False)
+                    elif etype == "rank_failed":
+                        progress.console.print(
+                            f"rank {event.get('rank')} failed: {event.get('message', '')}", style="red", markup=False
+                        )
                     elif etype in TERMINAL_TYPES:
                         outcome = event
                 info = watcher.info(run_dir)

@@ -117,9 +117,9 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _active_runs() -> dict[int, str]:
-    from gpuopt_tui.core.runs import RunWatcher
+    from gpuopt_tui.core.runs import RunWatcher, active_run_pids
 
-    return {info.pid: info.id for info in RunWatcher().refresh() if info.active and info.pid}
+    return active_run_pids(RunWatcher().refresh())
 
 
 def _source(args: argparse.Namespace, headless: bool) -> TelemetrySource:

@@ -20,15 +20,18 @@ PROGRESS_INTERVAL_S = 0.25  # at most ~4 progress events a second
 
 
 class EventWriter:
-    """Appends events to a run's events.jsonl; progress events are throttled."""
+    """Appends events to a run's events.jsonl; progress events are throttled. `stamp` fields go into every
+    event (the `rank` of a worker of a run over several processes: they all append to the same file, one
+    whole line per write)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, **stamp: Any) -> None:
         self.path = path
         self._file: TextIO = path.open("a", encoding="utf-8")
         self._last_progress = 0.0
+        self._stamp = stamp
 
     def emit(self, type: str, **fields: Any) -> dict[str, Any]:
-        event = {"t": round(time.time(), 3), "type": type, **fields}
+        event = {"t": round(time.time(), 3), "type": type, **self._stamp, **fields}
         self._file.write(json.dumps(event, default=str) + "\n")
         self._file.flush()
         return event

@@ -8,15 +8,17 @@ alive, so any process (the TUI after a restart, `gpuopt-tui runs`) sees the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,7 @@ def engine_available(kind: str) -> bool:
 # --- process liveness -----------------------------------------------------------------------------------------
 
 
-def _proc_start_time(pid: int) -> int | None:
+def proc_start_time(pid: int) -> int | None:
     """Start time of a process in clock ticks since boot (Linux), None where /proc is not available."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -67,7 +69,7 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
     if child is not None and child.poll() is not None:
         del _children[pid]
         return False
-    current = _proc_start_time(pid)
+    current = proc_start_time(pid)
     if current == -1:
         return False
     if current is not None:
@@ -82,6 +84,36 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
 
 
 # --- run records ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One rank of a run over several processes, from its `rank_started` event."""
+
+    rank: int
+    pid: int
+    host: str
+    device: str
+    start_time: int | None = None
+
+
+def combined_progress(by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One progress for the ranks of a run: done, total and rate summed over the ranks at rank 0's stage
+    (ranks elsewhere, e.g. rank 0 merging results alone, are left out), ETA of the slowest."""
+    if not by_rank:
+        return {}
+    lead = by_rank.get(0) or by_rank[min(by_rank)]
+    same = [p for p in by_rank.values() if (p.get("stage"), p.get("unit")) == (lead.get("stage"), lead.get("unit"))]
+    rates = [p["rate"] for p in same if isinstance(p.get("rate"), (int, float))]
+    etas = [p["eta"] for p in same if isinstance(p.get("eta"), (int, float))]
+    return {
+        **lead,
+        "done": sum(p.get("done") or 0 for p in same),
+        "total": sum(p.get("total") or 0 for p in same),
+        "rate": sum(rates) if rates else None,
+        "eta": max(etas) if etas else None,
+        "ranks": len(same),
+    }
 
 
 @dataclass
@@ -104,6 +136,13 @@ class RunInfo:
     started: float | None = None  # when the current attempt started (its `started` event), None before that
     artifacts: int = 0  # `artifact` events so far (of every attempt): grows as result files are written
     last_artifact: str = ""  # the newest artifact's path, relative to the run directory
+    workers: tuple[Worker, ...] = ()  # the ranks of the current attempt of a run over several processes
+
+    def pids(self) -> list[int]:
+        """The run's process and, over several processes, its workers' on this host."""
+        host = socket.gethostname()
+        local = [w.pid for w in self.workers if w.host == host]
+        return ([self.pid] if self.pid else []) + local
 
     @property
     def active(self) -> bool:
@@ -193,12 +232,27 @@ class RunWatcher:
                 "started": None,
                 "artifacts": 0,
                 "artifact": "",
+                "ranks": {},
+                "workers": {},
             },
         )
         for event in self._new_events(run_id, run_dir / "events.jsonl"):
             etype = event["type"]
             if etype == "progress":
-                state["progress"] = event
+                if "rank" in event:
+                    state["ranks"][event["rank"]] = event
+                    state["progress"] = combined_progress(state["ranks"])
+                else:
+                    state["progress"] = event
+            elif etype == "rank_started":
+                worker = Worker(
+                    int(event.get("rank", -1)),
+                    int(event.get("pid", 0)),
+                    str(event.get("host", "")),
+                    str(event.get("device", "")),
+                    event.get("start_time"),
+                )
+                state["workers"][worker.rank] = worker
             elif etype == "artifact":
                 state["artifacts"] += 1
                 state["artifact"] = str(event.get("path", ""))
@@ -207,6 +261,7 @@ class RunWatcher:
                 if etype == "started":
                     state["attempt"] = int(event.get("attempt", state["attempt"] + 1))
                     state["progress"] = {}
+                    state["ranks"], state["workers"] = {}, {}
                     state["started"] = event.get("t")
                 elif etype == "finished":
                     state["summary"] = event.get("summary") or {}
@@ -224,6 +279,7 @@ class RunWatcher:
             started=state["started"],
             artifacts=state["artifacts"],
             last_artifact=state["artifact"],
+            workers=tuple(state["workers"][r] for r in sorted(state["workers"])),
         )
         pid_info = self._json(run_dir / "pid.json") or {}
         info.pid = pid_info.get("pid")
@@ -396,7 +452,7 @@ def launch(run_dir: Path) -> int:
     except OSError as e:
         raise UserError(f"cannot start the run in {run_dir} ({e.strerror or e})") from None
     _children[proc.pid] = proc
-    record = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid), "attempt": attempt}
+    record = {"pid": proc.pid, "start_time": proc_start_time(proc.pid), "attempt": attempt}
     atomic_write_text(run_dir / "pid.json", json.dumps(record))
     return proc.pid
 
@@ -412,17 +468,34 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
     info = RunWatcher(run_dir.parent).info(run_dir)
     if not info.active or info.pid is None:
         raise UserError(f"run {info.id} is not running (it is {info.status})")
+    sig = signal.SIGKILL if force else signal.SIGTERM
     try:
-        os.killpg(info.pid, signal.SIGKILL if force else signal.SIGTERM)
+        os.killpg(info.pid, sig)
     except ProcessLookupError:
         raise UserError(f"run {info.id} has already stopped") from None
     except PermissionError:
         raise UserError(f"run {info.id} belongs to another user; cannot signal pid {info.pid}") from None
+    _signal_workers(info, sig)
     if force:
         events = EventWriter(run_dir / "events.jsonl")
         events.emit("cancelled", message="killed (SIGKILL); shards finished before were kept")
         events.close()
     return info
+
+
+def _signal_workers(info: RunInfo, sig: signal.Signals) -> None:
+    """torchrun starts each worker in a session of its own, out of reach of the run's process group: on this
+    host they are signalled one by one (a killed torchrun could not pass a signal on)."""
+    host = socket.gethostname()
+    for worker in info.workers:
+        if worker.host == host and worker.pid and pid_alive(worker.pid, worker.start_time):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(worker.pid, sig)
+
+
+def active_run_pids(infos: Iterable[RunInfo]) -> dict[int, str]:
+    """pid -> run id for the processes of every active run (for matching GPU processes to runs)."""
+    return {pid: info.id for info in infos if info.active for pid in info.pids()}
 
 
 def resume_run(run_dir: Path) -> int:

@@ -12,17 +12,37 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuopt_tui.core.atomic import write_atomically
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 
 RESUME_RECORD = "resume.json"
+T = TypeVar("T")
 
 
 class JobCancelled(Exception):
     """Raised by `JobContext.check_cancelled` once a cancel request (SIGTERM) has arrived."""
+
+
+class Collective:
+    """What the processes of one run do together. This one is a single process; a run over several
+    (torchrun) gets jobs.collective.TorchCollective with the same methods."""
+
+    rank = 0
+    world_size = 1
+
+    def barrier(self) -> None:
+        """Wait until every process got here."""
+
+    def gather(self, obj: T) -> list[T] | None:
+        """Every process's `obj`, in rank order, on rank 0; None elsewhere."""
+        return [obj]
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj`, on every process."""
+        return obj
 
 
 class JobContext:
@@ -32,6 +52,7 @@ class JobContext:
         events: EventWriter,
         cache_dir: Path,
         memory_fields: Callable[[], dict[str, Any]] | None = None,
+        dist: Collective | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.results_dir = run_dir / "results"
@@ -44,6 +65,15 @@ class JobContext:
         self._cancel = threading.Event()
         self._rate_window: list[tuple[float, int]] = []
         self._stage = ""
+        self.dist = dist or Collective()
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
 
     # -- cancellation -------------------------------------------------------------------------------------
     def request_cancel(self) -> None:
@@ -63,7 +93,8 @@ class JobContext:
 
     def log(self, message: str, level: str = "info") -> None:
         print(f"[{level}] {message}", flush=True)
-        self.events.emit("log", level=level, message=message)
+        if self.rank == 0:  # the other ranks of a run over several processes say the same: log.txt only
+            self.events.emit("log", level=level, message=message)
 
     def warn(self, message: str) -> None:
         print(f"[warning] {message}", flush=True)
@@ -115,8 +146,13 @@ class JobContext:
 
     def check_resume_record(self, record: dict[str, Any]) -> None:
         """Keep what shaped this run's shards (settings, data digest); a resume with anything else is refused,
-        since mixing shards made under different settings would give wrong results."""
-        record = json.loads(json.dumps(record, default=str))
+        since mixing shards made under different settings would give wrong results. Over several processes,
+        rank 0 checks and the others wait for it."""
+        if self.rank == 0:
+            self._check_record(json.loads(json.dumps(record, default=str)))
+        self.dist.barrier()
+
+    def _check_record(self, record: dict[str, Any]) -> None:
         path = self.shard_path(RESUME_RECORD)
         if path.exists():
             if json.loads(path.read_text(encoding="utf-8")) != record:

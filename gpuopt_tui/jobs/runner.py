@@ -3,6 +3,10 @@
 Lifecycle events: `started` (pid, attempt), then exactly one of `finished` (with the engine's summary),
 `failed` (a human message; the traceback goes to log.txt) or `cancelled` (after SIGTERM; shards that were
 finished are kept for `resume`).
+
+A run over several processes (see core/distributed.py) is supervised from here: this process writes the
+lifecycle events and waits for torchrun, whose workers (jobs/worker.py) report `rank_started`, then
+`rank_finished`, `rank_failed` or `rank_cancelled`, each with its rank.
 """
 
 from __future__ import annotations
@@ -11,17 +15,23 @@ import importlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuopt_tui.core.distributed import Scale, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
+from gpuopt_tui.core.events import EventTail, EventWriter, read_events
 from gpuopt_tui.core.paths import cache_dir
+from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.runs import ENGINE_MODULES
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
+
+Outcome = tuple[str, dict[str, Any]]  # ("finished" | "failed" | "cancelled", the event's fields)
 
 
 def _engine(kind: str) -> Any:
@@ -35,43 +45,98 @@ def _memory_fields() -> Any:
     return cuda_memory_fields
 
 
+def on_stop_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT ask to stop after the current chunk; SIGHUP (the terminal went away) is ignored."""
+
+    def handler(signum: int, frame: object) -> None:
+        print(f"[info] received signal {signum}: stopping after the current chunk", flush=True)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def execute(profile: ProfileBase, ctx: JobContext) -> Outcome:
+    """Run the profile's engine; expected problems become a message, unexpected ones a traceback in the log."""
+    try:
+        engine = _engine(profile.kind)
+        ctx._memory_fields = _memory_fields()
+        return "finished", {"summary": engine(profile, ctx) or {}}
+    except JobCancelled:
+        return "cancelled", {"message": "cancelled on request; finished shards are kept for resume"}
+    except UserError as e:
+        print(f"[error] {e}", flush=True)
+        return "failed", {"message": str(e)}
+    except Exception as e:
+        traceback.print_exc()
+        sys.stdout.flush()
+        return "failed", {"message": f"{type(e).__name__}: {e} (traceback in log.txt)"}
+
+
+EXIT_CODES = {"finished": 0, "failed": 1, "cancelled": 130}
+
+
 def run(run_dir: Path) -> int:
     events = EventWriter(run_dir / "events.jsonl")
     previous, _ = read_events(run_dir / "events.jsonl")
     attempt = 1 + sum(1 for e in previous if e["type"] == "started")
     ctx = JobContext(run_dir, events, cache_dir(), memory_fields=None)
-
-    def on_signal(signum: int, frame: object) -> None:
-        print(f"[info] received signal {signum}: stopping after the current chunk", flush=True)
-        ctx.request_cancel()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    on_stop_signals(ctx.request_cancel)
     try:
-        profile = load_profile(run_dir / "profile.toml")
-        events.emit("started", pid=os.getpid(), attempt=attempt, kind=profile.kind, host=socket.gethostname())
-        print(f"[info] run {run_dir.name}: {profile.kind} '{profile.name}', attempt {attempt}", flush=True)
-        engine = _engine(profile.kind)
-        ctx._memory_fields = _memory_fields()
-        summary = engine(profile, ctx)
-        events.emit("finished", summary=summary or {})
-        return 0
-    except JobCancelled:
-        events.emit("cancelled", message="cancelled on request; finished shards are kept for resume")
-        return 130
-    except UserError as e:
-        print(f"[error] {e}", flush=True)
-        events.emit("failed", message=str(e))
-        return 1
-    except Exception as e:
-        traceback.print_exc()
-        sys.stdout.flush()
-        events.emit("failed", message=f"{type(e).__name__}: {e} (traceback in log.txt)")
-        return 1
+        try:
+            profile = load_profile(run_dir / "profile.toml")
+            scale = scale_of(profile.run)
+        except UserError as e:
+            events.emit("failed", message=str(e))
+            return 1
+        started = {"pid": os.getpid(), "attempt": attempt, "kind": profile.kind, "host": socket.gethostname()}
+        if scale.distributed:
+            events.emit("started", **started, scale=scale.describe(), nodes=scale.nodes)
+            outcome = supervise(run_dir, scale, ctx)
+        else:
+            events.emit("started", **started)
+            print(f"[info] run {run_dir.name}: {profile.kind} '{profile.name}', attempt {attempt}", flush=True)
+            outcome = execute(profile, ctx)
+        events.emit(outcome[0], **outcome[1])
+        return EXIT_CODES[outcome[0]]
     finally:
         events.sync()
         events.close()
+
+
+def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
+    """Start torchrun for this node's workers, wait for it, and turn the ranks' reports into the outcome."""
+    path = run_dir / "events.jsonl"
+    tail = EventTail(path, offset=path.stat().st_size)  # only this attempt's rank events
+    cmd = torchrun_command(run_dir, scale)
+    ctx.log(f"starting {scale.describe()}: {' '.join(cmd)}")
+    if scale.nodes > 1:
+        ctx.log(f"waiting for {scale.nodes - 1} more node(s): on each, run `gpuopt-tui join {run_dir}`")
+    try:
+        proc = subprocess.Popen(cmd, env=torchrun_env(scale), stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return "failed", {"message": f"cannot start torchrun ({e.strerror or e})"}
+    # torchrun gets the terminal's and `cancel`'s signals itself (same process group) and passes them on
+    on_stop_signals(ctx.request_cancel)
+    code = proc.wait()
+    return outcome_of_ranks(tail.read(), code, ctx.cancelled)
+
+
+def outcome_of_ranks(events: list[dict[str, Any]], code: int, cancel_requested: bool) -> Outcome:
+    """The run's outcome from its workers' rank events and torchrun's exit code."""
+    failures = [e for e in events if e["type"] == "rank_failed"]
+    if failures:
+        first = min(failures, key=lambda e: e["t"])
+        where = f"rank {first.get('rank')} on {first.get('host', '?')}"
+        message = f"{where}: {first.get('message', '')}; finished shards are kept for resume"
+        return "failed", {"message": message, "rank": first.get("rank")}
+    finished = {e.get("rank"): e for e in events if e["type"] == "rank_finished"}
+    if code == 0 and 0 in finished:
+        return "finished", {"summary": finished[0].get("summary") or {}}
+    if cancel_requested or any(e["type"] == "rank_cancelled" for e in events):
+        return "cancelled", {"message": "cancelled on request; finished shards are kept for resume"}
+    return "failed", {"message": f"torchrun exited with code {code} before every rank finished; see log.txt"}
 
 
 def main(argv: list[str]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, RunSection
+from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, ScaledRunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 #: Per-layer representation functions (jobs/ablation/representations.py implements them).
@@ -102,7 +102,7 @@ class AblationSection:
 class AblationProfile(ProfileBase):
     kind: ClassVar[str] = "ablation"
     title: ClassVar[str] = "Layer ablation and probing"
-    run: RunSection = section(RunSection, "How and where to run")
+    run: ScaledRunSection = section(ScaledRunSection, "How and where to run")
     model: ModelSection = section(ModelSection, "The model whose layers are probed (source = model)")
     data: DataSection = section(DataSection, "Samples and labels (source = model)")
     ablation: AblationSection = section(AblationSection, "Probing settings")

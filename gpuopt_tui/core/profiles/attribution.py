@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, RunSection
+from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, ScaledRunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 IG_METHODS = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")
@@ -95,7 +95,7 @@ class AttributionSection:
 class AttributionProfile(ProfileBase):
     kind: ClassVar[str] = "attribution"
     title: ClassVar[str] = "Integrated Gradients attribution"
-    run: RunSection = section(RunSection, "How and where to run")
+    run: ScaledRunSection = section(ScaledRunSection, "How and where to run")
     model: ModelSection = section(ModelSection, "The model to explain")
     data: DataSection = section(DataSection, "The samples to attribute")
     attribution: AttributionSection = section(AttributionSection, "Integrated Gradients settings")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gpuopt_tui.core.distributed import check_scale
 from gpuopt_tui.core.profiles.schema import Failure, opt
 
 DEVICE_HELP = "Where to compute: auto (the GPU when there is one), cpu, cuda, or cuda:N"
@@ -19,6 +20,24 @@ class RunSection:
         dev = self.device
         if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
             fail("device", f'expected auto, cpu, cuda or cuda:N, got "{dev}"')
+
+
+@dataclass
+class ScaledRunSection(RunSection):
+    """How to run a kind whose work can be sharded over several processes (torchrun)."""
+
+    devices: str = opt(
+        "1",
+        "Processes: 1 (one, on `device`), a count N (GPUs 0..N-1, or N CPU processes when device = cpu), "
+        '"all" (every GPU of the node) or a GPU list such as "0,2"',
+        counts=True,
+    )
+    nodes: int = opt(1, "Machines taking part; each runs `gpuopt-tui join RUN` except this one", min=1, max=4096)
+    rendezvous: str = opt("", "host:port every node can reach, for nodes > 1 (c10d rendezvous)")
+
+    def check(self, fail: Failure) -> None:
+        super().check(fail)
+        check_scale(self, fail)
 
 
 @dataclass

@@ -28,9 +28,11 @@ def opt(
     min: float | None = None,
     max: float | None = None,
     choices: tuple[str, ...] | None = None,
+    counts: bool = False,
 ) -> Any:
-    """Declare a profile field. Lists and tables take their default through a copy, never shared."""
-    meta = {"help": help, "min": min, "max": max, "choices": choices}
+    """Declare a profile field. Lists and tables take their default through a copy, never shared. A text
+    field with `counts` also takes a whole number, kept as its text (`devices = 2` as well as "all")."""
+    meta = {"help": help, "min": min, "max": max, "choices": choices, "counts": counts}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: typing.cast(Any, default).copy(), metadata=meta)
     if is_dataclass(default):
@@ -151,6 +153,8 @@ def _coerce(value: Any, shape: _Shape, meta: Mapping[str, Any], source: str, key
     if is_dataclass(base):
         return build(typing.cast(type, base), value, source, key + ".")
     auto_hint = ' or "auto"' if shape.auto else ""
+    if base is str and meta.get("counts") and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
     ok = (
         isinstance(value, bool)
         if base is bool

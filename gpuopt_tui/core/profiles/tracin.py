@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, RunSection
+from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, ScaledRunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 LAYER_MODES = ("all", "last", "names")
@@ -83,7 +83,7 @@ class TracInSection:
 class TracInProfile(ProfileBase):
     kind: ClassVar[str] = "tracin"
     title: ClassVar[str] = "TracIn training-data influence"
-    run: RunSection = section(RunSection, "How and where to run")
+    run: ScaledRunSection = section(ScaledRunSection, "How and where to run")
     model: ModelSection = section(ModelSection, "The model whose checkpoints are scored")
     data: DataSection = section(DataSection, "Test examples to explain")
     tracin: TracInSection = section(TracInSection, "TracIn settings")

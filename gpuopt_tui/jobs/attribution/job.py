@@ -36,6 +36,7 @@ from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
+from gpuopt_tui.jobs.sharding import mine
 
 RESULT_SETTINGS = (
     "n_steps",
@@ -63,11 +64,16 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         f"({settings.method}, {_describe_mode(settings)})"
     )
     compiler = step_compiler(settings, ctx.event)
-    _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
+    start = time.perf_counter()
+    attributed = _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
     if compiler is not None and compiler.error is not None:
         ctx.warn(f"torch.compile failed, the steps ran without it: {compiler.error}")
+    counts = ctx.dist.gather(attributed)  # returns once every rank's shards are written
+    if counts is None:  # ranks other than 0 are done: rank 0 merges
+        return {"samples": attributed}
+    stage = {"samples": sum(counts), "seconds": time.perf_counter() - start}
     collected, seconds = _gather(ctx, ds, len(plan))
-    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler)
+    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage)
     if section.check_samples > 0:
         ctx.reset_rate()
         ctx.progress(0, 2, unit="paths", stage="check")
@@ -110,14 +116,20 @@ def _attribute_pending(
     settings: Settings,
     plan: list[list[int]],
     compiler: StepCompiler | None,
-) -> None:
-    """Attribute every batch of the plan that has no shard yet; one shard per finished batch."""
+) -> int:
+    """Attribute this rank's batches of the plan that have no shard yet, one shard per finished batch;
+    returns the number of samples attributed. The pending batches go to the ranks balanced by their tokens
+    (rank 0's count also holds the samples done before, so the ranks' counts add up to the dataset)."""
     planner = settings.planner(ctx.event)
-    total = len(ds)
-    pending = [j for j in range(len(plan)) if not ctx.shard_done(shard_name(j))]
-    done = total - sum(len(plan[j]) for j in pending)
-    if done:
+    pending = ctx.dist.broadcast([j for j in range(len(plan)) if not ctx.shard_done(shard_name(j))])
+    earlier = len(ds) - sum(len(plan[j]) for j in pending)
+    if earlier and ctx.rank == 0:
         ctx.log(f"resuming: {len(plan) - len(pending)} of {len(plan)} batches were already done")
+    lengths = ds.lengths()
+    costs = [len(plan[j]) * int(lengths[plan[j]].max()) for j in pending]
+    pending = mine(pending, costs, ctx.rank, ctx.world_size)
+    done = earlier if ctx.rank == 0 else 0
+    total = done + sum(len(plan[j]) for j in pending)
     ctx.reset_rate()
     ctx.progress(done, total, stage="attribution")
 
@@ -164,10 +176,11 @@ def _attribute_pending(
         start = time.perf_counter()
         values = attribute(batch, done)
         values["index"] = torch.tensor(indices, dtype=torch.long)
-        metadata = {"seconds": f"{time.perf_counter() - start:.6f}"}
+        metadata = {"seconds": f"{time.perf_counter() - start:.6f}", "rank": str(ctx.rank)}
         ctx.save_shard(shard_name(j), _shard_writer(values, metadata))
         done += len(indices)
         ctx.progress(done, total, stage="attribution")
+    return sum(len(plan[j]) for j in pending)
 
 
 def _shard_writer(values: dict[str, Tensor], metadata: dict[str, str]) -> Callable[[Path], None]:
@@ -214,8 +227,10 @@ def _write_results(
     settings: Settings,
     seconds: float,
     compiler: StepCompiler | None,
+    stage: dict[str, float],
 ) -> dict[str, Any]:
-    """The three result files; returns the short summary for the run's `finished` event."""
+    """The three result files; returns the short summary for the run's `finished` event. `stage`: the
+    samples attributed by this attempt (all ranks) and the attempt's wall seconds for them."""
     structure = adapter.special_ids.non_content()
     files = {
         "jsonl": ctx.results_dir / "attributions.jsonl",
@@ -253,6 +268,10 @@ def _write_results(
         "timing": {
             "compute_seconds": seconds,
             "samples_per_s": rate,
+            "processes": ctx.world_size,
+            "attempt_samples": stage["samples"],
+            "attempt_seconds": stage["seconds"],
+            "attempt_samples_per_s": stage["samples"] / stage["seconds"] if stage["samples"] else None,
             "compile_seconds": None if compiler is None else compiler.compile_seconds,
             "compile_error": None if compiler is None else compiler.error,
         },

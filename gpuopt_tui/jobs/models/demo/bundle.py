@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors.torch import load_file, save_file, save_model
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
@@ -61,3 +62,12 @@ def save_splits(root: Path, splits: Mapping[str, tuple[Mapping[str, Tensor], Seq
     save_file(tensors, str(root / "data.safetensors"))
     texts = {split: list(tx) for split, (_, tx) in splits.items()}
     (root / "data.json").write_text(json.dumps(texts), encoding="utf-8")
+
+
+def save_model_dir(model: torch.nn.Module, model_dir: Path) -> None:
+    """config.json and model.safetensors of a transformers model, loadable with `from_pretrained`. Written
+    directly: `save_pretrained` writes nothing on ranks other than 0 of an initialised process group, and a
+    demo model may be first built by any rank of a run over several processes."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(model_dir)
+    save_model(model, str(model_dir / "model.safetensors"), metadata={"format": "pt"})

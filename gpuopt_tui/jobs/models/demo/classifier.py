@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuopt_tui.jobs.data import TextDataset
-from gpuopt_tui.jobs.models.demo.bundle import DemoBundle, save_splits
+from gpuopt_tui.jobs.models.demo.bundle import DemoBundle, save_model_dir, save_splits
 from gpuopt_tui.jobs.models.demo.train import TrainPlan, train
 from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter, load_hf_adapter, quiet_progress_bars
 
@@ -128,7 +128,7 @@ def build(root: Path, seed: int) -> dict[str, Any]:
     checkpoints, seconds = train(model, loss_fn, train_set, fields, PLAN, root / "checkpoints", seed)
     with torch.no_grad():
         test_pred = model(input_ids=test_set["input_ids"], attention_mask=test_set["attention_mask"]).logits
-    model.save_pretrained(root / "model")
+    save_model_dir(model, root / "model")
     tokenizer.save_pretrained(root / "model")
     save_splits(root, {"train": (train_set, train_texts), "test": (test_set, test_texts)})
     return {
