@@ -34,7 +34,7 @@ from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.params import select_parameters
-from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, tracin_scores
+from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, TracInRun
 
 PREDICTIONS_SHARD = "test_predictions"
 
@@ -94,13 +94,13 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     )
     _check_plan(ctx, options, names, checkpoints, train, test, section.filter)
     saved = [name for name in ctx.finished_shards() if name.startswith("tracin_c")]
-    if saved:
+    if saved and ctx.rank == 0:
         ctx.log(f"resuming: {len(saved)} finished (checkpoint, block) shards found")
     ctx.log(
         f"{adapter.describe()}; {len(train)} training x {len(test)} test examples, {len(checkpoints)} checkpoints, "
         f"{len(names)} parameter tensors ({section.layers}), precision {options.precision}"
     )
-    result = tracin_scores(
+    run = TracInRun(
         adapter,
         checkpoints,
         train,
@@ -111,6 +111,10 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         store=ContextStore(ctx),
         reporter=ContextReporter(ctx),
     )
+    rank_stats = ctx.dist.gather(run.compute(ctx.rank, ctx.world_size))  # returns once every rank is done
+    if rank_stats is None:  # ranks other than 0 are done: rank 0 merges
+        return {}
+    result = run.gather(rank_stats)
     return _write_results(ctx, profile, adapter, train, test, checkpoints, result)
 
 
@@ -166,6 +170,7 @@ def _check_plan(
             "seed": options.seed,
             "shard_size": options.shard_size,
             "filter": filter_name,
+            "processes": ctx.world_size,  # the blocks of training examples depend on it
             "parameters": names,
             "checkpoints": [[str(c.path), c.lr] for c in checkpoints],
             "data": digest.hexdigest(),
@@ -229,7 +234,7 @@ def _write_results(
         "n_parameters": stats["n_parameters"],
         "parameter_tensors": stats["parameters"],
         "gradient_size": stats["gradient_size"],
-        "timing": {"compute_seconds": seconds, "train_examples_per_s": rate},
+        "timing": {"compute_seconds": seconds, "train_examples_per_s": rate, "processes": stats["processes"]},
         "oom_retries": stats["oom_retries"],
         "final_batch_size": stats["final_batch_size"],
         "flipped_label_auc": auc,

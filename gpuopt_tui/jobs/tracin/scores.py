@@ -251,93 +251,151 @@ def tracin_scores(
 ) -> InfluenceResult:
     """TracInCP scores of `train` examples on `test` examples over `checkpoints`, for the parameters `params`
     (names from `select_parameters`). Loads each checkpoint into `adapter.model` in turn."""
-    opts = options or TracInOptions()
-    reporter = reporter or Reporter()
-    store = store if store is not None else MemoryStore()
-    if not checkpoints:
-        raise UserError("TracIn needs at least one checkpoint")
-    device = adapter.device
-    dtype = torch.promote_types(next(adapter.model.parameters()).dtype, torch.float32)
-    projector = Projector(opts.projection_dim, opts.seed, device, dtype) if opts.projection_dim else None
-    computer = GradientComputer(
-        adapter,
-        params,
-        method=opts.method,
-        precision=opts.precision,
-        projector=projector,
-        gradient_checkpointing=opts.gradient_checkpointing,
-    )
-    keys = _filter_keys(pair_filter, test, train)
-    scored = _scored_rows(train, pair_filter, keys)
-    blocks = [scored[i : i + opts.shard_size] for i in range(0, len(scored), opts.shard_size)]
-    n_test, n_ckpt = len(test), len(checkpoints)
-    done_through = [_latest_shard(store, j, n_ckpt) for j in range(len(blocks))]
-    total = n_ckpt * len(scored)
-    done = sum((done_through[j] + 1) * len(rows) for j, rows in enumerate(blocks))
-    batcher = MicroBatcher(opts.batch_size, reporter)
-    cleanup = Cleanup(opts.cleanup_every, device)
-    loaded = final_batch = 0
-    start = time.perf_counter()
-    for c, ckpt in enumerate(checkpoints):
-        pending = [j for j in range(len(blocks)) if done_through[j] < c]
-        if not pending:
-            continue
-        test_feats = None  # the previous checkpoint's are freed before this one's are computed
-        with record_function("tracin.load_checkpoint"):
-            adapter.load_weights(ckpt.path)
-        loaded += 1
-        stage = f"checkpoint {c + 1}/{n_ckpt}"
-        # The test gradients come first when the run's first micro-batch is to measure the memory an example
-        # takes (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they
-        # come after the first training micro-batch is queued (below): their small forward, bound by the host's
-        # kernel launches, then runs while the GPU is busy.
-        if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
-            test_feats = batcher.features(computer, test, range(n_test), "test")
-        for j in pending:
-            rows = blocks[j]
-            prev = store.load(shard_name(c - 1, j)) if c else None
-            scores = torch.zeros(n_test, len(rows), device=device, dtype=dtype)
-            selfinf = torch.zeros(len(rows), device=device, dtype=dtype)
-            if prev is not None:
-                scores += prev["scores"].to(device, dtype)
-                selfinf += prev["self_influence"].to(device, dtype)
-            for offset, feats in batcher.run(computer, train, rows, "train"):
-                if test_feats is None and n_test:
-                    test_feats = batcher.features(computer, test, range(n_test), "test")
-                part = slice(offset, offset + len(feats))
-                with record_function("tracin.products"):
-                    if test_feats is not None:
-                        scores[:, part] += ckpt.lr * test_feats.inner(feats)
-                    selfinf[part] += ckpt.lr * feats.sqnorm()
-                done += len(feats)
-                final_batch = len(feats)
-                cleanup.step(len(feats))
-                del feats  # not held while the next micro-batch is computed
-                reporter.progress(done, total, stage)
-                reporter.check_cancelled()
-            with record_function("tracin.save_shard"):
-                store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
-                if c:
-                    store.delete(shard_name(c - 1, j))
-            done_through[j] = c
-    seconds = time.perf_counter() - start
-    with record_function("tracin.gather"):
-        result = _gather(store, blocks, n_test, n_ckpt, pair_filter, keys, opts)
-    result.stats = {
-        "method": computer.method,
-        "parameters": list(params),
-        "n_parameters": count_parameters(adapter.model, params),
-        "gradient_size": _feature_size(adapter, params, projector),
-        "precision": opts.precision,
-        "projection_dim": opts.projection_dim,
-        "checkpoints_loaded": loaded,
-        "n_scored": len(scored),
-        "seconds": seconds,
-        "final_batch_size": final_batch,
-        "oom_retries": batcher.ooms,
-        "cleanups": cleanup.runs,
-    }
-    return result
+    run = TracInRun(adapter, checkpoints, train, test, params, options, pair_filter, store, reporter)
+    stats = run.compute()
+    return run.gather([stats])
+
+
+class TracInRun:
+    """TracInCP in two steps, so that several processes can share it: `compute(rank, world_size)` scores the
+    blocks of training examples that fall to `rank` and saves their shards; `gather` (on one process, once
+    every rank has computed) merges all the blocks' shards."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        checkpoints: Sequence[Checkpoint],
+        train: TextDataset,
+        test: TextDataset,
+        params: Sequence[str],
+        options: TracInOptions | None = None,
+        pair_filter: PairFilter | None = None,
+        store: ShardStore | None = None,
+        reporter: Reporter | None = None,
+    ) -> None:
+        if not checkpoints:
+            raise UserError("TracIn needs at least one checkpoint")
+        self.adapter, self.checkpoints, self.train, self.test = adapter, checkpoints, train, test
+        self.params = params
+        self.opts = options or TracInOptions()
+        self.pair_filter = pair_filter
+        self.store = store if store is not None else MemoryStore()
+        self.reporter = reporter or Reporter()
+        self.keys = _filter_keys(pair_filter, test, train)
+        self.scored = _scored_rows(train, pair_filter, self.keys)
+        self.blocks: list[list[int]] = []
+        self.owners: list[int] = []
+
+    def compute(self, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+        """Score this rank's blocks (those without a final shard); returns this rank's statistics."""
+        opts, adapter, reporter, store = self.opts, self.adapter, self.reporter, self.store
+        device = adapter.device
+        dtype = torch.promote_types(next(adapter.model.parameters()).dtype, torch.float32)
+        projector = Projector(opts.projection_dim, opts.seed, device, dtype) if opts.projection_dim else None
+        computer = GradientComputer(
+            adapter,
+            self.params,
+            method=opts.method,
+            precision=opts.precision,
+            projector=projector,
+            gradient_checkpointing=opts.gradient_checkpointing,
+        )
+        self.blocks, self.owners = split_blocks(self.scored, opts.shard_size, world_size)
+        mine = [j for j, owner in enumerate(self.owners) if owner == rank]
+        n_test, n_ckpt = len(self.test), len(self.checkpoints)
+        done_through = {j: _latest_shard(store, j, n_ckpt) for j in mine}
+        total = n_ckpt * sum(len(self.blocks[j]) for j in mine)
+        done = sum((done_through[j] + 1) * len(self.blocks[j]) for j in mine)
+        batcher = MicroBatcher(opts.batch_size, reporter)
+        cleanup = Cleanup(opts.cleanup_every, device)
+        loaded = final_batch = 0
+        start = time.perf_counter()
+        for c, ckpt in enumerate(self.checkpoints):
+            pending = [j for j in mine if done_through[j] < c]
+            if not pending:
+                continue
+            test_feats = None  # the previous checkpoint's are freed before this one's are computed
+            with record_function("tracin.load_checkpoint"):
+                adapter.load_weights(ckpt.path)
+            loaded += 1
+            stage = f"checkpoint {c + 1}/{n_ckpt}"
+            # The test gradients come first when the run's first micro-batch is to measure the memory an
+            # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
+            # Otherwise they come after the first training micro-batch is queued (below): their small forward,
+            # bound by the host's kernel launches, then runs while the GPU is busy.
+            if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
+                test_feats = batcher.features(computer, self.test, range(n_test), "test")
+            for j in pending:
+                rows = self.blocks[j]
+                prev = store.load(shard_name(c - 1, j)) if c else None
+                scores = torch.zeros(n_test, len(rows), device=device, dtype=dtype)
+                selfinf = torch.zeros(len(rows), device=device, dtype=dtype)
+                if prev is not None:
+                    scores += prev["scores"].to(device, dtype)
+                    selfinf += prev["self_influence"].to(device, dtype)
+                for offset, feats in batcher.run(computer, self.train, rows, "train"):
+                    if test_feats is None and n_test:
+                        test_feats = batcher.features(computer, self.test, range(n_test), "test")
+                    part = slice(offset, offset + len(feats))
+                    with record_function("tracin.products"):
+                        if test_feats is not None:
+                            scores[:, part] += ckpt.lr * test_feats.inner(feats)
+                        selfinf[part] += ckpt.lr * feats.sqnorm()
+                    done += len(feats)
+                    final_batch = len(feats)
+                    cleanup.step(len(feats))
+                    del feats  # not held while the next micro-batch is computed
+                    reporter.progress(done, total, stage)
+                    reporter.check_cancelled()
+                with record_function("tracin.save_shard"):
+                    store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
+                    if c:
+                        store.delete(shard_name(c - 1, j))
+                done_through[j] = c
+        return {
+            "method": computer.method,
+            "gradient_size": _feature_size(adapter, self.params, projector),
+            "checkpoints_loaded": loaded,
+            "seconds": time.perf_counter() - start,
+            "final_batch_size": final_batch,
+            "oom_retries": batcher.ooms,
+            "cleanups": cleanup.runs,
+        }
+
+    def gather(self, rank_stats: Sequence[dict[str, Any]]) -> InfluenceResult:
+        """Merge every block's final shard; `rank_stats`: what `compute` returned on each rank."""
+        with record_function("tracin.gather"):
+            result = _gather(
+                self.store, self.blocks, len(self.test), len(self.checkpoints), self.pair_filter, self.keys, self.opts
+            )
+        lead = rank_stats[0]
+        result.stats = {
+            **lead,
+            "parameters": list(self.params),
+            "n_parameters": count_parameters(self.adapter.model, self.params),
+            "precision": self.opts.precision,
+            "projection_dim": self.opts.projection_dim,
+            "checkpoints_loaded": max(s["checkpoints_loaded"] for s in rank_stats),
+            "n_scored": len(self.scored),
+            "seconds": max(s["seconds"] for s in rank_stats),  # the slowest rank's
+            "oom_retries": sum(s["oom_retries"] for s in rank_stats),
+            "cleanups": sum(s["cleanups"] for s in rank_stats),
+            "processes": len(rank_stats),
+        }
+        return result
+
+
+def split_blocks(rows: list[int], shard_size: int, world_size: int) -> tuple[list[list[int]], list[int]]:
+    """Blocks of at most `shard_size` rows and the rank that scores each. `rows` come longest first; with
+    several ranks each takes every world_size-th row, so all get a similar mix of lengths."""
+    blocks: list[list[int]] = []
+    owners: list[int] = []
+    for rank in range(world_size):
+        part = rows[rank::world_size]
+        for i in range(0, len(part), shard_size):
+            blocks.append(part[i : i + shard_size])
+            owners.append(rank)
+    return blocks, owners
 
 
 def self_influence(
