@@ -187,7 +187,7 @@ def main() -> int:
             steps=args.steps,
         )
     )
-    runs = work / "runs"
+    runs = Path(os.environ.get("GPUOPT_TUI_RUNS_DIR") or work / "runs")  # where `gpuopt-tui gpu` looks
     rows = [run_cli(profile, runs, 1), run_cli(profile, runs, args.processes)]
     diff = max_rel_diff(rows[0]["dir"], rows[1]["dir"])
     import transformers
