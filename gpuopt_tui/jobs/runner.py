@@ -86,7 +86,7 @@ def run(run_dir: Path) -> int:
     try:
         try:
             profile = load_profile(run_dir / "profile.toml")
-            scale = scale_of(profile.run)
+            scale = _on_this_node(scale_of(profile.run))
         except UserError as e:
             events.emit("failed", message=str(e))
             return 1
@@ -103,6 +103,16 @@ def run(run_dir: Path) -> int:
     finally:
         events.sync()
         events.close()
+
+
+def _on_this_node(scale: Scale) -> Scale:
+    """devices = "all" on one node with at most one GPU is an ordinary one-process run."""
+    if scale.nproc == "gpu" and scale.nodes == 1:
+        import torch
+
+        if torch.cuda.device_count() <= 1:
+            return Scale()
+    return scale
 
 
 def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
