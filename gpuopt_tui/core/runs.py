@@ -37,6 +37,7 @@ ENGINE_MODULES = {
     "plan": "planjob.py",
 }
 LIFECYCLE = TERMINAL_TYPES | {"started"}
+RANK_ENDS = frozenset(f"rank_{t}" for t in TERMINAL_TYPES)  # a rank's own end: rank_finished, rank_failed, ...
 ACTIVE = frozenset({"starting", "running"})
 RESUMABLE = frozenset({"cancelled", "failed", "crashed"})
 _children: dict[int, subprocess.Popen[bytes]] = {}  # processes this process started, reaped when polled
@@ -116,6 +117,21 @@ def combined_progress(by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def per_rank_progress(
+    ranks: Iterable[int], by_rank: dict[int, dict[str, Any]], ends: dict[int, dict[str, Any]]
+) -> dict[int, dict[str, Any]]:
+    """Each rank's latest progress event (none before its first) with its `state`: "running" until its own end
+    event, then "finished", "failed" or "cancelled", with that event's `message`."""
+    return {
+        rank: {
+            **by_rank.get(rank, {}),
+            "state": ends[rank]["type"].removeprefix("rank_") if rank in ends else "running",
+            "message": str(ends[rank].get("message", "")) if rank in ends else "",
+        }
+        for rank in sorted({*ranks, *by_rank, *ends})
+    }
+
+
 @dataclass
 class RunInfo:
     """A run as listed: identity, status and its latest progress."""
@@ -137,6 +153,7 @@ class RunInfo:
     artifacts: int = 0  # `artifact` events so far (of every attempt): grows as result files are written
     last_artifact: str = ""  # the newest artifact's path, relative to the run directory
     workers: tuple[Worker, ...] = ()  # the ranks of the current attempt of a run over several processes
+    rank_progress: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> see per_rank_progress()
 
     def pids(self) -> list[int]:
         """The run's process and, over several processes, its workers' on this host."""
@@ -233,6 +250,7 @@ class RunWatcher:
                 "artifacts": 0,
                 "artifact": "",
                 "ranks": {},
+                "rank_ends": {},
                 "workers": {},
             },
         )
@@ -253,6 +271,8 @@ class RunWatcher:
                     event.get("start_time"),
                 )
                 state["workers"][worker.rank] = worker
+            elif etype in RANK_ENDS:
+                state["rank_ends"][int(event.get("rank", -1))] = event
             elif etype == "artifact":
                 state["artifacts"] += 1
                 state["artifact"] = str(event.get("path", ""))
@@ -261,7 +281,7 @@ class RunWatcher:
                 if etype == "started":
                     state["attempt"] = int(event.get("attempt", state["attempt"] + 1))
                     state["progress"] = {}
-                    state["ranks"], state["workers"] = {}, {}
+                    state["ranks"], state["rank_ends"], state["workers"] = {}, {}, {}
                     state["started"] = event.get("t")
                 elif etype == "finished":
                     state["summary"] = event.get("summary") or {}
@@ -280,6 +300,7 @@ class RunWatcher:
             artifacts=state["artifacts"],
             last_artifact=state["artifact"],
             workers=tuple(state["workers"][r] for r in sorted(state["workers"])),
+            rank_progress=per_rank_progress(state["workers"], state["ranks"], state["rank_ends"]),
         )
         pid_info = self._json(run_dir / "pid.json") or {}
         info.pid = pid_info.get("pid")

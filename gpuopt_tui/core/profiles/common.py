@@ -28,8 +28,7 @@ class ScaledRunSection(RunSection):
 
     devices: str = opt(
         "1",
-        "Processes: 1 (one, on `device`), a count N (GPUs 0..N-1, or N CPU processes when device = cpu), "
-        '"all" (every GPU of the node) or a GPU list such as "0,2"',
+        'Processes: 1, a count N (GPUs 0..N-1; CPU processes if device = cpu), "all" GPUs, or a list like "0,2"',
         counts=True,
     )
     nodes: int = opt(1, "Machines taking part; each runs `gpuopt-tui join RUN` except this one", min=1, max=4096)

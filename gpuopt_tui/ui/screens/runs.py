@@ -1,4 +1,5 @@
-"""Every run: status and progress in a table; cancel, resume, delete; details and the log of the selected run."""
+"""Every run: status and progress in a table; cancel, resume, delete; details, ranks and the log of the selected
+run."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.log_view import LogScreen, LogView
+from gpuopt_tui.ui.widgets.rank_table import RankTable
 from gpuopt_tui.ui.widgets.run_progress import RunProgress
 from gpuopt_tui.ui.widgets.runs_table import FULL_COLUMNS, RunsTable
+
+RANKS_DETAIL_HEIGHT = "60%"
 
 
 class RunsScreen(AppScreen):
@@ -36,6 +40,7 @@ class RunsScreen(AppScreen):
         yield RunsTable(FULL_COLUMNS, id="runs-table")
         with Vertical(id="run-detail"):
             yield RunProgress("No run selected.", gpu=self.gapp.gpu_telemetry().source, id="detail-progress")
+            yield RankTable(id="detail-ranks")
             yield Static("", id="detail-info", markup=False)
             yield LogView(lines=30, id="detail-log")
 
@@ -64,6 +69,9 @@ class RunsScreen(AppScreen):
         info = self.selected
         snapshot = self.gapp.runs
         self.query_one("#detail-progress", RunProgress).show(info)
+        self.query_one("#detail-ranks", RankTable).show(info)
+        # a run's ranks take room from the log's tail (l shows it whole): the detail grows while one is selected
+        self.query_one("#run-detail").styles.height = RANKS_DETAIL_HEIGHT if info and info.rank_progress else None
         details = self.query_one("#detail-info", Static)
         if info is None:
             empty = snapshot.error or f"No runs yet in {snapshot.root}."

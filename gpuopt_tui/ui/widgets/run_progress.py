@@ -2,6 +2,7 @@
 
 Given a live GPU source (NVML on this machine), the torch figures of the run's progress events are shown
 beside what NVML reports for the run's processes; the GPUs are polled only while an active run is on screen.
+A run over several processes shows its combined progress, how many ranks it has and memory summed over them.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from gpuopt_tui.ui.widgets.run_text import (
     bar,
     elapsed_seconds,
     eta_text,
-    memory_text,
+    memory_reports,
     nvml_memory_text,
+    over_ranks_text,
+    ranks_text,
     rate_text,
     status_content,
+    torch_memory_text,
 )
 
 BAR_MIN = 10
@@ -86,24 +90,26 @@ class RunProgress(Static):
             )
         ]
         progress = info.progress
+        memory = run_memory(memory_reports(info), self._fresh_snapshot(), info.id, info.pids())
         if progress:
             width = max(BAR_MIN, self.size.width - 24)
             fraction = info.fraction
             pct = f" {fraction:4.0%}" if fraction is not None else ""
             count = f"{progress.get('done')}/{progress.get('total')} {progress.get('unit') or ''}".rstrip()
             lines.append(Content(f"{bar(fraction, width)}{pct} {count}"))
-            details = [f"rate {rate_text(progress)}"]
+            details = [f"rate {rate_text(progress)}{over_ranks_text(info)}"]
             if info.active:
                 details.append(f"ETA {eta_text(info) or '--'}")
             details.append(f"elapsed {human_duration(elapsed_seconds(info))}")
             if progress.get("stage"):
                 details.append(f"stage {progress['stage']}")
             lines.append(Content(" · ".join(details)))
-            memory = memory_text(progress)
-            lines.append(Content(f"GPU memory (torch): {memory}" if memory else "GPU memory: not reported by this run"))
+            torch = torch_memory_text(memory)
+            lines.append(Content(f"GPU memory (torch): {torch}" if torch else "GPU memory: not reported by this run"))
         elif info.active:
-            lines.append(Content("waiting for the first progress report…"))
-        nvml = self._nvml_text(info)
+            started = f" ({ranks} started)" if (ranks := ranks_text(info)) else ""
+            lines.append(Content(f"waiting for the first progress report…{started}"))
+        nvml = nvml_memory_text(memory)
         if nvml:
             lines.append(Content(f"GPU memory (NVML): {nvml}"))
         if info.message:
@@ -117,11 +123,12 @@ class RunProgress(Static):
             )
         return Content("\n").join(lines)
 
-    def _nvml_text(self, info: RunInfo) -> str:
+    def _fresh_snapshot(self) -> Snapshot | None:
+        """The last NVML snapshot, while it is recent and describes the run on screen."""
         snapshot = self._snapshot
         if not self.wants_gpu() or snapshot is None or time.time() - snapshot.time > GPU_STALE_S:
-            return ""
-        return nvml_memory_text(run_memory(info.progress, snapshot, info.id, info.pid))
+            return None
+        return snapshot
 
 
 class RunGpuPoller(GpuPoller):

@@ -20,7 +20,7 @@ STATUS_COLOR = {
     "missing": "$error",
     "cancelled": "$warning",
 }
-MEMORY_FIELDS = (("gpu_allocated", "allocated"), ("gpu_reserved", "reserved"), ("gpu_peak", "peak"))
+RANK_STATE_COLOR = {"running": "$accent", "finished": "$success", "failed": "$error", "cancelled": "$warning"}
 
 
 def status_content(status: str) -> Content:
@@ -28,14 +28,43 @@ def status_content(status: str) -> Content:
     return Content.from_markup(f"[{color}]$status[/]" if color else "$status", status=status)
 
 
+def first_line(message: str, width: int) -> str:
+    """The first line of a message, cut to `width` characters."""
+    line = message.splitlines()[0] if message else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def ranks_text(info: RunInfo) -> str:
+    """How many ranks a run over several processes has ("4 ranks", once they report); "" for one process."""
+    count = len(info.rank_progress)
+    return "" if not count else "1 rank" if count == 1 else f"{count} ranks"
+
+
 def progress_text(info: RunInfo) -> str:
-    """`done/total unit (pct)`, or "" before the first progress event."""
+    """`done/total (pct)` and, over several processes, how many; "" before the first report."""
     done, total = info.progress.get("done"), info.progress.get("total")
-    if done is None or total is None:
+    count = ""
+    if done is not None and total is not None:
+        fraction = info.fraction
+        pct = f" ({fraction:.0%})" if fraction is not None else ""
+        count = f"{done}/{total}{pct}"
+    return " · ".join(part for part in (count, ranks_text(info)) if part)
+
+
+def over_ranks_text(info: RunInfo) -> str:
+    """How many ranks a combined progress sums: " over 4 ranks", or " over 1 of 4 ranks" (those at rank 0's stage)."""
+    total = len(info.rank_progress)
+    summed = info.progress.get("ranks")
+    if not total or not isinstance(summed, int):
         return ""
-    fraction = info.fraction
-    pct = f" ({fraction:.0%})" if fraction is not None else ""
-    return f"{done}/{total}{pct}"
+    return f" over {summed} ranks" if summed == total else f" over {summed} of {total} ranks"
+
+
+def rank_state(info: RunInfo, report: dict[str, Any]) -> str:
+    """A rank's state; one still "running" after the run ended never said how it ended (torchrun stopped it
+    after another rank failed, or it was killed): "stopped"."""
+    state = str(report.get("state", "running"))
+    return "stopped" if state == "running" and not info.active else state
 
 
 def eta_text(info: RunInfo) -> str:
@@ -52,23 +81,40 @@ def rate_text(progress: dict[str, Any]) -> str:
     return f"{rate:,.{digits}f} {unit}/s"
 
 
-def memory_text(progress: dict[str, Any]) -> str:
-    """The run's own GPU memory figures (torch allocator, bytes) from its progress events, if it reports them."""
-    parts = [f"{label} {human_bytes(progress[key])}" for key, label in MEMORY_FIELDS if progress.get(key) is not None]
+def memory_reports(info: RunInfo) -> list[dict[str, Any]]:
+    """The progress events whose torch memory figures describe the run: its own, or one per rank (while the run
+    goes on, without the ranks that have ended: their memory is given back)."""
+    if not info.rank_progress:
+        return [info.progress]
+    return [p for p in info.rank_progress.values() if not info.active or p.get("state") == "running"]
+
+
+def torch_memory_text(memory: RunMemory) -> str:
+    """The run's own GPU memory figures (torch allocator), summed over its ranks' GPUs when it has several;
+    "" when it reports none."""
+    figures = (("allocated", memory.torch_allocated), ("reserved", memory.torch_reserved), ("peak", memory.torch_peak))
+    parts = [f"{label} {human_bytes(value)}" for label, value in figures if value is not None]
+    if parts and memory.torch_processes > 1:
+        parts.append(f"summed over {memory.torch_processes} GPUs")
     return " · ".join(parts)
 
 
 def nvml_memory_text(memory: RunMemory) -> str:
-    """What NVML reports for a run's processes: total, which processes on which GPUs, and (for one process on
-    one GPU) how much of it lies outside torch's reserved pool; "" when NVML saw none of them."""
+    """What NVML reports for a run's processes: total, which processes on how many GPUs, and (where NVML saw
+    exactly the processes that report torch figures) how much lies outside torch's reserved pools; "" when
+    NVML saw none of them."""
     if not memory.pids:
         return ""
     used = human_bytes(memory.nvml_used)
-    pids = f"pid {memory.pids[0]}" if len(memory.pids) == 1 else f"{len(memory.pids)} processes"
-    gpus = f"GPU{'s' if len(memory.gpus) > 1 else ''} {','.join(str(g) for g in memory.gpus)}"
     overhead = memory.overhead
-    beyond = "" if overhead is None else f" · {human_bytes(overhead)} outside torch's pool"
-    return f"{used} · {pids} on {gpus}{beyond}"
+    pools = "pool" if len(memory.pids) == 1 else "pools"
+    beyond = "" if overhead is None else f" · {human_bytes(overhead)} outside torch's {pools}"
+    indices = ",".join(str(g) for g in memory.gpus)
+    if len(memory.pids) == 1:
+        gpus = f"GPU{'s' if len(memory.gpus) > 1 else ''} {indices}"
+        return f"{used} · pid {memory.pids[0]} on {gpus}{beyond}"
+    gpus = f"GPU {indices}" if len(memory.gpus) == 1 else f"{len(memory.gpus)} GPUs ({indices})"
+    return f"{used} on {gpus} · {len(memory.pids)} processes{beyond}"
 
 
 def elapsed_seconds(info: RunInfo, now: float | None = None) -> float:
