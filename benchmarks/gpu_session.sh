@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
-# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig tracin planner ablation panel gputests
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig tracin planner ablation panel gputests scaling
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -36,6 +36,8 @@ for step in "$@"; do
       load=$!
       python3 benchmarks/gpu_panel_bench.py --duration 60 --interval 1 --size 100x30 --tools gpuopt-tui,nvitop --out "$out/gpu_panel_${card}.md" 2>&1 | tail -30
       kill "$load" 2>/dev/null; wait "$load" 2>/dev/null ;;
+    scaling)
+      python3 benchmarks/scaling_bench.py --processes "$(nvidia-smi -L | wc -l)" --samples 8192 --out "$out/scaling_${card}.md" 2>&1 | tail -25 ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;
