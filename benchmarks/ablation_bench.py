@@ -1,23 +1,32 @@
 """Layer probing speed: spectral feature extraction, the feature cache and MLP probe training.
 
-1. Top-k singular values (k = 10) + standardisation of N samples x L layers of per-sample matrices, by:
-   - numpy CPU pipeline (the usual unoptimized baseline): full SVD with U/V per layer stack (np.linalg.svd), top k,
-     per-feature standardisation in numpy, result copied to the device;
-   - torch full SVD (torch.linalg.svd) / exact singular values (torch.linalg.svdvals) on the device;
-   - torch.svd_lowrank with q = k + 10, 4 power iterations, on the device;
-   - the engine: representations.svd_topk (exact for small matrices, svd_lowrank otherwise, the factored core
-     for LoRA products) + standardisation with training statistics, on the device.
-   Shapes: LoRA A factors (rank 16 x 1024, rank 64 x 4096), hidden states (128 tokens x 768), LoRA updates
-   B @ A (1024 x 1024 of rank 16). Error: max relative error of the top k against float64 numpy on 64 samples.
-   The CPU baseline runs on --before-layers layers and is scaled to L (marked "extrapolated").
+1. Top-k singular values (k = 10) + standardisation of N samples x L layers of per-sample matrices, one section per
+   shape: extraction:lora16 (LoRA A factors, rank 16 x 1024), extraction:lora64 (rank 64 x 4096),
+   extraction:hidden (hidden states, 128 tokens x 768), extraction:product (LoRA updates B @ A, 1024 x 1024 of
+   rank 16); "extraction" runs all four. Methods:
+   - numpy CPU pipeline (the usual unoptimized baseline): full SVD with U/V (np.linalg.svd), top k, per-feature
+     standardisation in numpy, result copied to the device;
+   - torch full SVD (torch.linalg.svd), exact singular values (torch.linalg.svdvals), torch.svd_lowrank with
+     q = k + 10 and 4 power iterations, on the device;
+   - dense shapes: float64 Gram matrix of the short side + torch.linalg.eigvalsh on the device, and (CUDA) with
+     the eigenvalues solved on the host CPU; LoRA products: QR factorisations of the factors + svdvals of the core;
+   - the engine: representations.svd_topk (the Gram path up to a short side of 64, svd_lowrank above, factored
+     Gram matrices for LoRA products) + standardisation with training statistics, on the device.
+   Error: max relative error of the top k against numpy's float64 SVD of the same float32 matrices.
+   Each method runs layer by layer, a chunk of samples at a time, until it has covered every layer or spent
+   --method-budget seconds (the numpy baseline: at most --before-layers layers); its time is then scaled from
+   the samples it covered to N x L (marked "extrapolated"), so a section's time stays bounded on any device.
 2. The feature cache: extracting 5 base representations from a .safetensors file of LoRA factors, first run
    (compute, write entries) against the rerun (verify checksums, memory-map).
 3. Probe training: G layers x R seeds of MLP probes on [N, 10] features, fixed epochs (no early stopping):
    batched ensemble in fp32 / bf16 / fp16 autocast, features on the device or streamed from pinned memory, and
    one probe at a time (the usual loop; run on a few probes and scaled).
 
-    python benchmarks/ablation_bench.py --out benchmarks/results/ablation_h100.md   # on the GPU
-    python benchmarks/ablation_bench.py --device cpu --scale 0.05                   # the CPU figures
+The results (markdown, and JSON next to it) are written after each section, so an interrupted run keeps the
+finished ones; --append keeps the other sections already in the --out file (one command per section).
+
+    python benchmarks/ablation_bench.py --sections extraction:lora16 --append --out benchmarks/results/ablation_h100.md
+    python benchmarks/ablation_bench.py --device cpu --scale 0.05 --out benchmarks/results/ablation_cpu.md
     python benchmarks/ablation_bench.py --quick                                     # seconds, any machine
 """
 
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shlex
 import sys
@@ -33,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +55,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from safetensors.torch import save_file
 
+from gpuopt_tui.core.atomic import atomic_write_text, write_json
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.profiles.ablation import BASE_REPRESENTATIONS
 from gpuopt_tui.jobs.ablation.features import extract
 from gpuopt_tui.jobs.ablation.inputs import files_source
-from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, MatrixBatch
+from gpuopt_tui.jobs.ablation.matrices import CUDA_BATCHED_EIGH_MAX, GRAM_MAX_SIDE, DenseBatch, LowRankProductBatch
 from gpuopt_tui.jobs.ablation.probe import FeatureTable, ProbeSettings, Split, fit_standardizer, train_probes
 from gpuopt_tui.jobs.ablation.representations import BASES, FeatureSettings
 
 K = 10
 TRAIN_SHARE = 0.7
-BEFORE = "numpy full SVD (before)"
+BEFORE = "numpy full SVD on the CPU (before)"
+CHUNK_ELEMENTS = 1 << 26  # matrix entries of one chunk at most (256 MB in float32)
+FIRST_CHUNK = 4  # samples of a method's first call; later calls grow while one stays under a quarter of the budget
+ERROR_ELEMENTS = 1 << 22  # matrix entries the error is measured on (64 samples at most, 4 at least)
+RESULTS_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -67,13 +83,15 @@ class Case:
     rank: int = 0  # > 0: a LoRA update B @ A of this rank (rows x cols)
 
 
-# Sized so that a full run stays within a few minutes on one H100 (the CPU baseline runs on --before-layers).
-CASES = (
-    Case("LoRA A r=16 x 1024", 16, 1024, 5_000, 24),
-    Case("LoRA A r=64 x 4096", 64, 4096, 1_000, 24),
-    Case("hidden states 128 x 768", 128, 768, 2_000, 13),
-    Case("LoRA B@A 1024 x 1024, r=16", 1024, 1024, 200, 4, rank=16),
-)
+# Sizes at scale 1. The methods' budget bounds a section's time: each method runs --method-budget seconds and at
+# most one call (a quarter of the budget) more, so 6-7 methods take about 1.25 x 7 x 5 s = 45 s at the default,
+# plus generating the layers and measuring the errors.
+CASES = {
+    "lora16": Case("LoRA A r=16 x 1024", 16, 1024, 5_000, 24),
+    "lora64": Case("LoRA A r=64 x 4096", 64, 4096, 1_000, 24),
+    "hidden": Case("hidden states 128 x 768", 128, 768, 2_000, 13),
+    "product": Case("LoRA B@A 1024 x 1024, r=16", 1024, 1024, 200, 4, rank=16),
+}
 
 
 def sync(device: torch.device) -> None:
@@ -82,9 +100,18 @@ def sync(device: torch.device) -> None:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
+def host_cpu() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    threads = os.environ.get("OMP_NUM_THREADS")
+    omp = f", OMP_NUM_THREADS={threads}" if threads else ""
+    return f"{model}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}{omp}"
 
 
 def scaled(case: Case, scale: float, max_dim: int) -> Case:
@@ -97,127 +124,200 @@ def scaled(case: Case, scale: float, max_dim: int) -> Case:
 
 
 # --- 1. feature extraction -----------------------------------------------------------------------------------
-def make_layer(case: Case, gen: torch.Generator) -> tuple[Tensor, Tensor | None]:
-    """One layer's matrices on the CPU: dense [N, rows, cols] with a j^-0.5 spectrum, or LoRA factors."""
+Method = Callable[[Tensor, "Tensor | None"], "Tensor | np.ndarray"]  # top k of a chunk of one layer's matrices
+
+
+def make_layer(case: Case, layer: int, device: torch.device, chunk: int) -> tuple[Tensor, Tensor | None]:
+    """One layer's matrices, generated on the device and kept in host memory: dense [N, rows, cols] with a j^-0.5
+    spectrum, or LoRA factors up [N, rows, rank] and down [N, rank, cols]."""
+    gen = torch.Generator(device=device).manual_seed(layer)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen, device=device)
+
     if case.rank:
-        up = torch.randn(case.samples, case.rows, case.rank, generator=gen)
-        down = torch.randn(case.samples, case.rank, case.cols, generator=gen) / case.cols**0.5
-        return up, down
+        up, down = randn(case.samples, case.rows, case.rank), randn(case.samples, case.rank, case.cols)
+        return up.cpu(), (down / case.cols**0.5).cpu()
     r = min(case.rows, case.cols)
-    scale = torch.arange(1, r + 1, dtype=torch.float32) ** -0.5
-    left = torch.randn(case.samples, case.rows, r, generator=gen) * scale
-    return left @ torch.randn(case.samples, r, case.cols, generator=gen) / case.cols**0.5, None
+    scale = torch.arange(1, r + 1, dtype=torch.float32, device=device) ** -0.5
+    x = torch.empty(case.samples, case.rows, case.cols)
+    for start in range(0, case.samples, chunk):
+        n = len(x[start : start + chunk])
+        x[start : start + n] = ((randn(n, case.rows, r) * scale) @ randn(n, r, case.cols) / case.cols**0.5).cpu()
+    return x, None
 
 
-Method = Callable[[Tensor, "Tensor | None"], "Tensor | np.ndarray"]  # raw top k of one layer's matrices
+def engine_path(case: Case, device: torch.device) -> str:
+    """Which way representations.svd_topk takes for this shape."""
+    side = case.rank or min(case.rows, case.cols)
+    if side > GRAM_MAX_SIDE:
+        return "svd_lowrank" if side > K + 10 else "svdvals"
+    solver = "host CPU" if device.type == "cuda" and side > CUDA_BATCHED_EIGH_MAX else processor(device)
+    return f"{'factored ' if case.rank else ''}Gram, eigvalsh on the {solver}"
 
 
-def extraction_methods(device: torch.device, chunk: int) -> dict[str, Method]:
+def processor(device: torch.device) -> str:
+    return "GPU" if device.type == "cuda" else "CPU"
+
+
+def gram_topk(dense: Tensor, solver: torch.device) -> Tensor:
+    """The comparison Gram method: float64 Gram matrix of the short side, eigenvalues solved on `solver`."""
+    d = dense.double()
+    gram = d @ d.mT if d.shape[-2] <= d.shape[-1] else d.mT @ d
+    values = torch.linalg.eigvalsh(gram.to(solver)).to(dense.device).flip(-1)[:, :K]
+    return values.clamp_min(0).sqrt().to(dense.dtype)
+
+
+def extraction_methods(case: Case, device: torch.device) -> dict[str, Method]:
     settings = FeatureSettings(top_k=K)
 
     def on_device(fn: Callable[[Tensor], Tensor]) -> Method:
         def run(x: Tensor, down: Tensor | None) -> Tensor:
-            parts = []
-            for start in range(0, len(x), chunk):
-                dense = x[start : start + chunk].to(device)
-                if down is not None:
-                    dense = dense @ down[start : start + chunk].to(device)
-                parts.append(fn(dense))
-            return torch.cat(parts)
+            dense = x.to(device)
+            return fn(dense if down is None else dense @ down.to(device))
 
         return run
 
     def before(x: Tensor, down: Tensor | None) -> np.ndarray:
-        parts = []
-        for start in range(0, len(x), chunk):
-            dense = x[start : start + chunk].numpy()
-            if down is not None:
-                dense = dense @ down[start : start + chunk].numpy()
-            parts.append(np.linalg.svd(dense, full_matrices=False)[1][:, :K])
-        return np.concatenate(parts)
+        dense = x.numpy() if down is None else x.numpy() @ down.numpy()
+        return np.linalg.svd(dense, full_matrices=False)[1][:, :K]
+
+    def qr_core(up: Tensor, down: Tensor | None) -> Tensor:
+        """LoRA products without forming them, by QR factorisations of the factors (the engine above rank 64)."""
+        assert down is not None
+        r_up = torch.linalg.qr(up.to(device), mode="r").R
+        r_down = torch.linalg.qr(down.to(device).mT, mode="r").R
+        return torch.linalg.svdvals(r_up @ r_down.mT)[:, :K]
 
     def engine(x: Tensor, down: Tensor | None) -> Tensor:
-        parts = []
-        for start in range(0, len(x), chunk):
-            part = x[start : start + chunk].to(device)
-            batch: MatrixBatch = (
-                LowRankProductBatch(part, down[start : start + chunk].to(device))
-                if down is not None
-                else DenseBatch(part)
-            )
-            parts.append(BASES["svd_topk"].compute(batch, settings, "layer"))
-        return torch.cat(parts)
+        batch = DenseBatch(x.to(device)) if down is None else LowRankProductBatch(x.to(device), down.to(device))
+        return BASES["svd_topk"].compute(batch, settings, "layer")
 
-    return {
+    methods: dict[str, Method] = {
         BEFORE: before,
         "torch.linalg.svd": on_device(lambda d: torch.linalg.svd(d, full_matrices=False)[1][:, :K]),
         "torch.linalg.svdvals": on_device(lambda d: torch.linalg.svdvals(d)[:, :K]),
         "torch.svd_lowrank q=k+10": on_device(lambda d: torch.svd_lowrank(d, q=K + 10, niter=4)[1][:, :K]),
-        "engine svd_topk": engine,
     }
+    if case.rank:  # the factored path the engine takes above rank 64 (a formed product's Gram matrix is no shortcut)
+        methods["factored, QR core + svdvals"] = qr_core
+    else:
+        methods[f"Gram float64 + eigvalsh on the {processor(device)}"] = on_device(partial(gram_topk, solver=device))
+        if device.type == "cuda":
+            host = torch.device("cpu")
+            methods["Gram float64 + eigvalsh on the host CPU"] = on_device(partial(gram_topk, solver=host))
+    methods[f"engine svd_topk ({engine_path(case, device)})"] = engine
+    return methods
 
 
-def pipeline(method: Method, x: Tensor, down: Tensor | None, device: torch.device) -> Tensor:
-    """Top k then standardisation: in numpy for the CPU pipeline (then copied to the device), else on the device."""
-    features = method(x, down)
-    if isinstance(features, np.ndarray):
+def standardise(parts: list[Tensor] | list[np.ndarray], device: torch.device) -> Tensor:
+    """Standardisation with training statistics: in numpy for the CPU pipeline (then copied to the device), else
+    on the device."""
+    if isinstance(parts[0], np.ndarray):
+        features = np.concatenate(parts)
         train = features[: int(len(features) * TRAIN_SHARE)]
         return torch.from_numpy((features - train.mean(0)) / (train.std(0) + 1e-8)).to(device)
+    features = torch.cat(parts)
     mean, std = fit_standardizer(features, torch.arange(int(len(features) * TRAIN_SHARE), device=features.device))
     return (features - mean) / std
 
 
-def topk_error(method: Method, x: Tensor, down: Tensor | None) -> float:
-    """Max relative error of the top k on 64 samples against float64 numpy."""
-    x, down = x[:64], None if down is None else down[:64]
+@dataclass
+class Tally:
+    seconds: float = 0.0
+    samples: int = 0  # matrices covered, over all layers
+    stopped: bool = False  # budget spent or layer limit reached
+    chunk: int = FIRST_CHUNK  # samples of the next call
+    largest: int = 0  # samples of the largest call so far
+
+
+def run_layer(
+    method: Method, x: Tensor, down: Tensor | None, chunk: int, device: torch.device, tally: Tally, budget: float
+) -> None:
+    """Top k of one layer's matrices, at most `chunk` samples a call, then standardisation; stops once `budget`
+    is spent. Calls grow from FIRST_CHUNK samples while one stays under a quarter of the budget, so that a slow
+    method overruns its budget by little."""
+    parts = []
+    start = 0
+    while start < len(x):
+        stop = start + min(tally.chunk, chunk)
+        sync(device)
+        t0 = time.perf_counter()
+        parts.append(method(x[start:stop], None if down is None else down[start:stop]))
+        sync(device)
+        seconds = time.perf_counter() - t0
+        n = len(parts[-1])
+        tally.seconds += seconds
+        tally.samples += n
+        tally.largest = max(tally.largest, n)
+        if tally.seconds >= budget:
+            tally.stopped = True
+            return
+        tally.chunk = max(1, min(chunk, int(budget / 4 * n / max(seconds, 1e-6))))
+        start = stop
+    t0 = time.perf_counter()
+    standardise(parts, device)
+    sync(device)
+    tally.seconds += time.perf_counter() - t0
+
+
+def topk_errors(methods: dict[str, Method], case: Case, x: Tensor, down: Tensor | None) -> dict[str, float]:
+    """Max relative error of each method's top k on the first samples of a layer against numpy's float64 SVD of
+    the same float32 matrices (also each method's warm-up)."""
+    n = max(4, min(64, ERROR_ELEMENTS // (case.rows * case.cols)))
+    x, down = x[:n], None if down is None else down[:n]
     dense = x.double().numpy() if down is None else x.double().numpy() @ down.double().numpy()
     reference = np.linalg.svd(dense, compute_uv=False)[:, :K]
-    got = method(x, down)
-    got = got if isinstance(got, np.ndarray) else got.double().cpu().numpy()
-    return float(np.max(np.abs(got - reference) / reference))
+    errors = {}
+    for name, method in methods.items():
+        got = method(x, down)
+        got = got if isinstance(got, np.ndarray) else got.double().cpu().numpy()
+        errors[name] = float(np.max(np.abs(got - reference) / reference))
+    return errors
 
 
-def bench_extraction(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+def bench_extraction(args: argparse.Namespace, device: torch.device, shape: str) -> list[dict[str, Any]]:
+    case = scaled(CASES[shape], args.scale, args.max_dim)
+    entries = case.rows * case.cols
+    chunk = max(1, min(args.chunk, CHUNK_ELEMENTS // entries))
+    methods = extraction_methods(case, device)
+    tallies = {name: Tally() for name in methods}
+    errors: dict[str, float] = {}
+    print(f"  {case.name}: {case.samples} samples x {case.layers} layers, chunks of {chunk}", flush=True)
+    for layer in range(case.layers):
+        if all(t.stopped for t in tallies.values()):
+            break
+        x, down = make_layer(case, layer, device, chunk)
+        if layer == 0:
+            errors = topk_errors(methods, case, x, down)
+        for name, method in methods.items():
+            tally = tallies[name]
+            tally.stopped |= name == BEFORE and layer >= args.before_layers
+            if not tally.stopped:
+                run_layer(method, x, down, chunk, device, tally, args.method_budget)
+    total = case.samples * case.layers
+    before = tallies[BEFORE].seconds * total / tallies[BEFORE].samples
     rows = []
-    methods = extraction_methods(device, args.chunk)
-    for base_case in CASES:
-        case = scaled(base_case, args.scale, args.max_dim)
-        gen = torch.Generator().manual_seed(0)
-        timings = dict.fromkeys(methods, 0.0)
-        layers_run = dict.fromkeys(methods, 0)
-        errors: dict[str, float] = {}
-        print(f"  {case.name}: {case.samples} samples x {case.layers} layers", flush=True)
-        for layer in range(case.layers):
-            x, down = make_layer(case, gen)
-            for name, method in methods.items():
-                if name == BEFORE and layer >= args.before_layers:
-                    continue
-                if layer == 0:
-                    errors[name] = topk_error(method, x, down)  # also the warm-up
-                sync(device)
-                t0 = time.perf_counter()
-                pipeline(method, x, down, device)
-                sync(device)
-                timings[name] += time.perf_counter() - t0
-                layers_run[name] += 1
-        before = timings[BEFORE] * case.layers / layers_run[BEFORE]
-        for name in methods:
-            seconds = timings[name] * case.layers / layers_run[name]
-            row = {
-                "case": case.name,
-                "samples": case.samples,
-                "layers": case.layers,
-                "method": name,
-                "seconds": seconds,
-                "extrapolated": layers_run[name] < case.layers,
-                "x_before": before / seconds,
-                "max_rel_err": errors[name],
-            }
-            rows.append(row)
-            print(
-                f"    {name}: {row['seconds']:.3f} s, x{row['x_before']:.1f}, error {row['max_rel_err']:.1e}",
-                flush=True,
-            )
+    for name, tally in tallies.items():
+        seconds = tally.seconds * total / tally.samples
+        row = {
+            "case": case.name,
+            "samples": case.samples,
+            "layers": case.layers,
+            "largest_call": tally.largest,
+            "method": name,
+            "seconds": seconds,
+            "measured_samples": tally.samples,
+            "extrapolated": tally.samples < total,
+            "x_before": before / seconds,
+            "max_rel_err": errors[name],
+        }
+        rows.append(row)
+        print(
+            f"    {name}: {seconds:.3f} s ({tally.samples}/{total} measured), x{row['x_before']:.1f}, "
+            f"error {row['max_rel_err']:.1e}",
+            flush=True,
+        )
     return rows
 
 
@@ -296,53 +396,64 @@ def bench_probes(args: argparse.Namespace, device: torch.device) -> list[dict[st
     return rows
 
 
-SECTIONS: dict[str, Callable[[argparse.Namespace, torch.device], list[dict[str, Any]]]] = {
-    "extraction": bench_extraction,
+Section = Callable[[argparse.Namespace, torch.device], list[dict[str, Any]]]
+SECTIONS: dict[str, Section] = {
+    **{f"extraction:{shape}": partial(bench_extraction, shape=shape) for shape in CASES},
     "cache": bench_cache,
     "probes": bench_probes,
 }
+ALIASES = {"extraction": [f"extraction:{shape}" for shape in CASES]}
 
 
 # --- report --------------------------------------------------------------------------------------------------
-def markdown(results: dict[str, Any]) -> str:
-    meta = results["meta"]
-    lines = [
-        "# Layer probing benchmark",
-        "",
-        f"- date: {meta['date']}",
-        f"- device: {meta['device']}; host CPU: {meta['cpu']}",
-        f"- versions: python {meta['python']}, torch {meta['torch']}, numpy {meta['numpy']}",
-        f"- command: `{meta['command']}`",
-    ]
-    if "extraction" in results:
-        lines += extraction_lines(results["extraction"])
-    if "cache" in results:
-        lines += cache_lines(results["cache"])
-    if "probes" in results:
-        lines += probe_lines(results["probes"])
+def markdown(sections: dict[str, dict[str, Any]]) -> str:
+    lines = ["# Layer probing benchmark"]
+    for name in SECTIONS:
+        if name not in sections:
+            continue
+        meta, rows = sections[name]["meta"], sections[name]["rows"]
+        if name.startswith("extraction:"):
+            lines += extraction_lines(name, rows)
+        elif name == "cache":
+            lines += cache_lines(rows)
+        else:
+            lines += probe_lines(rows)
+        lines += [
+            "",
+            f"- {meta['date']}; device: {meta['device']}; host CPU: {meta['cpu']}; section time {meta['wall_s']} s",
+            f"- python {meta['python']}, torch {meta['torch']}, numpy {meta['numpy']}; command: `{meta['command']}`",
+        ]
+    if any(name.startswith("extraction:") for name in sections):
+        lines += [
+            "",
+            "Extraction: seconds for the top 10 of every layer + standardisation, inputs in host memory (copied to",
+            "the device a call at a time). A method's calls start at 4 samples and grow, up to the chunk, while one",
+            'stays under a quarter of its time budget ("largest call"). A method measured on fewer than N x L',
+            'samples (its time budget or the numpy baseline\'s layer limit) is scaled to N x L: "extrapolated".',
+            "Error: max relative error of the top 10 on the first samples of the first layer against numpy's",
+            "float64 SVD of the same float32 matrices.",
+        ]
     return "\n".join(lines) + "\n"
 
 
-def extraction_lines(rows: list[dict[str, Any]]) -> list[str]:
+def extraction_lines(name: str, rows: list[dict[str, Any]]) -> list[str]:
+    first = rows[0]
     lines = [
         "",
-        "## Top-10 singular values + standardisation (per-sample matrices, N samples x L layers)",
+        f"## Top-10 singular values + standardisation: {first['case']}, N x L = {first['samples']} x "
+        f"{first['layers']} (`{name}`)",
         "",
-        "| case | N x L | method | seconds | x before | max rel. error |",
-        "|---|---:|---|---:|---:|---:|",
+        "| method | seconds | measured samples | largest call | x before | max rel. error |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    total = first["samples"] * first["layers"]
     for r in rows:
         mark = " (extrapolated)" if r["extrapolated"] else ""
         lines.append(
-            f"| {r['case']} | {r['samples']} x {r['layers']} | {r['method']} | {r['seconds']:.3f}{mark} | "
+            f"| {r['method']} | {r['seconds']:.3f}{mark} | {r['measured_samples']} / {total} | {r['largest_call']} | "
             f"{r['x_before']:.1f} | {r['max_rel_err']:.1e} |"
         )
-    return [
-        *lines,
-        "",
-        "Seconds: top 10 of every layer + standardisation, inputs in host memory. Error: max relative error of",
-        "the top 10 on 64 samples of the first layer against float64 numpy.",
-    ]
+    return lines
 
 
 def cache_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -377,25 +488,52 @@ def probe_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def load_sections(out: Path) -> dict[str, dict[str, Any]]:
+    """The sections already in `out`'s JSON (--append); none when it is missing or of another format."""
+    path = out.with_suffix(".json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
+        print(f"{path}: not a results file of this benchmark (format {RESULTS_FORMAT}); starting a new one")
+        return {}
+    return dict(data["sections"])
+
+
+def save(out: Path, sections: dict[str, dict[str, Any]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, markdown(sections))
+    write_json(out.with_suffix(".json"), {"format": RESULTS_FORMAT, "sections": sections})
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU: checks the script in seconds")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--scale", type=float, default=1.0, help="samples x scale (layers shrink below 0.25)")
-    parser.add_argument("--chunk", type=int, default=1024, help="samples per batch of the extraction")
-    parser.add_argument("--before-layers", type=int, default=1, help="layers the CPU baseline runs on")
+    parser.add_argument("--chunk", type=int, default=1024, help="samples per batch of the extraction, at most")
+    parser.add_argument("--before-layers", type=int, default=1, help="layers the CPU baseline runs on, at most")
+    parser.add_argument("--method-budget", type=float, default=5.0, help="seconds an extraction method runs, at most")
     parser.add_argument("--probe-epochs", type=int, default=20)
     parser.add_argument("--sequential-probes", type=int, default=4, help="probes of the one-at-a-time loop")
-    parser.add_argument("--sections", default="extraction,cache,probes", help="comma-separated parts to run")
+    names = ", ".join([*SECTIONS, *ALIASES])
+    parser.add_argument("--sections", default="extraction,cache,probes", help=f"comma-separated, of: {names}")
     parser.add_argument("--out", type=Path, help="write a markdown results file here (and a .json next to it)")
+    parser.add_argument("--append", action="store_true", help="keep the other sections already in the --out file")
     args = parser.parse_args(argv)
-    args.sections = [part.strip() for part in args.sections.split(",") if part.strip()]
-    unknown = set(args.sections) - set(SECTIONS)
-    if unknown:
-        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; expected some of {', '.join(SECTIONS)}")
+    sections: list[str] = []
+    for part in (p.strip() for p in args.sections.split(",")):
+        if part in ALIASES:
+            sections += ALIASES[part]
+        elif part in SECTIONS:
+            sections.append(part)
+        elif part:
+            parser.error(f"unknown section {part!r}; expected some of {names}")
+    args.sections = list(dict.fromkeys(sections))
     args.max_dim = 1 << 30
     if args.quick:
-        args.scale, args.chunk, args.before_layers, args.max_dim = 0.005, 64, 1, 96
+        args.scale, args.chunk, args.before_layers, args.max_dim, args.method_budget = 0.005, 64, 1, 96, 2.0
         args.probe_epochs, args.sequential_probes = 2, 2
         args.device = "cpu" if args.device == "auto" else args.device
     return args
@@ -407,27 +545,27 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
-    print(f"{device_name(device)}", flush=True)
-    results: dict[str, Any] = {
-        "meta": {
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    print(f"{device_name(device)}; host CPU: {host_cpu()}", flush=True)
+    sections = load_sections(args.out) if args.out and args.append else {}
+    for name in args.sections:
+        print(name, flush=True)
+        meta = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": device_name(device),
-            "cpu": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+            "cpu": host_cpu(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "numpy": np.__version__,
             "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         }
-    }
-    for name in args.sections:
-        print(name, flush=True)
-        results[name] = SECTIONS[name](args, device)
-    report = markdown(results)
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+        t0 = time.perf_counter()
+        rows = SECTIONS[name](args, device)
+        meta["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(f"{name}: {meta['wall_s']} s", flush=True)
+        sections[name] = {"meta": meta, "rows": rows}
+        if args.out:
+            save(args.out, sections)  # after every section: an interrupted run keeps the finished ones
+    print(markdown(sections))
     return 0
 
 

@@ -73,7 +73,7 @@ def _reference_mlp(model: EnsembleMLP, member: int) -> nn.Sequential:
 def test_ensemble_trains_like_independent_models() -> None:
     """Three AdamW steps on the stacked ensemble equal three steps of each member trained alone."""
     seeds, steps = [0, 1, 2, 0], 3
-    model = EnsembleMLP(seeds, 6, 5, 3, dropout=0.0, device=CPU).double()
+    model = EnsembleMLP(seeds, 6, 5, 3, device=CPU).double()
     refs = [_reference_mlp(model, e) for e in range(len(seeds))]
     assert torch.equal(model.w1[0], model.w1[3]) and not torch.equal(model.w1[0], model.w1[1])
     gen = torch.Generator().manual_seed(9)

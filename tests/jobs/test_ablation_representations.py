@@ -6,20 +6,36 @@ import numpy as np
 import pytest
 import torch
 
+from gpuopt_tui.core.feature_cache import cache_key
 from gpuopt_tui.core.profiles.ablation import BASE_REPRESENTATIONS, REPRESENTATIONS, split_representation
-from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, layer_seed
+from gpuopt_tui.jobs.ablation.features import feature_key
+from gpuopt_tui.jobs.ablation.inputs import synthetic_source
+from gpuopt_tui.jobs.ablation.matrices import (
+    CUDA_BATCHED_EIGH_MAX,
+    GRAM_MAX_SIDE,
+    DenseBatch,
+    LowRankProductBatch,
+    factored_gram_singular_values,
+    gram_singular_values,
+    layer_seed,
+)
 from gpuopt_tui.jobs.ablation.representations import BASES, FeatureSettings, spectrum_statistics
+from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec
 
 torch.set_num_threads(1)
 
 
 def _matrices(batch: int, m: int, n: int, decay: float, seed: int = 0) -> torch.Tensor:
     """[batch, m, n] float64 with random singular vectors and singular values j^-decay."""
+    return _with_spectrum(batch, m, n, torch.arange(1, min(m, n) + 1, dtype=torch.float64) ** -decay, seed)
+
+
+def _with_spectrum(batch: int, m: int, n: int, s: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """[batch, m, n] float64 with random singular vectors and singular values s [min(m, n)]."""
     gen = torch.Generator().manual_seed(seed)
     r = min(m, n)
     u = torch.linalg.qr(torch.randn(batch, m, r, generator=gen, dtype=torch.float64)).Q
     v = torch.linalg.qr(torch.randn(batch, n, r, generator=gen, dtype=torch.float64)).Q
-    s = torch.arange(1, r + 1, dtype=torch.float64) ** -decay
     return (u * s) @ v.mT
 
 
@@ -29,16 +45,97 @@ def _relative_topk_error(x: torch.Tensor, k: int, oversample: int, niter: int) -
     return float(np.max(np.abs(got - reference) / reference))
 
 
-# Shapes: a sequence's hidden states (128 tokens x 768, BERT-base) and a LoRA factor of rank 64 over a
+def _spectrum(kind: str, r: int) -> torch.Tensor:
+    j = torch.arange(1, r + 1, dtype=torch.float64)
+    if kind == "slow":  # activations and trained weights: j^-0.5
+        return j**-0.5
+    if kind == "wide":  # s_1 / s_10 = 3e4, s_1 / s_r down to 1e-7 and below
+        return 10 ** (-(j - 1) / 2)
+    rank_deficient = j**-1.0
+    rank_deficient[r // 3 :] = 0
+    return rank_deficient
+
+
+# Exact singular values from the float64 Gram matrix (see gram_singular_values): float32 inputs, compared with
+# numpy's float64 SVD of the same float32 matrices. Tolerances: 1e-6 relative on each of the top 10 non-zero
+# values (measured <= 8e-8 on these, the float32 rounding of the result, where torch.linalg.svdvals in float32 errs
+# by up to 3e-4 on the wide spectrum), and 1e-7 s_1 absolute on every value, the zeros of rank-deficient matrices
+# included (measured <= 3e-8 s_1).
+@pytest.mark.parametrize(("m", "n"), [(16, 1024), (64, 4096), (128, 768), (1024, 48)])
+@pytest.mark.parametrize("spectrum", ["slow", "wide", "rank_deficient"])
+def test_gram_singular_values_match_float64_svd(m: int, n: int, spectrum: str) -> None:
+    x = _with_spectrum(3, m, n, _spectrum(spectrum, min(m, n)), seed=m + n).float()
+    reference = np.linalg.svd(x.double().numpy(), compute_uv=False)
+    got = gram_singular_values(x)
+    assert got.dtype == torch.float32 and got.shape == reference.shape
+    got = got.double().numpy()
+    s1 = reference[:, :1]
+    assert np.max(np.abs(got - reference) / s1) < 1e-7
+    top, ref_top = got[:, :10], reference[:, :10]
+    nonzero = ref_top > 1e-6 * s1
+    assert np.max(np.abs(top - ref_top)[nonzero] / ref_top[nonzero]) < 1e-6
+
+
+def test_gram_singular_values_of_zero_tiny_and_huge_matrices() -> None:
+    gen = torch.Generator().manual_seed(7)
+    assert torch.equal(gram_singular_values(torch.zeros(2, 16, 64)), torch.zeros(2, 16))
+    for scale in (1e-20, 1e20):  # squares stay far inside float64's range
+        x = torch.randn(2, 16, 64, generator=gen) * scale
+        reference = np.linalg.svd(x.double().numpy(), compute_uv=False)
+        np.testing.assert_allclose(gram_singular_values(x).double().numpy(), reference, rtol=1e-6)
+
+
+def test_factored_lora_product_singular_values_match_the_dense_svd() -> None:
+    """LoRA updates B @ A of rank 16 (1024 x 1024) and 48, one with half of B's columns zero (rank 8) and one
+    with B = 0 (a freshly initialised adapter): top 10 within 1e-6 relative, all values within 1e-7 of
+    ||B|| ||A||."""
+    gen = torch.Generator().manual_seed(3)
+    for out, r, n in ((1024, 16, 1024), (768, 48, 512)):
+        up, down = torch.randn(3, out, r, generator=gen), torch.randn(3, r, n, generator=gen) / n**0.5
+        up[1, :, r // 2 :] = 0
+        up[2] = 0
+        dense = up.double().numpy() @ down.double().numpy()
+        reference = np.linalg.svd(dense, compute_uv=False)[:, :r]
+        got = LowRankProductBatch(up, down).singular_values()
+        assert got.shape == (3, r)
+        got = got.double().numpy()
+        scale = np.linalg.norm(up.double().numpy(), 2, axis=(1, 2)) * np.linalg.norm(down.numpy(), 2, axis=(1, 2))
+        assert np.all(np.abs(got - reference) <= 1e-7 * scale[:, None])
+        nonzero = reference[:, :10] > 1e-6 * reference[:, :1]
+        assert np.max(np.abs(got[:, :10] - reference[:, :10])[nonzero] / reference[:, :10][nonzero]) < 1e-6
+        assert torch.equal(factored_gram_singular_values(up[2:], down[2:]), torch.zeros(1, r))
+
+
+def test_lora_products_above_the_gram_limit_use_the_qr_core() -> None:
+    gen = torch.Generator().manual_seed(4)
+    r = GRAM_MAX_SIDE + 8
+    up, down = torch.randn(2, 200, r, generator=gen), torch.randn(2, r, 160, generator=gen)
+    reference = np.linalg.svd(up.double().numpy() @ down.double().numpy(), compute_uv=False)[:, :r]
+    got = LowRankProductBatch(up, down).singular_values()
+    assert got.shape == (2, r)
+    np.testing.assert_allclose(got.double().numpy(), reference, rtol=1e-4)
+
+
+def test_the_short_side_decides_between_exact_and_randomized() -> None:
+    """Up to GRAM_MAX_SIDE rows the top k are the exact values even where q = k + oversample is below the short
+    side; above it the randomized SVD gives (slightly) different ones."""
+    settings = dict(oversample=3, niter=1, seed=0)
+    small = DenseBatch(_matrices(2, GRAM_MAX_SIDE, 200, 0.5).float())
+    torch.testing.assert_close(small.top_singular_values(5, **settings), gram_singular_values(small.x)[:, :5])
+    large = DenseBatch(_matrices(2, GRAM_MAX_SIDE + 1, 200, 0.5).float())
+    assert not torch.allclose(large.top_singular_values(5, **settings), large.singular_values()[:, :5], rtol=1e-5)
+
+
+# Randomized path. Shapes: a sequence's hidden states (128 tokens x 768, BERT-base) and a matrix of rank 96 over a
 # 4096-wide projection, with the slowly decaying spectra (j^-0.5, j^-1) of real activations and weights.
 # Tolerance 1e-2 relative on each of the top 10 values: the defaults (oversample 10, 4 power iterations)
 # measure <= 2e-3 on these; a flat spectrum (Gaussian noise) is the randomized SVD's worst case (~3.5e-2).
-@pytest.mark.parametrize(("m", "n"), [(128, 768), (64, 4096)])
+@pytest.mark.parametrize(("m", "n"), [(128, 768), (96, 4096)])
 @pytest.mark.parametrize("decay", [0.5, 1.0])
 def test_svd_lowrank_topk_matches_full_svd(m: int, n: int, decay: float) -> None:
     s = FeatureSettings()
     x = _matrices(4, m, n, decay)
-    assert s.top_k + s.svd_oversample < min(m, n)  # the randomized path is the one under test
+    assert min(m, n) > GRAM_MAX_SIDE  # the randomized path is the one under test
     assert _relative_topk_error(x, s.top_k, s.svd_oversample, s.svd_niter) < 1e-2
 
 
@@ -119,14 +216,15 @@ def test_masked_pooling_matches_a_loop_over_real_tokens() -> None:
     torch.testing.assert_close(left_padded.last_row(), x[:, -1])
 
 
-def test_features_do_not_depend_on_batching_or_trimmed_padding() -> None:
+@pytest.mark.parametrize("rows", [40, 80])  # the exact (Gram) path and the randomized one (q = 8 < 80)
+def test_features_do_not_depend_on_batching_or_trimmed_padding(rows: int) -> None:
     """A sample's features are the same alone or in a batch, and whatever the batch's padded length."""
-    x = _matrices(6, 40, 64, 0.5, seed=2).float()
-    lengths = torch.tensor([40, 30, 12, 40, 25, 33])
-    mask = torch.arange(40).unsqueeze(0) < lengths.unsqueeze(1)
-    settings = FeatureSettings(top_k=5, svd_oversample=3, svd_niter=2)  # q = 8 < 40: randomized path
-    whole = DenseBatch(x, mask, row_capacity=40)
-    trimmed = DenseBatch(x[2:3, :12], mask[2:3, :12], row_capacity=40)
+    x = _matrices(6, rows, 96, 0.5, seed=2).float()
+    lengths = torch.tensor([rows, 30, 12, rows, 25, 33])
+    mask = torch.arange(rows).unsqueeze(0) < lengths.unsqueeze(1)
+    settings = FeatureSettings(top_k=5, svd_oversample=3, svd_niter=2)
+    whole = DenseBatch(x, mask, row_capacity=rows)
+    trimmed = DenseBatch(x[2:3, :12], mask[2:3, :12], row_capacity=rows)
     for name in BASE_REPRESENTATIONS:
         a = BASES[name].compute(whole, settings, "layer.1")[2]
         b = BASES[name].compute(trimmed, settings, "layer.1")[0]
@@ -154,3 +252,34 @@ def test_every_profile_name_has_an_implementation() -> None:
     assert split_representation("mean_pool_all_layers") == ("mean_pool", "_all_layers")
     with pytest.raises(ValueError):
         split_representation("svd_top")
+
+
+def test_cache_keys_of_changed_representations_differ_from_earlier_versions() -> None:
+    """svd_topk and spectrum_stats now come from the Gram matrix (version 2): their features cached by version 1
+    are not reused; the unchanged representations keep their keys (and their cached entries)."""
+    source = synthetic_source(SyntheticSpec(samples=20, layers=2, signal_layer=1, rank=2, dim=4))
+    settings = FeatureSettings()
+    for name, base in BASES.items():
+        version_1 = cache_key(
+            {
+                "input": source.fingerprint("layer.1"),
+                "samples": source.samples,
+                "representation": name,
+                "version": 1,
+                "settings": base.settings_key(settings),
+            }
+        )
+        changed = feature_key(source, name, "layer.1", settings) != version_1
+        assert changed == (name in ("svd_topk", "spectrum_stats")), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("short", [16, CUDA_BATCHED_EIGH_MAX + 16])  # batched on the device / solved on the host
+def test_gram_paths_on_cuda_match_the_cpu(short: int) -> None:
+    cuda = torch.device("cuda")
+    x = _matrices(64, short, 1024, 0.5).float()
+    torch.testing.assert_close(gram_singular_values(x.to(cuda)).cpu(), gram_singular_values(x), rtol=1e-6, atol=1e-7)
+    gen = torch.Generator().manual_seed(5)
+    up, down = torch.randn(64, 512, short, generator=gen), torch.randn(64, short, 768, generator=gen)
+    on_cuda = LowRankProductBatch(up.to(cuda), down.to(cuda)).singular_values().cpu()
+    torch.testing.assert_close(on_cuda, LowRankProductBatch(up, down).singular_values(), rtol=1e-6, atol=1e-5)

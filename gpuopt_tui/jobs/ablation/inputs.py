@@ -1,8 +1,9 @@
 """Where the per-layer representations come from, and their labels.
 
-A `LayerSource` names its layers (in order), holds the labels (mapped to 0..C-1) and hands out, for a range of
-samples, one `MatrixBatch` per requested layer. It also gives each layer a content fingerprint, the input part
-of the feature cache's key. Sources:
+A `LayerSource` names its layers (in order), holds the labels (mapped to 0..C-1) and hands out, for each batch
+of samples (batch j holds samples j * size .. (j + 1) * size - 1), one `MatrixBatch` per requested layer, for
+every batch or for chosen ones (a process's share of them), with each batch's relative cost for balancing those
+shares. It also gives each layer a content fingerprint, the input part of the feature cache's key. Sources:
 
 - `model_source`: hidden states of every layer of a model over a data set (through the model adapter);
 - `files_source`: a .safetensors file with one [N, ...] tensor per layer, or a folder of .pt/.npy files, one
@@ -19,7 +20,7 @@ import hashlib
 import pickle
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +33,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, MatrixBatch
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec, generate
-from gpuopt_tui.jobs.data import batches as data_batches
+from gpuopt_tui.jobs.data import trim_batch
 from gpuopt_tui.jobs.models.base import to_device
 
 if TYPE_CHECKING:
@@ -63,11 +64,26 @@ class LayerSource(ABC):
     def fingerprint(self, layer: str) -> str:
         """A hash of everything the layer's matrices are computed from (for the feature cache key)."""
 
-    @abstractmethod
+    def batch_bounds(self, batch_size: int) -> list[tuple[int, int]]:
+        """(start, stop) sample indices of every batch."""
+        return [(start, min(start + batch_size, self.samples)) for start in range(0, self.samples, batch_size)]
+
+    def batch_costs(self, batch_size: int) -> list[float]:
+        """The relative cost of each batch (to balance the processes' shares): its samples."""
+        return [float(stop - start) for start, stop in self.batch_bounds(batch_size)]
+
     def batches(
-        self, layers: Sequence[str], batch_size: int, device: torch.device
+        self, layers: Sequence[str], batch_size: int, device: torch.device, which: Iterable[int] | None = None
     ) -> Iterator[tuple[int, dict[str, MatrixBatch]]]:
-        """(first sample index, {layer: matrices of samples [start, start + batch)}) over all samples."""
+        """(first sample index, {layer: matrices of the batch's samples}) for the batches numbered `which`
+        (default: all of them), in that order."""
+        bounds = self.batch_bounds(batch_size)
+        for j in range(len(bounds)) if which is None else which:
+            yield bounds[j][0], self._read(layers, *bounds[j], device)
+
+    @abstractmethod
+    def _read(self, layers: Sequence[str], start: int, stop: int, device: torch.device) -> dict[str, MatrixBatch]:
+        """{layer: matrices of samples [start, stop)}."""
 
 
 Reader = Callable[[int, int, torch.device], MatrixBatch]
@@ -85,12 +101,8 @@ class SlicedSource(LayerSource):
     def fingerprint(self, layer: str) -> str:
         return self._fingerprints[layer]
 
-    def batches(
-        self, layers: Sequence[str], batch_size: int, device: torch.device
-    ) -> Iterator[tuple[int, dict[str, MatrixBatch]]]:
-        for start in range(0, self.samples, batch_size):
-            stop = min(start + batch_size, self.samples)
-            yield start, {layer: self._readers[layer](start, stop, device) for layer in layers}
+    def _read(self, layers: Sequence[str], start: int, stop: int, device: torch.device) -> dict[str, MatrixBatch]:
+        return {layer: self._readers[layer](start, stop, device) for layer in layers}
 
 
 # --- stored tensors ------------------------------------------------------------------------------------------
@@ -377,20 +389,22 @@ class ModelSource(LayerSource):
             self._fingerprint = _tensor_digest(*weights, *tokens)
         return _digest(self._fingerprint, layer)
 
-    def batches(
-        self, layers: Sequence[str], batch_size: int, device: torch.device
-    ) -> Iterator[tuple[int, dict[str, MatrixBatch]]]:
+    def batch_costs(self, batch_size: int) -> list[float]:
+        """Tokens of each batch, padded to its longest sample (batches are trimmed to that length)."""
+        lengths = self.dataset.lengths()
+        return [float((stop - start) * int(lengths[start:stop].max())) for start, stop in self.batch_bounds(batch_size)]
+
+    def _read(self, layers: Sequence[str], start: int, stop: int, device: torch.device) -> dict[str, MatrixBatch]:
         capacity = self.dataset.tensors["input_ids"].shape[-1]
-        wanted = [self.layers.index(layer) for layer in layers]
-        for indices, batch in data_batches(self.dataset, batch_size):
-            batch = to_device(batch, self.adapter.device)
-            with torch.no_grad():
-                hidden = self.adapter.hidden_states(batch)
-            mask = batch["attention_mask"].to(device)
-            yield (
-                indices[0],
-                {self.layers[i]: DenseBatch(hidden[i].to(device), mask, row_capacity=capacity) for i in wanted},
-            )
+        batch = trim_batch(self.dataset.batch(list(range(start, stop))), self.dataset.token_fields)
+        batch = to_device(batch, self.adapter.device)
+        with torch.no_grad():
+            hidden = self.adapter.hidden_states(batch)
+        mask = batch["attention_mask"].to(device)
+        return {
+            layer: DenseBatch(hidden[self.layers.index(layer)].to(device), mask, row_capacity=capacity)
+            for layer in layers
+        }
 
 
 def model_source(profile: AblationProfile, device: torch.device, cache_dir: Path) -> ModelSource:

@@ -6,6 +6,12 @@ shared stratified train/val/test split. Probes of the same feature width train t
 ensemble. Every finished probe is saved as a shard (for resume) and reported as a metric event "probe_test_acc"
 (with representation, layer, std; never throttled) besides the progress events; features as "feature_seconds".
 The table representation x layer -> accuracy mean/std and time goes to results/results.json and results.csv.
+
+Over several processes (torchrun), features.py splits the extraction by sample and every process reads every
+feature entry; the pending probes are then split between the processes by cost, each saving its shards, and
+after the last one is written rank 0 reads them all and writes the result files, as one process would. A
+probe's initialisation, batch order and dropout masks come from the run seed and its run index alone, whichever
+probes train beside it, so the processes' results are those of one process.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch
 
 from gpuopt_tui.core.ablation_results import ALL_LAYERS, ResultRow, write_results
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.feature_cache import FeatureCache
+from gpuopt_tui.core.feature_cache import CacheStats, FeatureCache
 from gpuopt_tui.core.profiles.ablation import AblationProfile, AblationSection, split_representation
 from gpuopt_tui.jobs.ablation.features import LayerFeatures, extract
 from gpuopt_tui.jobs.ablation.inputs import LayerSource, open_source
@@ -39,11 +45,13 @@ from gpuopt_tui.jobs.ablation.probe import (
 from gpuopt_tui.jobs.ablation.representations import FeatureSettings
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.device import amp_dtype_supported, resolve_device
+from gpuopt_tui.jobs.sharding import mine
 
 QUICK_RUNS = 3
 DEVICE_SHARE = 0.5  # of free GPU memory that resident probe features may take
 HOST_GROUP_BYTES = 4 << 30  # features of one batched group when training on the CPU
 ACTIVATION_ELEMENTS = 1 << 27  # members x batch x hidden of one batched group
+FEATURE_PARTS = "feature-parts"  # in the state directory: each process's rows of the features being computed
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,12 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
     _check_split(split, source)
     features = _features(source, bases, layers, cfg, profile.run.seed, store, device, ctx)
     settings = _probe_settings(cfg, profile.run.seed, device, ctx)
-    rows = _probe_all(tasks, features, source, split, settings, device, ctx)
+    trained = _probe_pending(tasks, features, source, split, settings, device, ctx)
+    reports = ctx.dist.gather(store.stats)  # returns once every process's probe shards are written
+    if reports is None:  # processes other than rank 0 are done: rank 0 writes the results
+        return {"probes": trained}
+    stats = _merged(reports)
+    rows = [ResultRow(**json.loads(ctx.shard_path(t.shard).read_text())) for t in tasks]
 
     test_labels = source.labels[split.test]
     info = {
@@ -114,7 +127,7 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
         "num_runs": settings.num_runs,
         "device": str(device),
         "precision": settings.precision,
-        "cache": asdict(store.stats) | {"enabled": cfg.use_cache},
+        "cache": asdict(stats) | {"enabled": cfg.use_cache},
     }
     json_path, csv_path = write_results(ctx.results_dir, info, rows)
     ctx.artifact(json_path, "probe accuracy per representation and layer (JSON)")
@@ -126,7 +139,17 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
         top = max((r for r in rows if r.representation == name), key=lambda r: r.test_acc_mean)
         best[name] = {"layer": top.layer, "test_acc": round(top.test_acc_mean, 4)}
         ctx.log(f"{name}: best layer {top.layer}, test accuracy {top.test_acc_mean:.3f} ± {top.test_acc_std:.3f}")
-    return {"probes": len(rows), "best": best, "cache_hits": store.stats.hits, "cache_misses": store.stats.misses}
+    return {"probes": len(rows), "best": best, "cache_hits": stats.hits, "cache_misses": stats.misses}
+
+
+def _merged(stats: list[CacheStats]) -> CacheStats:
+    """The cache statistics of every process's lookups (each process looks up its own share of the entries)."""
+    return CacheStats(
+        hits=sum(s.hits for s in stats),
+        misses=sum(s.misses for s in stats),
+        corrupt=sum(s.corrupt for s in stats),
+        problems=[problem for s in stats for problem in s.problems],
+    )
 
 
 def _features(
@@ -145,20 +168,33 @@ def _features(
         ctx.check_cancelled()
         ctx.progress(done, total, unit="samples", stage="features")
 
-    features = extract(source, bases, layers, settings, store, device, cfg.extract_batch_size, on_batch)
+    features = extract(
+        source,
+        bases,
+        layers,
+        settings,
+        store,
+        device,
+        cfg.extract_batch_size,
+        on_batch,
+        dist=ctx.dist,
+        parts=ctx.state_dir / FEATURE_PARTS,
+    )
     for item in features.values():
-        ctx.metric(
-            "feature_seconds",
-            round(item.seconds, 4),
-            representation=item.representation,
-            layer=item.layer,
-            cached=item.cached,
-        )
+        if item.owner == ctx.rank:
+            ctx.metric(
+                "feature_seconds",
+                round(item.seconds, 4),
+                representation=item.representation,
+                layer=item.layer,
+                cached=item.cached,
+            )
     hits = sum(item.cached for item in features.values())
     ctx.log(f"feature cache: {hits} of {len(features)} (representation, layer) features reused ({store.root})")
-    for problem in store.stats.problems:
+    for problem in store.stats.problems:  # this process's lookups
         ctx.warn(f"feature cache entry {problem}: removed and computed again")
-    ctx.metric("feature_cache_hits", hits, total=len(features))
+    if ctx.rank == 0:
+        ctx.metric("feature_cache_hits", hits, total=len(features))
     return features
 
 
@@ -192,7 +228,7 @@ def _probe_settings(cfg: AblationSection, seed: int, device: torch.device, ctx: 
     )
 
 
-def _probe_all(
+def _probe_pending(
     tasks: list[ProbeTask],
     features: dict[tuple[str, str], LayerFeatures],
     source: LayerSource,
@@ -200,16 +236,24 @@ def _probe_all(
     settings: ProbeSettings,
     device: torch.device,
     ctx: JobContext,
-) -> list[ResultRow]:
+) -> int:
+    """Train this process's share of the probes that have no shard yet, a shard per probe; returns how many.
+    The shares are balanced by the probes' widths (rank 0's progress also counts the probes done before)."""
+
     def width(task: ProbeTask) -> int:
         return sum(_array(features, task.base, layer).shape[1] for layer in task.inputs)
 
-    pending = [t for t in tasks if not ctx.shard_done(t.shard)]
-    if len(pending) < len(tasks):
-        ctx.log(f"resuming: {len(tasks) - len(pending)} of {len(tasks)} probes already done")
-    done = len(tasks) - len(pending)
+    pending = ctx.dist.broadcast([i for i, t in enumerate(tasks) if not ctx.shard_done(t.shard)])
+    earlier = len(tasks) - len(pending)
+    if earlier:
+        ctx.log(f"resuming: {earlier} of {len(tasks)} probes already done")
+    costs = [width(tasks[i]) + source.classes for i in pending]  # per sample and hidden unit of a probe
+    own = [tasks[i] for i in mine(pending, costs, ctx.rank, ctx.world_size)]
+    done = earlier if ctx.rank == 0 else 0
+    total = done + len(own)
     ctx.reset_rate()
-    for group, resident in _groups(pending, width, source.samples, settings, device):
+    ctx.progress(done, total, unit="probes", stage="probes")
+    for group, resident in _groups(own, width, source.samples, settings, device):
         ctx.check_cancelled()
         arrays = [np.concatenate([_array(features, t.base, layer) for layer in t.inputs], axis=1) for t in group]
         table = FeatureTable(arrays, split.train, device, resident)
@@ -219,7 +263,7 @@ def _probe_all(
 
         def on_epoch(epoch: int, training: int, label: str = label, done: int = done) -> None:
             ctx.check_cancelled()
-            ctx.progress(done, len(tasks), unit="probes", stage="probes", group=label, epoch=epoch, training=training)
+            ctx.progress(done, total, unit="probes", stage="probes", group=label, epoch=epoch, training=training)
 
         t0 = time.perf_counter()
         results = train_probes(table, source.labels, split, source.classes, settings, on_epoch)
@@ -229,7 +273,7 @@ def _probe_all(
             ctx.save_shard(task.shard, lambda path, row=row: path.write_text(json.dumps(asdict(row))))
             done += 1
             ctx.progress(
-                done, len(tasks), unit="probes", stage="probes", representation=task.representation, layer=task.layer
+                done, total, unit="probes", stage="probes", representation=task.representation, layer=task.layer
             )
             ctx.metric(
                 "probe_test_acc",
@@ -240,7 +284,7 @@ def _probe_all(
                 layer_index=task.layer_index,
             )
         del table
-    return [ResultRow(**json.loads(ctx.shard_path(t.shard).read_text())) for t in tasks]
+    return len(own)
 
 
 def _array(features: dict[tuple[str, str], LayerFeatures], base: str, layer: str) -> np.ndarray:

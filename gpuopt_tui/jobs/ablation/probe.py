@@ -2,10 +2,10 @@
 
 Every probe of a group (G layers with features of the same width, num_runs seeds each) is one member of an
 `EnsembleMLP` whose weights are stacked, so a single batched matmul trains all G x num_runs probes at once.
-Members are independent: each has its own initialisation and batch order (from its seed), its own AdamW state
-(AdamW is element-wise) and its own early stopping on validation loss; the loss is the sum of the members'
-losses, so no gradient crosses members. Only the dropout masks come from one generator per group, so a probe
-trained in another group (after a resume) can differ slightly; with dropout 0 it is the same.
+Members are independent: each has its own initialisation, batch order and dropout masks (from its seed), its own
+AdamW state (AdamW is element-wise) and its own early stopping on validation loss; the loss is the sum of the
+members' losses, so no gradient crosses members. A probe therefore trains the same whatever group it is in
+(another group after a resume, another process of a run over several).
 
 Features are standardised with statistics of the training rows only, and stay on the device when they fit
 (`FeatureTable`), else in pinned host memory with each batch copied over.
@@ -121,13 +121,11 @@ class EnsembleMLP(nn.Module):
     """E independent MLPs in -> hidden -> ReLU -> dropout -> classes with stacked weights [E, ...].
 
     Member e is initialised from torch.Generator seeded with seeds[e], like nn.Linear (uniform in
-    +-1/sqrt(fan_in)), so a member's starting point does not depend on the others."""
+    +-1/sqrt(fan_in)), so a member's starting point does not depend on the others. Dropout masks are the
+    caller's (see `dropout_keep`)."""
 
-    def __init__(
-        self, seeds: Sequence[int], in_dim: int, hidden: int, classes: int, dropout: float, device: torch.device
-    ) -> None:
+    def __init__(self, seeds: Sequence[int], in_dim: int, hidden: int, classes: int, device: torch.device) -> None:
         super().__init__()
-        self.dropout = dropout
         shapes = {"w1": (in_dim, hidden), "b1": (1, hidden), "w2": (hidden, classes), "b2": (1, classes)}
         fan_in = {"w1": in_dim, "b1": in_dim, "w2": hidden, "b2": hidden}
         init: dict[str, list[Tensor]] = {name: [] for name in shapes}
@@ -139,11 +137,24 @@ class EnsembleMLP(nn.Module):
         for name, tensors in init.items():
             self.register_parameter(name, nn.Parameter(torch.stack(tensors).to(device)))
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Logits [E, B, classes] from inputs [E, B, in]."""
+    def forward(self, x: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Logits [E, B, classes] from inputs [E, B, in]; `keep` [E, B, hidden]: a scaled dropout mask."""
         h = torch.relu(torch.baddbmm(self.b1, x, self.w1))
-        h = F.dropout(h, self.dropout, self.training)
+        if keep is not None:
+            h = h * keep
         return torch.baddbmm(self.b2, h, self.w2)
+
+
+def dropout_keep(
+    gen: torch.Generator, runs: int, run_of: Tensor, rows: int, hidden: int, p: float, device: torch.device
+) -> Tensor | None:
+    """The dropout mask of a training step, scaled by 1 / (1 - p): [E, rows, hidden], None for p = 0. One mask
+    per seed index (run), shared by the members of that run, so the masks of a member (and of every step) are
+    the same whatever the other members of its ensemble are."""
+    if p == 0:
+        return None
+    noise = torch.rand((runs, rows, hidden), generator=gen, device=device)
+    return ((noise >= p).float() / (1 - p))[run_of.to(device)]
 
 
 def train_probes(
@@ -162,15 +173,13 @@ def train_probes(
     run_of = torch.arange(runs).repeat(table.n_probes)
     seeds = [_run_seed(settings.seed, int(r)) for r in run_of]
     y = labels.to(device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(settings.seed)  # dropout masks
-        model = EnsembleMLP(seeds, table.width, settings.hidden_dim, classes, settings.dropout, device)
-        best, best_epoch, epochs = _fit(model, table, y, split, probe_of, run_of, settings, on_epoch)
-        with torch.no_grad():
-            for p, b in zip(model.parameters(), best):
-                p.copy_(b)
-        model.eval()
-        accs = [_evaluate(model, table, y, idx, probe_of, settings.precision)[1].cpu() for idx in split.parts()]
+    model = EnsembleMLP(seeds, table.width, settings.hidden_dim, classes, device)
+    best, best_epoch, epochs = _fit(model, table, y, split, probe_of, run_of, settings, on_epoch)
+    with torch.no_grad():
+        for p, b in zip(model.parameters(), best):
+            p.copy_(b)
+    model.eval()
+    accs = [_evaluate(model, table, y, idx, probe_of, settings.precision)[1].cpu() for idx in split.parts()]
     results = [
         MemberResult(float(accs[0][e]), float(accs[1][e]), float(accs[2][e]), int(best_epoch[e]), int(epochs[e]))
         for e in range(len(seeds))
@@ -202,6 +211,7 @@ def _fit(
     scaler = torch.amp.GradScaler("cuda", enabled=settings.precision == "fp16" and device.type == "cuda")
     train = split.train.to(device)
     shufflers = [torch.Generator().manual_seed(_run_seed(settings.seed, r) + 1) for r in range(settings.num_runs)]
+    masks = torch.Generator(device).manual_seed(settings.seed)
     best = [p.detach().clone() for p in model.parameters()]
     best_loss = torch.full((members,), math.inf, device=device)
     best_epoch = torch.zeros(members, dtype=torch.long, device=device)
@@ -213,8 +223,11 @@ def _fit(
         order = train[order[run_of.to(device)]]  # [E, n_train] per-member batch order
         for start in range(0, order.shape[1], settings.batch_size):
             idx = order[:, start : start + settings.batch_size]
+            keep = dropout_keep(
+                masks, settings.num_runs, run_of, idx.shape[1], settings.hidden_dim, settings.dropout, device
+            )
             with autocast(device, settings.precision):
-                logits = model(table.rows(probe_of, idx))
+                logits = model(table.rows(probe_of, idx), keep)
             loss = _member_losses(logits, y[idx]).sum()
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()

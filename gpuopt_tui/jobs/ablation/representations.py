@@ -20,8 +20,6 @@ from torch import Tensor
 from gpuopt_tui.jobs.ablation.matrices import MatrixBatch, layer_seed
 
 SPECTRUM_STATS = ("effective_rank", "stable_rank", "spectral_norm", "frobenius_norm", "nuclear_norm")
-#: Bump when a base's output changes for the same inputs and settings: cached features then become stale.
-VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -39,6 +37,9 @@ class Base:
     help: str
     compute: Callable[[MatrixBatch, FeatureSettings, str], Tensor]  # (batch, settings, layer name)
     uses: tuple[str, ...]  # the FeatureSettings fields its output depends on (part of the cache key)
+    #: part of the cache key: bumped when the output changes for the same inputs and settings, so that features
+    #: cached by an earlier version are computed again (2: singular values from the float64 Gram matrix)
+    version: int = 1
 
     def settings_key(self, settings: FeatureSettings) -> dict[str, int]:
         return {name: getattr(settings, name) for name in self.uses}
@@ -80,15 +81,17 @@ BASES: dict[str, Base] = {
         Base("last_token", "last real row (token) of each sample's matrix", lambda b, s, n: b.last_row(), ()),
         Base(
             "svd_topk",
-            "top_k singular values (torch.svd_lowrank; exact for small matrices)",
+            "top_k singular values (exact for LoRA products and a shorter side up to 64, else torch.svd_lowrank)",
             _svd_topk,
             ("top_k", "svd_oversample", "svd_niter", "seed"),
+            version=2,
         ),
         Base(
             "spectrum_stats",
             "effective rank, stable rank, spectral, Frobenius and nuclear norms (exact spectrum)",
             lambda b, s, n: spectrum_statistics(b.singular_values()),
             (),
+            version=2,
         ),
         Base(
             "random_projection",
