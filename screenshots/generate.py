@@ -3,8 +3,8 @@ screen's run pane at 80x24 (where the form and the run pane take turns).
 
 The runs are made the way a user makes them, with the CLI, in a data directory of their own: the demo
 profile of each kind that has an engine runs to the end; one run is given a model directory copied without
-its weights (it fails, and says why); one is cancelled part way; one long run is left going while the
-screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those runs, from this
+its weights (it fails, and says why); one is cancelled part way; one long run over two processes is left going
+while the screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those runs, from this
 machine, or from a recorded GPU trace: by default the GPU panel and the GPU screen replay
 tests/fixtures/traces/h200_ig_bench.jsonl (NVML samples recorded on an NVIDIA H200 while the IG benchmark ran),
 held at its busiest sample with the samples before it in the history plots; their captions say so.
@@ -37,6 +37,7 @@ SIZE = (120, 40)
 NARROW = (80, 24)
 HERE = Path(__file__).resolve().parent
 LONG_RUN = ("--set", "attribution.n_steps=8000", "--set", "attribution.batch_size=1")
+TWO_PROCESSES = ("--set", "run.device=cpu", "--set", "run.devices=2")  # torchrun, two CPU processes
 H200_TRACE = HERE.parent / "tests" / "fixtures" / "traces" / "h200_ig_bench.jsonl"
 H200_CAPTION = "GPU: replay of NVML samples recorded on an NVIDIA H200 during the IG benchmark"
 GPU_SCREENS = ("dashboard", "gpu")  # the screens that show the GPUs
@@ -80,8 +81,9 @@ def make_runs(data: Path) -> str | None:
     cancelled = cli("run", "demo-attribution", "--set", "name=cancelled-demo", *LONG_RUN, "--detach").split()[-1]
     wait_for_progress(cancelled, 2)
     cli("cancel", cancelled)
-    print("a long run left going…", flush=True)
-    running = cli("run", "demo-attribution", "--set", "name=long-demo", *LONG_RUN, "--detach").split()[-1]
+    print("a long run over two processes left going…", flush=True)
+    running = cli("run", "demo-attribution", "--set", "name=long-demo", *LONG_RUN, *TWO_PROCESSES, "--detach")
+    running = running.split()[-1]
     wait_for_progress(running, 2)
     return running
 
