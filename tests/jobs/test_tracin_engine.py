@@ -69,14 +69,15 @@ class Recorder(Reporter):
 
 
 def count_loads(monkeypatch: pytest.MonkeyPatch, adapter: Adapter) -> list[Path]:
+    """Checkpoint files read (every load reads its file once, prefetched or not)."""
     loads: list[Path] = []
-    original = adapter.load_weights
+    original = adapter.read_weights
 
-    def spy(path: Path) -> None:
+    def spy(path: Path) -> dict[str, Tensor]:
         loads.append(path)
-        original(path)
+        return original(path)
 
-    monkeypatch.setattr(adapter, "load_weights", spy)
+    monkeypatch.setattr(adapter, "read_weights", spy)
     return loads
 
 

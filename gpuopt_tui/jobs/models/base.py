@@ -48,7 +48,9 @@ Per-example gradients go through `functional_loss`, which runs the model with
 
 Parameters missing from the dict passed to `functional_logits` / `functional_loss` fall back to the module's
 own tensors (`strict=False`). `checkpoints` lists the demo's saved training checkpoints with their learning
-rates; `load_weights(path)` loads any state dict (safetensors or a torch file) into `model`.
+rates; `load_weights(path)` loads any state dict (safetensors or a torch file) into `model`, in two halves that
+may run apart: `read_weights(path)` (disk to CPU memory only, safe in a background thread: TracIn reads the
+next checkpoint while the current one is scored) and `apply_weights(state, path)`.
 `classifier_head()` names the final Linear layer (for the last-layer closed form), when the model has one.
 
 Probing
@@ -270,19 +272,34 @@ class Adapter:
     def load_weights(self, path: Path) -> None:
         """Load a full state dict (.safetensors, or a torch file read with weights_only=True) into `model`.
         A "module." prefix (DistributedDataParallel) is dropped; extra entries for the model's buffers
-        (e.g. position_ids, which older transformers saved) are ignored."""
+        (e.g. position_ids, which older transformers saved) are ignored. The same as
+        `apply_weights(read_weights(path), path)`."""
+        self.apply_weights(self.read_weights(path), path)
+
+    def read_weights(self, path: Path) -> dict[str, Tensor]:
+        """The first half of `load_weights`, which only reads: the state dict of `path` in CPU memory,
+        "module." prefix dropped, page-locked when the model is on a GPU (so that `apply_weights` queues its
+        copies without waiting). Touches neither the model nor the GPU's work, so it may run in a background
+        thread while the model is in use. UserError if the file is missing or unreadable."""
         state = load_state_dict(path)
         if state and all(k.startswith("module.") for k in state):
             state = {k[len("module.") :]: v for k, v in state.items()}
         if self.device.type == "cuda":
-            # pinned, asynchronous host-to-device copies: loading no longer waits on the GPU tensor by tensor
-            state = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in state.items()}
+            with torch.cuda.device(self.device):  # a new thread's current GPU is GPU 0, whatever the model's
+                state = {k: v.pin_memory() for k, v in state.items()}
+        return state
+
+    def apply_weights(self, state: Mapping[str, Tensor], source: Path) -> None:
+        """The second half of `load_weights`: load `state` (from `read_weights(source)`) into `model`;
+        `source` names the file in errors. UserError if the names do not match the model's."""
+        if self.device.type == "cuda":  # asynchronous copies from page-locked memory
+            state = {k: v.to(self.device, non_blocking=True) for k, v in state.items()}
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         buffers = {name for name, _ in self.model.named_buffers()}
         unexpected = [k for k in unexpected if k not in buffers]
         if missing or unexpected:
             raise UserError(
-                f"{path}: does not match model {self.name}: missing {_few(missing)}, unexpected {_few(unexpected)}"
+                f"{source}: does not match model {self.name}: missing {_few(missing)}, unexpected {_few(unexpected)}"
             )
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:

@@ -1,12 +1,13 @@
 """TracInCP: influence(train z, test z') = sum over checkpoints c of lr_c * <grad L(z; w_c), grad L(z'; w_c)>.
 
-Checkpoints are the outer loop: each is loaded once, the test gradients are computed once per checkpoint, and
-the training examples stream past them in micro-batches (by default as large as the GPU memory allows, so a
-block of a few thousand examples of a small model is one forward pass per checkpoint; the engine waits for the
-GPU once per block, when it saves the block's sums). Training examples are cut into blocks; after each
-(checkpoint, block) the block's running sums (scores against every test example, and self-influence
-sum_c lr_c * ||g_c||^2) are saved as a shard, so a resumed run redoes at most one block. Top-k proponents
-and opponents are merged block by block at the end. Scores accumulate in fp32 (float64 for float64 models).
+Checkpoints are the outer loop: each is loaded once (its file read in a background thread while the checkpoint
+before it is scored), the test gradients are computed once per checkpoint, and the training examples stream past
+them in micro-batches (by default as large as the GPU memory allows, so a block of a few thousand examples of a
+small model is one forward pass per checkpoint; the engine waits for the GPU once per block, when it saves the
+block's sums). Training examples are cut into blocks; after each (checkpoint, block) the block's running sums
+(scores against every test example, and self-influence sum_c lr_c * ||g_c||^2) are saved as a shard, so a resumed
+run redoes at most one block. Top-k proponents and opponents are merged block by block at the end. Scores
+accumulate in fp32 (float64 for float64 models).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
 from gpuopt_tui.jobs.tracin.filters import PairFilter
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
 from gpuopt_tui.jobs.tracin.params import count_parameters
+from gpuopt_tui.jobs.tracin.prefetch import CheckpointLoader
 from gpuopt_tui.jobs.tracin.project import Projector
 
 
@@ -42,6 +44,7 @@ class TracInOptions:
     batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
     gradient_checkpointing: bool = False
     cleanup_every: int = 0  # examples between memory clean-ups (0 = never)
+    prefetch: bool = True  # read the next checkpoint's file while the current checkpoint is scored
     shard_size: int = 4096  # training examples per saved block
     top_k: int = 10
     keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
@@ -310,48 +313,50 @@ class TracInRun:
         cleanup = Cleanup(opts.cleanup_every, device)
         loaded = final_batch = 0
         start = time.perf_counter()
-        for c, ckpt in enumerate(self.checkpoints):
-            pending = [j for j in mine if done_through[j] < c]
-            if not pending:
-                continue
-            test_feats = None  # the previous checkpoint's are freed before this one's are computed
-            with record_function("tracin.load_checkpoint"):
-                adapter.load_weights(ckpt.path)
-            loaded += 1
-            stage = f"checkpoint {c + 1}/{n_ckpt}"
-            # The test gradients come first when the run's first micro-batch is to measure the memory an
-            # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
-            # Otherwise they come after the first training micro-batch is queued (below): their small forward,
-            # bound by the host's kernel launches, then runs while the GPU is busy.
-            if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
-                test_feats = batcher.features(computer, self.test, range(n_test), "test")
-            for j in pending:
-                rows = self.blocks[j]
-                prev = store.load(shard_name(c - 1, j)) if c else None
-                scores = torch.zeros(n_test, len(rows), device=device, dtype=dtype)
-                selfinf = torch.zeros(len(rows), device=device, dtype=dtype)
-                if prev is not None:
-                    scores += prev["scores"].to(device, dtype)
-                    selfinf += prev["self_influence"].to(device, dtype)
-                for offset, feats in batcher.run(computer, self.train, rows, "train"):
-                    if test_feats is None and n_test:
-                        test_feats = batcher.features(computer, self.test, range(n_test), "test")
-                    part = slice(offset, offset + len(feats))
-                    with record_function("tracin.products"):
-                        if test_feats is not None:
-                            scores[:, part] += ckpt.lr * test_feats.inner(feats)
-                        selfinf[part] += ckpt.lr * feats.sqnorm()
-                    done += len(feats)
-                    final_batch = len(feats)
-                    cleanup.step(len(feats))
-                    del feats  # not held while the next micro-batch is computed
-                    reporter.progress(done, total, stage)
-                    reporter.check_cancelled()
-                with record_function("tracin.save_shard"):
-                    store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
-                    if c:
-                        store.delete(shard_name(c - 1, j))
-                done_through[j] = c
+        # the checkpoints with a block left to score, each read from disk while the one before is scored
+        needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
+        with CheckpointLoader(adapter, [self.checkpoints[c].path for c in needed], prefetch=opts.prefetch) as loader:
+            for c in needed:
+                ckpt = self.checkpoints[c]
+                pending = [j for j in mine if done_through[j] < c]
+                test_feats = None  # the previous checkpoint's are freed before this one's are computed
+                with record_function("tracin.load_checkpoint"):
+                    loader.load_next()
+                loaded += 1
+                stage = f"checkpoint {c + 1}/{n_ckpt}"
+                # The test gradients come first when the run's first micro-batch is to measure the memory an
+                # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
+                # Otherwise they come after the first training micro-batch is queued (below): their small forward,
+                # bound by the host's kernel launches, then runs while the GPU is busy.
+                if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
+                    test_feats = batcher.features(computer, self.test, range(n_test), "test")
+                for j in pending:
+                    rows = self.blocks[j]
+                    prev = store.load(shard_name(c - 1, j)) if c else None
+                    scores = torch.zeros(n_test, len(rows), device=device, dtype=dtype)
+                    selfinf = torch.zeros(len(rows), device=device, dtype=dtype)
+                    if prev is not None:
+                        scores += prev["scores"].to(device, dtype)
+                        selfinf += prev["self_influence"].to(device, dtype)
+                    for offset, feats in batcher.run(computer, self.train, rows, "train"):
+                        if test_feats is None and n_test:
+                            test_feats = batcher.features(computer, self.test, range(n_test), "test")
+                        part = slice(offset, offset + len(feats))
+                        with record_function("tracin.products"):
+                            if test_feats is not None:
+                                scores[:, part] += ckpt.lr * test_feats.inner(feats)
+                            selfinf[part] += ckpt.lr * feats.sqnorm()
+                        done += len(feats)
+                        final_batch = len(feats)
+                        cleanup.step(len(feats))
+                        del feats  # not held while the next micro-batch is computed
+                        reporter.progress(done, total, stage)
+                        reporter.check_cancelled()
+                    with record_function("tracin.save_shard"):
+                        store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
+                        if c:
+                            store.delete(shard_name(c - 1, j))
+                    done_through[j] = c
         return {
             "method": computer.method,
             "gradient_size": _feature_size(adapter, self.params, projector),
