@@ -1,20 +1,27 @@
 """Memory planner accuracy on a real GPU: predicted against measured peak memory of training steps.
 
-For each case (BERT-base and GPT-2 small; full fine-tune, LoRA, frozen encoder, contrastive samples per anchor;
-gradient checkpointing on and off; bf16 autocast and fp32):
-1. measured truth: a probe at the case's batch (fresh process, 3 steps), footprint = torch's peak reserved
-   memory + the memory outside torch (CUDA context and kernels: total - free - reserved, mem_get_info);
-2. closed form: `estimate(...).total`, no GPU involved;
-3. measured tier: a line fitted to probes at 1/2 and 3/4 of the batch (not to the truth probe), extrapolated;
-4. accelerate's estimate-memory figure (largest of its training components, batch 1) when accelerate imports.
-Then, for the GPU's budget (--margin x memory): the batch each tier recommends runs --steps steps in a fresh
-process; it must not run out of memory and must use at least 80% of the budget (a measured recommendation
-that fails is shrunk x0.9 and retried, and the table says so).
+Each case (BERT-base and GPT-2 small; full fine-tune, LoRA, frozen encoder, contrastive samples per anchor;
+gradient checkpointing on and off; bf16 autocast and fp32) has four parts, each with its own fresh probe
+processes, so that one part of one case can run alone under a time limit and the JSON files be merged afterwards:
+- accuracy: measured truth, a probe at the case's batch (fresh process, 3 steps): footprint = torch's peak
+  reserved memory + the memory outside torch (CUDA context and kernels: total - free - reserved), and torch's
+  peak allocated (tensors alone); the closed form, `estimate(...).total`, no GPU involved; the measured tier's
+  line through probes at 1/2 and 3/4 of the batch (not the truth probe), extrapolated; accelerate's
+  estimate-memory figure (largest of its training components, batch 1) when accelerate imports.
+- closed-form: the closed form's recommendation for the GPU's budget (--margin x its memory as NVML reports it;
+  the planner's rule: the largest micro-batch under the budget less `CLOSED_FORM_HEADROOM`) runs --steps steps.
+- measured-plan: the measured tier as `gpuopt-tui plan --profile` runs it (probes from the closed-form guess, a
+  line fit, a confirming probe that shrinks x0.9 while it does not fit) and its recommended batch;
+- measured-run: that batch runs --steps steps (after measured-plan, or taken from its JSON with --plan).
+A recommendation passes when it does not run out of memory, the allocator never had to retry, and its peak is
+80-100% of the budget.
 
-    python benchmarks/memory_planner_bench.py --out benchmarks/results/memory_planner_h100.md
-    python benchmarks/memory_planner_bench.py --cases bert-full-bf16,gpt2-full-bf16 --out part1.md
-    python benchmarks/memory_planner_bench.py --merge part1.json part2.json --out memory_planner_h100.md
-    python benchmarks/memory_planner_bench.py --quick     # CPU, tiny models, simulated memory: the plumbing
+    python benchmarks/memory_planner_bench.py --list                  # the cases, one a line
+    python benchmarks/memory_planner_bench.py --cases bert-frozen-bf16 --parts accuracy --out a.md
+    python benchmarks/memory_planner_bench.py --cases bert-frozen-bf16 --parts measured-plan --out p.md
+    python benchmarks/memory_planner_bench.py --cases bert-frozen-bf16 --parts measured-run --plan p.json --out r.md
+    python benchmarks/memory_planner_bench.py --merge a.json p.json r.json --out memory_planner_h100.md
+    python benchmarks/memory_planner_bench.py --quick                 # CPU, tiny models, simulated memory: plumbing
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import platform
 import shlex
 import statistics
 import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +45,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpuopt_tui.core.planner import gpu as gpu_memory  # noqa: E402
 from gpuopt_tui.core.planner.estimate import GiB, MiB, Overheads, TrainSetup, estimate  # noqa: E402
-from gpuopt_tui.core.planner.fit import ProbeResult, fit_line, max_batch, shrink  # noqa: E402
-from gpuopt_tui.core.planner.measure import ALLOC_CONF, probe_request, run_probe  # noqa: E402
+from gpuopt_tui.core.planner.fit import ProbeResult, fit_line, shrink  # noqa: E402
+from gpuopt_tui.core.planner.measure import ALLOC_CONF, measure, probe_request, run_probe  # noqa: E402
 from gpuopt_tui.core.planner.model_spec import ModelSpec, spec_from_config  # noqa: E402
-from gpuopt_tui.core.planner.search import Budget, closed_form, largest_batch  # noqa: E402
+from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM, Budget, closed_form, largest_batch  # noqa: E402
 
 BERT_BASE = {
     "model_type": "bert",
@@ -64,8 +74,11 @@ GPT2_SMALL = {
     "n_positions": 1024,
     "activation_function": "gelu_new",
 }
-# --quick: a pretend card with 8 MiB to spare beyond the fixed overheads, so recommended batches stay CPU-sized
-QUICK_GPU = int((Overheads().context + Overheads().workspaces + Overheads().allocator + 8 * MiB) / 0.85)
+# --quick: a pretend card with 8 MiB to spare beyond the fixed overheads and the closed form's headroom, so
+# recommended batches stay CPU-sized
+QUICK_GPU = int(
+    (Overheads().context + Overheads().workspaces + Overheads().allocator + 8 * MiB) / 0.85 / (1 - CLOSED_FORM_HEADROOM)
+)
 QUICK_CASES = ("bert-lora-bf16", "gpt2-ckpt-bf16")
 TINY = {  # --quick: the same families at test size
     "bert": {
@@ -164,90 +177,168 @@ def _setup(case: Case, quick: bool) -> TrainSetup:
     return dataclasses.replace(case.setup, micro_batch=max(4, case.setup.micro_batch // 8), seq_len=16)
 
 
-def accelerate_estimate(config: dict[str, Any], task: str, precision: str) -> int | None:
-    """accelerate estimate-memory's "Training using Adam" figure: the largest of its components, batch 1."""
+def accelerate_estimate(config: dict[str, Any], task: str, precision: str) -> int | str:
+    """accelerate estimate-memory's "Training using Adam" figure: the largest of its components, batch 1 (or
+    why there is none)."""
     try:
         import torch
         import transformers
+        from accelerate import init_empty_weights
         from accelerate.commands.estimate import estimate_training_usage
-        from accelerate.utils import calculate_maximum_sizes, init_empty_weights
-    except ImportError:
-        return None
+        from accelerate.utils import calculate_maximum_sizes
+    except ImportError as e:
+        return f"cannot import it: {e}"
     auto = {
         "classification": transformers.AutoModelForSequenceClassification,
         "causal_lm": transformers.AutoModelForCausalLM,
+        "masked_lm": transformers.AutoModelForMaskedLM,
         "embedding": transformers.AutoModel,
     }[task]
     fields = dict(config)
-    with init_empty_weights():
-        model = auto.from_config(transformers.AutoConfig.for_model(fields.pop("model_type"), **fields))
-    total, _ = calculate_maximum_sizes(model.to(torch.float32))
-    usage = estimate_training_usage(total, "float32" if precision == "fp32" else "bfloat16")
+    try:  # a third party's figure for comparison: its failure is a note in the table, not the end of the run
+        with init_empty_weights():
+            model = auto.from_config(transformers.AutoConfig.for_model(fields.pop("model_type"), **fields))
+        total, _ = calculate_maximum_sizes(model.to(torch.float32))
+        usage = estimate_training_usage(total, "float32" if precision == "fp32" else "bfloat16")
+    except Exception as e:
+        return f"its estimate failed: {type(e).__name__}: {e}"
     return int(max(usage.values()))
 
 
-def probe(config: dict[str, Any], task: str, setup: TrainSetup, device: str, steps: int) -> ProbeResult:
-    result = run_probe(probe_request(config, task, setup, device, steps=steps), timeout=600)
-    if result.error:
-        raise SystemExit(f"probe {task} b={setup.micro_batch} failed: {result.error}")
-    if device == "cpu":  # --quick: the step ran for real; its GPU memory is simulated by the closed form
-        est = estimate(spec_from_config(config, config["model_type"], task), setup)
-        result = dataclasses.replace(result, max_reserved=est.reserved, context=est.total - est.reserved)
-    return result
+class Prober:
+    """Probes of one case in fresh processes; with --quick they run on the CPU and their GPU memory is simulated
+    by the closed form (the live-tensor peak the CPU probe reports stays as `max_allocated`)."""
+
+    def __init__(self, case: Case, args: argparse.Namespace) -> None:
+        self.config, self.task = _config(case, args.quick), case.task
+        self.spec: ModelSpec = spec_from_config(self.config, case.family, case.task)
+        self.device = "cpu" if args.quick else f"cuda:{args.gpu_index}"
+        self.quick = args.quick
+
+    def request(self, setup: TrainSetup, steps: int) -> dict[str, Any]:
+        return probe_request(self.config, self.task, setup, self.device, steps=steps)
+
+    def run(self, request: Mapping[str, Any]) -> ProbeResult:
+        result = run_probe(request, timeout=600)
+        if result.error:
+            raise SystemExit(f"probe {self.task} b={request['micro_batch']} failed: {result.error}")
+        if self.quick:
+            fields = {k: request[k] for k in TrainSetup.__dataclass_fields__}
+            est = estimate(self.spec, TrainSetup(**{**fields, "lora_targets": tuple(fields["lora_targets"])}))
+            result = dataclasses.replace(result, max_reserved=est.reserved, context=est.total - est.reserved)
+        return result
+
+    def probe(self, setup: TrainSetup, steps: int) -> ProbeResult:
+        return self.run(self.request(setup, steps))
 
 
 def _err(predicted: float | None, measured: float) -> float | None:
     return None if predicted is None or measured <= 0 else predicted / measured - 1
 
 
-def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    config, setup = _config(case, args.quick), _setup(case, args.quick)
-    spec: ModelSpec = spec_from_config(config, case.family, case.task)
-    device = "cpu" if args.quick else f"cuda:{args.gpu_index}"
+def _gpu(args: argparse.Namespace) -> tuple[int, str]:
+    """The memory the budget is a share of, as the planner reads it (NVML total less the driver's reserved share),
+    and the card's name."""
+    if args.quick:
+        return QUICK_GPU, "cpu"
+    found = gpu_memory.detect(args.gpu_index)
+    if found is None:
+        raise SystemExit(f"no GPU {args.gpu_index} found through NVML: the budget is a share of its memory")
+    return found.total, found.label
+
+
+def accuracy(case: Case, setup: TrainSetup, prober: Prober, row: dict[str, Any]) -> None:
     b = setup.micro_batch
     print(f"[{case.name}] truth probe at b={b}", flush=True)
-    truth = probe(config, case.task, setup, device, steps=3)
-    row: dict[str, Any] = {"case": case.name, "what": case.what, "batch": b, "device": truth.device}
-    row["measured"] = truth.footprint
+    truth = prober.probe(setup, steps=3)
+    row.update(batch=b, measured=truth.footprint, allocated=truth.max_allocated)
     row["context"] = truth.context
-    row["closed_form"] = estimate(spec, setup).total
+    row["closed_form"] = estimate(prober.spec, setup).total
     lo, mid = max(1, b // 2), max(2, 3 * b // 4)
     print(f"[{case.name}] fit probes at b={lo}, {mid}", flush=True)
-    points = [probe(config, case.task, setup.with_batch(x), device, steps=3) for x in (lo, mid)]
-    row["accelerate"] = accelerate_estimate(config, case.task, setup.precision)
+    points = [prober.probe(setup.with_batch(x), steps=3) for x in (lo, mid)]
     fit = fit_line([(p.sequences, p.max_reserved) for p in points])
     row["measured_tier"] = fit.predict(truth.sequences) + max(p.context for p in points)
+    found = accelerate_estimate(prober.config, case.task, setup.precision)
+    row["accelerate"], row["accelerate_note"] = (found, "") if isinstance(found, int) else (None, found)
     for key in ("closed_form", "measured_tier", "accelerate"):
         row[f"{key}_error"] = _err(row.get(key), row["measured"])
-    budget = Budget(QUICK_GPU if args.quick else truth.gpu_total, args.margin)
-    row["recommended"] = []
-    spe = setup.sequences_per_example
-    b_cf = largest_batch(closed_form(spec), setup, budget.limit)
-    by_size = {p.sequences: p for p in (*points, truth)}  # the two largest batches probed
-    top = [by_size[k] for k in sorted(by_size)[-2:]]
-    b_fit = max_batch(
-        fit_line([(p.sequences, p.max_reserved) for p in top]), budget.limit, max(p.context for p in top), spe
+
+
+def run_recommended(
+    case: Case, entry: Mapping[str, Any], setup: TrainSetup, prober: Prober, budget: Budget, steps: int
+) -> dict[str, Any]:
+    """`entry` (a tier and its recommended batch) with what `steps` steps at that batch did."""
+    print(f"[{case.name}] {entry['tier']} recommendation b={entry['batch']}: {steps} steps", flush=True)
+    run = prober.probe(setup.with_batch(entry["batch"]), steps=steps)
+    return {
+        **entry,
+        "oom": run.oom,
+        "retries": run.num_alloc_retries,
+        "footprint": run.footprint,
+        "allocated": run.max_allocated,
+        "of_budget": run.footprint / budget.limit if not run.oom else None,
+    }
+
+
+def closed_form_batch(prober: Prober, setup: TrainSetup, budget: Budget) -> int:
+    """The closed form's recommendation: its largest micro-batch under the budget less its headroom."""
+    return largest_batch(closed_form(prober.spec), setup, budget.search_limit(CLOSED_FORM_HEADROOM))
+
+
+def measured_plan(case: Case, setup: TrainSetup, prober: Prober, budget: Budget) -> dict[str, Any]:
+    """The planner's measured tier (`measure`, started from the closed-form guess) and its recommended batch."""
+    plan = measure(
+        lambda b: prober.request(setup.with_batch(b), steps=2),
+        setup.sequences_per_example,
+        budget,
+        max(1, closed_form_batch(prober, setup, budget)),
+        probe=prober.run,
+        log=lambda line: print(f"[{case.name}]   {line}", flush=True),
     )
-    for tier, batch in (("closed form", b_cf), ("measured", b_fit)):
-        shrinks = 0
-        while True:
-            print(f"[{case.name}] {tier} recommendation b={batch}: {args.steps} steps", flush=True)
-            run = probe(config, case.task, setup.with_batch(batch), device, steps=args.steps)
-            fits = run.ok and run.num_alloc_retries == 0 and run.footprint <= budget.limit
-            if fits or tier == "closed form" or batch == 1:
-                break
-            batch, shrinks = shrink(batch), shrinks + 1
-        row["recommended"].append(
-            {
-                "tier": tier,
-                "batch": batch,
-                "shrinks": shrinks,
-                "oom": run.oom,
-                "retries": run.num_alloc_retries,
-                "footprint": run.footprint,
-                "of_budget": run.footprint / budget.limit if not run.oom else None,
-            }
-        )
+    chain = [plan.b_max]  # the confirmation starts at b_max and shrinks x0.9 down to the confirmed batch
+    while chain[-1] > plan.micro_batch:
+        chain.append(shrink(chain[-1]))
+    batch = largest_batch(plan.peak_model(), setup, budget.limit)
+    return {"tier": "measured", "batch": batch, "probes": len(plan.probes), "shrinks": len(chain) - 1}
+
+
+PARTS = ("accuracy", "closed-form", "measured-plan", "measured-run")
+ALIASES = {"measured": ("measured-plan", "measured-run"), "all": PARTS}
+
+
+def _planned(case: Case, plan_files: Sequence[Path]) -> dict[str, Any]:
+    """The measured tier's plan for `case` from an earlier run's JSON (its measured-plan part)."""
+    for path in plan_files:
+        for row in json.loads(path.read_text())["rows"]:
+            for entry in row.get("recommended", ()) if row["case"] == case.name else ():
+                if entry["tier"] == "measured":
+                    return {k: entry[k] for k in ("tier", "batch", "probes", "shrinks")}
+    raise SystemExit(f"[{case.name}] measured-run: no measured plan for this case in {', '.join(map(str, plan_files))}")
+
+
+def run_case(case: Case, args: argparse.Namespace, parts: Sequence[str]) -> dict[str, Any]:
+    setup = _setup(case, args.quick)
+    prober = Prober(case, args)
+    total, card = _gpu(args)
+    budget = Budget(total, args.margin)
+    row: dict[str, Any] = {"case": case.name, "what": case.what, "device": card, "recommended": [], "seconds": {}}
+    recommended: dict[str, dict[str, Any]] = {}  # by tier
+    for part in parts:
+        started = time.perf_counter()
+        if part == "accuracy":
+            accuracy(case, setup, prober, row)
+        elif part == "closed-form":
+            entry = {"tier": "closed form", "batch": closed_form_batch(prober, setup, budget), "probes": 0}
+            recommended["closed form"] = run_recommended(case, entry, setup, prober, budget, args.steps)
+        elif part == "measured-plan":
+            recommended["measured"] = measured_plan(case, setup, prober, budget)
+        else:
+            planned = recommended.get("measured") or _planned(case, args.plan or ())
+            recommended["measured"] = run_recommended(case, planned, setup, prober, budget, args.steps)
+        row["seconds"][part] = round(time.perf_counter() - started, 1)
+        print(f"[{case.name}] {part}: {row['seconds'][part]:.0f} s", flush=True)
+    row["recommended"] = list(recommended.values())
     return row
 
 
@@ -257,6 +348,27 @@ def _gib(x: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.1%}"
+
+
+def merge_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case (in CASES order) from rows of several runs: the parts' fields together, one
+    recommendation per tier (a later run's fields win), closed form first."""
+    merged: dict[str, dict[str, Any]] = {}
+    tiers: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        into = merged.setdefault(row["case"], {"seconds": {}})
+        for key, value in row.items():
+            if key == "recommended":
+                for entry in value:
+                    tiers.setdefault(row["case"], {}).setdefault(entry["tier"], {}).update(entry)
+            elif key == "seconds":
+                into["seconds"].update(value)
+            else:
+                into[key] = value
+    for case, row in merged.items():
+        row["recommended"] = sorted(tiers.get(case, {}).values(), key=lambda x: x["tier"] != "closed form")
+    order = {c.name: i for i, c in enumerate(CASES)}
+    return sorted(merged.values(), key=lambda r: order.get(r["case"], len(order)))
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -269,43 +381,60 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"- allocator: PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF}; loop: Lightning order (zero_grad before backward)",
         f"- command: `{meta['command']}`",
         "",
-        "Measured = torch peak reserved + memory outside torch (context, kernels) after the steps. Measured tier ="
-        " line through probes at 1/2 and 3/4 of the batch, extrapolated to the batch. accelerate = its"
-        " estimate-memory training figure (largest component, batch 1).",
+        "Measured = torch peak reserved + memory outside torch (context, kernels) after the steps; tensors = torch"
+        " peak allocated. Measured tier = line through probes at 1/2 and 3/4 of the batch, extrapolated to the"
+        " batch. accelerate = its estimate-memory training figure (largest component, batch 1).",
         "",
-        "| case | batch | measured GiB | closed form GiB (error) | measured tier GiB (error) | accelerate GiB (error) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| case | batch | measured GiB | tensors GiB | closed form GiB (error) | measured tier GiB (error) |"
+        " accelerate GiB (error) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+    measured = [r for r in rows if "measured" in r]
+    for r in measured:
         lines.append(
-            f"| {r['what']} | {r['batch']} | {_gib(r['measured'])} | {_gib(r['closed_form'])} "
-            f"({_pct(r.get('closed_form_error'))}) | {_gib(r.get('measured_tier'))} ({_pct(r.get('measured_tier_error'))})"
-            f" | {_gib(r.get('accelerate'))} ({_pct(r.get('accelerate_error'))}) |"
+            f"| {r['what']} | {r['batch']} | {_gib(r['measured'])} | {_gib(r.get('allocated'))} | "
+            f"{_gib(r['closed_form'])} ({_pct(r.get('closed_form_error'))}) | {_gib(r.get('measured_tier'))} "
+            f"({_pct(r.get('measured_tier_error'))}) | {_gib(r.get('accelerate'))} ({_pct(r.get('accelerate_error'))}) |"
         )
     for key, label in (
         ("closed_form", "closed form"),
         ("measured_tier", "measured tier"),
         ("accelerate", "accelerate"),
     ):
-        errors = [abs(r[f"{key}_error"]) for r in rows if r.get(f"{key}_error") is not None]
+        errors = [abs(r[f"{key}_error"]) for r in measured if r.get(f"{key}_error") is not None]
         if errors:
             lines.append(f"\nMedian |error| {label}: {statistics.median(errors):.1%} (max {max(errors):.1%})")
+    notes = sorted({r["accelerate_note"] for r in measured if r.get("accelerate_note")})
+    lines += [f"\naccelerate: {note}" for note in notes]
     recs = [(r, x) for r in rows for x in r.get("recommended", [])]
     if recs:
         lines += [
             "",
             f"## Recommended batches under {meta['margin']:.0%} of the GPU, {meta['steps']} steps each",
             "",
-            "| case | tier | batch | x0.9 shrinks | out of memory | allocator retries | peak GiB | of budget | ok |",
-            "|---|---|---:|---:|---|---:|---:|---:|---|",
+            f"Closed form: its largest micro-batch under the budget less {CLOSED_FORM_HEADROOM:.0%} kept for its "
+            "error. Measured: the measured tier's recommendation (probes from the closed-form guess, a line fit, a "
+            "confirming probe that shrinks x0.9 while it does not fit). ok = no out-of-memory error, no allocator "
+            "retries, peak 80-100% of the budget.",
+            "",
+            "| case | tier | batch | probes (x0.9 shrinks) | out of memory | allocator retries | peak GiB | "
+            "tensors GiB | of budget | ok |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|---|",
         ]
         for r, x in recs:
-            ok = not x["oom"] and x["of_budget"] is not None and 0.8 <= x["of_budget"] <= 1.0
+            shrinks = f" ({x['shrinks']})" if x.get("shrinks") else ""
+            if "footprint" not in x:
+                lines.append(f"| {r['case']} | {x['tier']} | {x['batch']} | {x['probes']}{shrinks} | not run yet |||||")
+                continue
+            ok = not x["oom"] and not x["retries"] and x["of_budget"] is not None and 0.8 <= x["of_budget"] <= 1.0
             lines.append(
-                f"| {r['case']} | {x['tier']} | {x['batch']} | {x['shrinks']} | {'yes' if x['oom'] else 'no'} | "
-                f"{x['retries']} | {_gib(x['footprint'])} | "
+                f"| {r['case']} | {x['tier']} | {x['batch']} | {x.get('probes', 0)}{shrinks} | "
+                f"{'yes' if x['oom'] else 'no'} | {x['retries']} | {_gib(x['footprint'])} | "
+                f"{_gib(x.get('allocated'))} | "
                 f"{'n/a' if x['of_budget'] is None else format(x['of_budget'], '.0%')} | {'yes' if ok else 'NO'} |"
             )
+    timing = [f"{r['case']} " + ", ".join(f"{k} {v:.0f} s" for k, v in r["seconds"].items()) for r in rows]
+    lines += ["", "Seconds per part: " + "; ".join(t for r, t in zip(rows, timing) if r.get("seconds"))]
     return "\n".join(lines) + "\n"
 
 
@@ -324,10 +453,15 @@ def measure_cases(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     unknown = (wanted or set()) - {c.name for c in CASES}
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    parts = [p for name in args.parts.split(",") for p in ALIASES.get(name, (name,))]
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: expected a comma-separated subset of {', '.join((*PARTS, *ALIASES))}")
+    if "measured-run" in parts and "measured-plan" not in parts and not args.plan:
+        parser.error("--parts measured-run without measured-plan needs --plan JSON (a measured-plan run's output)")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     if args.quick:
         args.steps = min(args.steps, 2)
-    rows = [run_case(c, args) for c in CASES if wanted is None or c.name in wanted]
+    rows = [run_case(c, args, parts) for c in CASES if wanted is None or c.name in wanted]
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "card": (rows[0]["device"] if rows else "?")
@@ -345,6 +479,15 @@ def main() -> int:
     parser.add_argument(
         "--cases", help=f"comma-separated subset of: {', '.join(c.name for c in CASES)} (--quick: two of them)"
     )
+    parser.add_argument(
+        "--parts",
+        default="all",
+        help=f"comma-separated subset of: {', '.join(PARTS)} (measured = measured-plan,measured-run; all)",
+    )
+    parser.add_argument(
+        "--plan", nargs="+", type=Path, metavar="JSON", help="for measured-run alone: the measured-plan run's JSON"
+    )
+    parser.add_argument("--list", action="store_true", help="print the cases, one a line, and exit")
     parser.add_argument("--gpu-index", type=int, default=0)
     parser.add_argument("--margin", type=float, default=0.85)
     parser.add_argument("--steps", type=int, default=20, help="steps each recommended batch must run")
@@ -356,9 +499,12 @@ def main() -> int:
         "--merge", nargs="+", type=Path, metavar="JSON", help="no probes: one table from earlier runs' JSON files"
     )
     args = parser.parse_args()
+    if args.list:
+        print("\n".join(c.name for c in CASES))
+        return 0
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
-        rows = [row for part in parts for row in part["rows"]]
+        rows = merge_rows(row for part in parts for row in part["rows"])
         meta = {**parts[0]["meta"], "command": " ; ".join(part["meta"]["command"] for part in parts)}
     else:
         rows, meta = measure_cases(args, parser)

@@ -8,7 +8,8 @@ training setup. The model gets random weights (fp32 parameters; bf16/fp16 autoca
 batch is random tokens at the full sequence length, and the step follows the setup's loop: Lightning frees the
 previous gradients between forward and backward, a plain loop before the forward. One warm-up step (it creates
 the optimizer state), then the allocator cache is emptied, peak statistics are reset, and the measured steps run.
-An out-of-memory error is a result (oom = true), not a crash.
+An out-of-memory error is a result (oom = true), not a crash. On the CPU, where torch keeps no memory statistics,
+`max_allocated` is the peak of live tensor bytes over the measured steps (`LiveTensors`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
 from gpuopt_tui.core.planner.model_spec import ENCODERS
@@ -72,6 +76,49 @@ def add_lora(model: nn.Module, targets: list[str], rank: int) -> int:
     return len(swaps)
 
 
+class LiveTensors(TorchDispatchMode):
+    """The bytes of tensor storage alive while it is active, and their peak: every op's outputs are counted once
+    per storage (views and in-place results share one) until the storage is freed. Tensors made before it starts
+    count when passed to `add`. Allocations inside a kernel that never become tensors are not seen."""
+
+    def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._sizes: dict[int, int] = {}
+        self.live = 0
+        self.peak = 0
+        for t in existing:
+            self.add(t)
+
+    def add(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self._sizes:
+            return
+        self._sizes[key] = storage.nbytes()
+        self.live += storage.nbytes()
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        self.live -= self._sizes.pop(key)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.add(leaf)
+        return out
+
+
+def _step_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Mapping[str, torch.Tensor]
+) -> list[torch.Tensor]:
+    """What a training step finds allocated: weights, buffers, gradients, optimizer state and the batch."""
+    state = [v for per_param in optimizer.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return [*model.parameters(), *model.buffers(), *grads, *state, *batch.values()]
+
+
 def _head_parameters(model: nn.Module, task: str) -> list[nn.Parameter]:
     """The task head (and a BERT/RoBERTa pooler) of a model whose encoder is frozen."""
     prefix = getattr(model, "base_model_prefix", "") + "."
@@ -92,6 +139,10 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
     fields = {k: v for k, v in request["config"].items() if k not in ("dtype", "torch_dtype")}
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_cache = False
+    if request["task"] == "classification" and config.pad_token_id is None:
+        # decoders pool the last token that is not padding, and refuse batches without a padding id
+        eos = config.eos_token_id
+        config.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < config.vocab_size else 0
     auto = {
         "classification": AutoModelForSequenceClassification,
         "causal_lm": AutoModelForCausalLM,
@@ -218,14 +269,19 @@ def probe(request: Mapping[str, Any]) -> dict[str, Any]:
                 optimizer.step()
 
         step()  # warm-up: creates the optimizer state
-        if cuda:
+        steps = int(request.get("steps", 2))
+        if not cuda:
+            with LiveTensors(_step_tensors(model, optimizer, batch)) as live:
+                for _ in range(steps):
+                    step()
+            result["max_allocated"] = live.peak
+        else:
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
             retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
-        for _ in range(int(request.get("steps", 2))):
-            step()
-        if cuda:
+            for _ in range(steps):
+                step()
             torch.cuda.synchronize(device)
             stats = torch.cuda.memory_stats(device)
             result["max_reserved"] = torch.cuda.max_memory_reserved(device)

@@ -15,6 +15,7 @@ from gpuopt_tui.core.planner import session, trainconfig, yamledit
 from gpuopt_tui.core.planner.compose import compose
 from gpuopt_tui.core.planner.estimate import TrainSetup
 from gpuopt_tui.core.planner.gpu import GpuMemory
+from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import build
 
@@ -152,7 +153,10 @@ def test_a_session_from_profile_to_written_config(conf: Path, tmp_path: Path) ->
     current = session.estimate_current(inputs)
     assert current.total > 0
     rec = session.recommend_closed_form(inputs)
-    assert rec.chosen.effective_batch == 96 and rec.chosen.fits
+    assert rec.chosen.effective_batch == 96 and rec.chosen.fits and rec.headroom == CLOSED_FORM_HEADROOM
+    assert not session.measurable_here(inputs)  # the budget is for a 4 GiB test card, not a GPU found here
+    preferred, measured = session.recommend_preferred(inputs)
+    assert measured is None and preferred == rec
     assert [s.stage.n_positives for s in rec.stages] == [32, 16]
     assert rec.stages[0].b_max <= rec.stages[1].b_max and rec.b_max == rec.stages[0].b_max
     patches = session.planned_patches(inputs, rec, tune_samples=True)

@@ -121,6 +121,19 @@ def test_checkpointing_frozen_encoder_and_lora() -> None:
     assert frozen.total < lora.total < full.total
 
 
+def test_a_frozen_encoder_forward_holds_one_layer_moment_and_leaves_holes() -> None:
+    """BERT-base under bf16, per token: the embedding output and the layer input (2 x 4h), and at the MLP's output
+    the attention block's output (4h), the GELU output (2f), the down projection after dropout (2h), the residual
+    sum and the LayerNorm output (2 x 4h): 7.5 fp32 hidden-sized tensors. The allocator keeps three more."""
+    h, tokens = 768, 1024 * 128
+    est = estimate(BERT, TrainSetup(micro_batch=1024, trainable="frozen_encoder"))
+    assert est.phase == "no-grad forward"
+    assert est.component("working").bytes == (8 * h + 4 * h + 2 * 3072 + 2 * h + 8 * h) * tokens == 7.5 * 4 * h * tokens
+    assert est.reserved - est.allocated == 3 * 4 * h * tokens + Overheads().workspaces
+    small = estimate(BERT, TrainSetup(micro_batch=8, trainable="frozen_encoder"))
+    assert small.reserved - small.allocated == Overheads().allocator + Overheads().workspaces
+
+
 def test_in_peak_components_add_up_to_the_total() -> None:
     setups = [
         TrainSetup(micro_batch=b, **kw)

@@ -16,7 +16,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import TrainSetup
 from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, measure, probe_request, run_probe
-from gpuopt_tui.core.planner.search import Budget
+from gpuopt_tui.core.planner.search import Budget, recommend
 
 GIB = 1024**3
 MIB = 1024**2
@@ -99,6 +99,21 @@ def test_confirmation_shrinks_on_curvature_and_allocator_retries() -> None:
     assert plan.confirmed.footprint <= 0.8 * curved.total
     assert plan.micro_batch < plan.b_max
     assert curved.calls[-2] > curved.calls[-1] == plan.micro_batch
+
+
+def test_a_measured_recommendation_stays_at_the_confirmed_batch_after_a_shrink() -> None:
+    """The line promises more than the GPU gives near the limit; the batch a probe refused caps the search."""
+    curved = SimulatedGpu(40 * GIB, lambda s: GIB + s * 100 * MIB + s * s * 0.4 * MIB, retry_above=0.8)
+    budget = Budget(curved.total, 0.85)
+    setup = TrainSetup(micro_batch=4, n_positives=1)
+    plan = measure(_request(setup), 2, budget, start=30, probe=curved)
+    assert plan.micro_batch < plan.b_max
+    rec = recommend(plan.peak_model(), setup, budget, target=8 * plan.micro_batch, tier="measured")
+    assert rec.b_max == plan.micro_batch
+    linear = SimulatedGpu(80 * GIB, lambda s: 2 * GIB + s * 120 * MIB)
+    plan = measure(_request(TrainSetup()), 1, budget, start=100, probe=linear)
+    assert plan.ceiling is None
+    assert recommend(plan.peak_model(), TrainSetup(), budget, tier="measured").b_max == plan.micro_batch
 
 
 def test_probe_failures_and_hopeless_budgets_are_user_errors() -> None:

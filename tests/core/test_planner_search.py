@@ -10,6 +10,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import TrainSetup
 from gpuopt_tui.core.planner.model_spec import spec_from_config
 from gpuopt_tui.core.planner.search import (
+    CLOSED_FORM_HEADROOM,
     Budget,
     Stage,
     accumulation,
@@ -113,3 +114,16 @@ def test_max_samples_keeps_the_ratio_and_handles_none() -> None:
 def test_nothing_fits_explains_what_to_try() -> None:
     with pytest.raises(UserError, match="micro-batch of 1 needs .*gradient checkpointing, LoRA"):
         recommend(linear(GIB, GIB), TrainSetup(), Budget(GIB, 0.85))
+
+
+def test_headroom_keeps_part_of_the_budget_back_for_the_peak_model() -> None:
+    setup = TrainSetup(micro_batch=4)
+    budget = Budget(24 * GIB, 0.85)
+    peak = linear(2 * GIB, 10 * 1024**2)
+    full = recommend(peak, setup, budget, target=1 << 20, mode="approx")
+    kept = recommend(peak, setup, budget, target=1 << 20, mode="approx", headroom=CLOSED_FORM_HEADROOM)
+    assert kept.b_max == largest_batch(peak, setup, int(budget.limit * (1 - CLOSED_FORM_HEADROOM))) < full.b_max
+    assert kept.chosen.peak <= (1 - CLOSED_FORM_HEADROOM) * budget.limit < full.chosen.peak <= budget.limit
+    assert (kept.headroom, full.headroom) == (CLOSED_FORM_HEADROOM, 0.0)
+    with pytest.raises(UserError, match="less 5% kept for the estimate's error"):
+        recommend(linear(int(0.84 * GIB), 0), setup, Budget(GIB, 0.85), headroom=CLOSED_FORM_HEADROOM)

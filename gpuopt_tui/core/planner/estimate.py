@@ -6,29 +6,39 @@ Where each term comes from:
   designs (AdamW: two fp32 moments; SGD: one momentum buffer; bitsandbytes 8-bit Adam: two 1-byte states plus an
   fp32 scale per 2048-element block; ZeRO stage k shards states/gradients/weights over the GPUs).
 - Autocast keeps fp32 weights (they are the master copy) and caches a 16-bit copy of every trainable weight it
-  casts, for the whole forward pass.
+  casts, for the whole forward pass; the copies are also saved for backward (the gradient of a linear layer's
+  input needs its weight), so without checkpointing they stay until each layer's backward. Frozen weights are
+  cast afresh at every use; under LoRA their copies are saved the same way, the base model's linears included.
 - Activations: the saved-tensor inventories in `activations.py` (checked against autograd on real models);
   gradient checkpointing keeps each layer's fp32 input and recomputes one layer at a time in the backward pass.
   Encoder batches are taken to be padded (their attention mask becomes a bias in every layer); decoders to be
   unpadded (causal attention without a mask).
 - Logits and loss: the LM head's logits in the compute dtype, the loss's fp32 copy and log-softmax output, and
   in the backward pass two more fp32 logits-sized gradients (A*v + 12v bytes per token at the peak).
-- Working buffers of one layer (gradients of its intermediates in backward, or its live intermediates in a
-  no-grad forward): approximated as two of its widest tensors plus two fp32 residual-stream tensors.
-- The peak is the largest of the step's moments (end of forward, start of backward, recompute, end of
-  backward, optimizer step), following Lightning's order: the previous step's gradients are still allocated
-  during the forward pass and are freed (set to None) just before backward, unless accumulating.
-- CUDA context: outside torch's allocator; 500 MiB unless measured (300-500 MB with lazy loading).
+- Working buffers of one layer in backward (gradients of its intermediates): approximated as two of its widest
+  tensors plus two fp32 residual-stream tensors.
+- A frozen encoder's forward keeps nothing for backward, yet a layer's peak moment holds more than its two widest
+  tensors. BERT-base under bf16, in the MLP's output: the embedding output and the layer input (kept by the
+  model's forward and the layer loop), the attention block's output, the GELU output, the down projection after
+  dropout, the residual sum and the LayerNorm output, 7.5 fp32 hidden-sized tensors per token (23 KB) where "two
+  widest + two residual tensors" made 6 (18 KB). `activations.no_grad_moments` lists the moments per
+  architecture; they match the live-tensor peak of the probe's own step on the CPU.
+- The peak is the largest of the step's moments (a frozen encoder's forward, end of forward, start of backward,
+  recompute, end of backward, optimizer step), following Lightning's order: the previous step's gradients are
+  still allocated during the forward pass and are freed (set to None) just before backward, unless accumulating.
+- CUDA context: outside torch's allocator; 768 MiB unless measured (759-767 MiB after the steps of the
+  benchmark's probes on an H200 with torch 2.11 and CUDA 13, lazily loaded kernels included).
 - cuBLAS workspaces: 32 MiB per handle and stream on Hopper, one for the forward thread and one for autograd's.
 
-Two terms are calibrated on a measured table (H200, torch 2.11, bf16 autocast, AdamW, SDPA, a plain loop that
-zeroes gradients before the forward pass; peak reserved memory of BERT-base and GPT-2 small), not derived:
+Three terms are calibrated, not derived. Two on a measured table (H200, torch 2.11, bf16 autocast, AdamW, SDPA, a
+plain loop that zeroes gradients before the forward pass; peak reserved memory of BERT-base and GPT-2 small):
 - `Overheads.allocator`, 300 MiB of reserved-but-unallocated memory: the gap between the structural terms and
-  the measured BERT-base full fine-tune rows; the same constant then fits that table's checkpointed and
-  frozen-encoder rows within 3%.
+  the measured BERT-base full fine-tune rows; the same constant then fits that table's checkpointed row within 3%.
 - `LM_LOGITS_SLACK`, one more fp32 logits-sized buffer at the backward peak of an LM loss: the GPT-2 rows sit
   3.8-4.5 x vocab bytes per token above the op-by-op count, in all three rows (with and without checkpointing).
-Probes (the measured tier) replace both.
+And `activations.NO_GRAD_HOLES`: the allocator's holes in a no-grad forward, which grow with the batch (BERT-base,
+frozen encoder, batch 28653 on an H200: 108.1 GiB reserved where the tensors counted here come to 79.6 GiB).
+Probes (the measured tier) replace all three.
 """
 
 from __future__ import annotations
@@ -120,7 +130,7 @@ class TrainSetup:
 class Overheads:
     """Memory outside the model's tensors. Defaults suit a recent PyTorch on Hopper; probes measure them."""
 
-    context: int = 500 * MiB  # CUDA context and loaded kernels, invisible to torch
+    context: int = 768 * MiB  # CUDA context and loaded kernels, invisible to torch (759-767 MiB on an H200)
     workspaces: int = 2 * 32 * MiB  # cuBLAS workspaces: forward thread and autograd's thread
     allocator: int = 300 * MiB  # calibrated, see the module docstring
 
@@ -176,11 +186,14 @@ def _trainable(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int, Callable[[
 
 
 def _cast_cache_weights(spec: ModelSpec, setup: TrainSetup) -> int:
-    """Trainable weights autocast casts to 16 bits and keeps for the forward pass."""
+    """Weights whose 16-bit copies autocast makes once and that stay for the forward pass: the trainable ones (its
+    cache), and under LoRA the frozen linears too: not cached, but each copy is saved for backward, which needs
+    the weight for the gradient of the layer's input."""
     if setup.trainable == "all":
         return spec.layers * spec.layer_linear_params + spec.head_linear_weights
     if setup.trainable == "lora":
-        return spec.lora_params(setup.lora_rank, setup.lora_targets)
+        frozen = spec.layers * sum(lin.d_in * lin.d_out for lin in spec.layer_linears)
+        return spec.lora_params(setup.lora_rank, setup.lora_targets) + frozen + spec.head_linear_weights
     return spec.head_linear_weights
 
 
@@ -215,7 +228,10 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
         return act.saved_bytes_per_token(entries, spec, a_bytes, autocast, trains, f32_bytes, setup.seq_len)
 
     layer = per_token(act.layer_inventory(spec, padded=not spec.decoder)) * tokens
-    working = (2 * act.largest_tensor_bytes_per_token(spec, a_bytes) + 2 * f32_bytes * spec.hidden) * tokens
+    if grad_upstream:
+        working = (2 * act.largest_tensor_bytes_per_token(spec, a_bytes) + 2 * f32_bytes * spec.hidden) * tokens
+    else:
+        working = act.no_grad_bytes_per_token(spec, a_bytes, autocast, f32_bytes, setup.seq_len) * tokens
     head_entries = tuple(
         e
         for e in act.head_inventory(spec)
@@ -237,23 +253,29 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
     base = weights + opt_state + master + buckets + batch
     grads_in_backward = grads if setup.accumulate > 1 else 0
     grads_in_forward = grads if setup.accumulate > 1 or setup.loop == "lightning" else 0
+    # saved for backward, the 16-bit weight copies outlive autocast's cache (checkpointing saves none of them)
+    cache_kept = grad_upstream and not setup.gradient_checkpointing
+    cache_in_backward = cache if cache_kept else 0
     phases = {
         "end of forward": base + grads_in_forward + cache + saved + logits_fwd,
-        "start of backward": base + grads_in_backward + saved + logits_bwd,
+        "start of backward": base + grads_in_backward + cache_in_backward + saved + logits_bwd,
         "optimizer step": base + grads + opt_temp,
-        "end of backward": base + grads + working,
+        "end of backward": base + grads + (working if grad_upstream else 0),
     }
-    if not grad_upstream:
-        phases["end of forward"] += working  # the no-grad forward's live intermediates
+    holes = 0
+    if not grad_upstream:  # the encoder's forward runs before the head, keeps nothing and leaves holes
+        phases["no-grad forward"] = base + grads_in_forward + working
+        holes = int(act.no_grad_holes(spec) * f32_bytes * spec.hidden * tokens)
     elif setup.gradient_checkpointing:
         phases["recompute in backward"] = base + grads_in_backward + saved + layer + working
     else:
-        phases["layer backward"] = base + grads_in_backward + saved + working
-    phase = max(phases, key=lambda k: phases[k])
-    allocated = int(phases[phase])
-    reserved = allocated + oh.workspaces + oh.allocator
+        phases["layer backward"] = base + grads_in_backward + cache_in_backward + saved + working
+    unallocated = {k: max(oh.allocator, holes) if k == "no-grad forward" else oh.allocator for k in phases}
+    phase = max(phases, key=lambda k: phases[k] + unallocated[k])
+    allocated = int(max(phases.values()))
+    reserved = int(phases[phase]) + unallocated[phase] + oh.workspaces
 
-    at_peak = _at_peak(phase, grad_upstream, setup.accumulate > 1, setup.loop == "lightning")
+    at_peak = _at_peak(phase, grad_upstream, setup.accumulate > 1, setup.loop == "lightning", cache_kept)
     pct = f"{100 / n:.0f}% of " if n > 1 else ""
     master_note = " (fp32: autocast's master copy)" if autocast else ""
     components = (
@@ -287,7 +309,9 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
             "16-bit weight copies (autocast)",
             cache,
             "cast_cache" in at_peak,
-            "autocast caches casts of trainable weights during the forward pass",
+            "autocast's casts of trainable weights"
+            + (" and of the frozen linears LoRA backpropagates through" if setup.trainable == "lora" else "")
+            + (", kept for backward" if cache_kept else ", for the forward pass"),
         ),
         Component(
             "activations",
@@ -312,10 +336,12 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
         ),
         Component(
             "working",
-            "Layer working buffers",
+            "Layer working buffers" if grad_upstream else "Forward pass without gradients",
             int(working),
             "working" in at_peak,
-            "gradients or live intermediates of one layer (two widest tensors + two residual tensors)",
+            "gradients or live intermediates of one layer (two widest tensors + two residual tensors)"
+            if grad_upstream
+            else "one layer at its peak moment, the embedding output and the layer input (nothing kept)",
         ),
         Component(
             "optimizer_temp",
@@ -328,7 +354,14 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
         Component(
             "workspaces", "cuBLAS workspaces", oh.workspaces, True, "per handle and stream, forward and backward"
         ),
-        Component("allocator", "Allocator overhead", oh.allocator, True, "reserved but not allocated (calibrated)"),
+        Component(
+            "allocator",
+            "Allocator overhead",
+            unallocated[phase],
+            True,
+            "reserved but not allocated (calibrated)"
+            + ("" if grad_upstream else f"; the forward leaves ~{act.no_grad_holes(spec):g} fp32 hidden holes/token"),
+        ),
         Component("context", "CUDA context", oh.context, True, "driver context and kernels, outside torch"),
     )
     return Estimate(
@@ -345,17 +378,18 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
     )
 
 
-def _at_peak(phase: str, grad_upstream: bool, accumulating: bool, lightning: bool) -> set[str]:
+def _at_peak(phase: str, grad_upstream: bool, accumulating: bool, lightning: bool, cache_kept: bool) -> set[str]:
     """Which of the step's transient components are allocated at `phase`."""
     grads = {"gradients"} if accumulating else set()
+    forward_grads = {"gradients"} if lightning else grads
+    cache = {"cast_cache"} if cache_kept else set()
     return {
-        "end of forward": {"cast_cache", "activations", "logits"}
-        | (grads if not lightning else {"gradients"})
-        | (set() if grad_upstream else {"working"}),
-        "start of backward": grads | {"activations", "logits"},
+        "no-grad forward": forward_grads | {"working"},
+        "end of forward": {"cast_cache", "activations", "logits"} | forward_grads,
+        "start of backward": grads | cache | {"activations", "logits"},
         "recompute in backward": grads | {"activations", "recompute", "working"},
-        "layer backward": grads | {"activations", "working"},
-        "end of backward": {"gradients", "working"},
+        "layer backward": grads | cache | {"activations", "working"},
+        "end of backward": {"gradients"} | ({"working"} if grad_upstream else set()),
         "optimizer step": {"gradients", "optimizer_temp"},
     }[phase]
 

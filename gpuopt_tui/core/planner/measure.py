@@ -72,6 +72,11 @@ def run_probe(request: Mapping[str, Any], timeout: float = 600.0, python: str = 
     return ProbeResult.from_dict(json.loads(lines[-1]))
 
 
+def fits_budget(result: ProbeResult, limit: int) -> bool:
+    """A probe that ran without running out of memory, without allocator retries and within the limit."""
+    return result.ok and result.num_alloc_retries == 0 and result.footprint <= limit
+
+
 @dataclass(frozen=True)
 class MeasuredPlan:
     probes: tuple[ProbeResult, ...]
@@ -81,16 +86,36 @@ class MeasuredPlan:
     b_max: int  # from the fit
     micro_batch: int  # confirmed by a probe
     confirmed: ProbeResult
+    limit: int  # the budget the probes were judged against
     tier: str = "measured"
 
+    @property
+    def ceiling(self) -> int | None:
+        """The most sequences the line may be trusted for: once a probe did not fit the budget, the largest
+        probe below it that did (None when every probe fitted)."""
+        refused = min((r.sequences for r in self.probes if not fits_budget(r, self.limit)), default=None)
+        if refused is None:
+            return None
+        return max(
+            (r.sequences for r in self.probes if fits_budget(r, self.limit) and r.sequences < refused), default=0
+        )
+
     def peak_model(self) -> PeakModel:
-        """Peak bytes predicted by the fit (context included), for the search. Valid for the probed setup's
-        sequence length, precision and model; the micro-batch and samples per anchor may vary."""
-        fit = self.fit
-        if fit is None:
-            one = self.confirmed.footprint
-            return lambda setup: one if setup.sequences <= self.confirmed.sequences else 1 << 62
-        return lambda setup: int(fit.predict(setup.sequences) + self.context)
+        """Peak bytes predicted by the fit (context included), for the search. Beyond the `ceiling` a batch counts
+        as over the budget whatever the line says: when the confirmation had to shrink, a search recommends no
+        more than the confirmed batch. Valid for the probed setup's sequence length, precision and model; the
+        micro-batch and samples per anchor may vary."""
+        fit, confirmed, over, ceiling = self.fit, self.confirmed, self.limit + 1, self.ceiling
+
+        def peak(setup: TrainSetup) -> int:
+            n = setup.sequences
+            if fit is None:
+                predicted = confirmed.footprint if n <= confirmed.sequences else over
+            else:
+                predicted = int(fit.predict(n) + self.context)
+            return max(predicted, over) if ceiling is not None and n > ceiling else predicted
+
+        return peak
 
 
 def measure(
@@ -146,7 +171,7 @@ def measure(
     batch = b_max
     while True:
         result = run(batch)
-        if result.ok and result.num_alloc_retries == 0 and result.footprint <= budget.limit:
+        if fits_budget(result, budget.limit):
             break
         if batch == 1:
             raise UserError("a micro-batch of 1 does not fit in the budget (measured)")
@@ -159,6 +184,7 @@ def measure(
         b_max=b_max,
         micro_batch=batch,
         confirmed=result,
+        limit=budget.limit,
     )
 
 

@@ -3,7 +3,11 @@
 inputs = prepare(profile)                      # model, training setup, GPU budget, config, stages
 current = estimate_current(inputs)             # breakdown of the config as it is
 rec = recommend_closed_form(inputs)            # or: plan = measure_probes(inputs); rec = recommend_measured(...)
+rec, plan = recommend_preferred(inputs)        # measured when this machine has the planned-for GPU, else estimated
 patches = planned_patches(inputs, rec)         # previews with diffs; yamledit.apply(patches) writes them
+
+The closed-form search keeps `search.CLOSED_FORM_HEADROOM` of the budget back for the estimate's error; a measured
+recommendation is confirmed by a probe at its batch.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from gpuopt_tui.core.planner.estimate import Estimate, TrainSetup, estimate
 from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, spec_from_config
 from gpuopt_tui.core.planner.search import (
+    CLOSED_FORM_HEADROOM,
     Budget,
     PeakModel,
     Recommendation,
@@ -209,7 +214,7 @@ def estimate_current(inputs: PlanInputs) -> Estimate:
 
 
 def recommend_closed_form(inputs: PlanInputs) -> Recommendation:
-    return _recommend(inputs, closed_form(inputs.spec), "closed-form estimate")
+    return _recommend(inputs, closed_form(inputs.spec), "closed-form estimate", CLOSED_FORM_HEADROOM)
 
 
 def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
@@ -221,7 +226,7 @@ def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda messa
         for s in inputs.stages
     ] or [inputs.setup]
     worst = max(setups, key=lambda s: s.sequences_per_example)
-    start = max(1, largest_batch(closed_form(inputs.spec), worst, inputs.budget.limit))
+    start = max(1, largest_batch(closed_form(inputs.spec), worst, inputs.budget.search_limit(CLOSED_FORM_HEADROOM)))
     return measure(
         lambda b: probe_request(inputs.model.config, inputs.spec.task, worst.with_batch(b), f"cuda:{index}"),
         worst.sequences_per_example,
@@ -235,11 +240,31 @@ def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation
     return _recommend(inputs, plan.peak_model(), "measured")
 
 
-def _recommend(inputs: PlanInputs, peak: PeakModel, tier: str) -> Recommendation:
+def measurable_here(inputs: PlanInputs) -> bool:
+    """Whether probes can measure this plan on this machine: run.device is a GPU that NVML finds, and the budget
+    is that GPU's memory (a card named by gpu_memory_gb may be another one)."""
+    if inputs.profile.plan.gpu_memory_gb != "auto":
+        return False
+    try:
+        return measuring_gpu(inputs.profile.run.device).total == inputs.gpu.total
+    except UserError:
+        return False
+
+
+def recommend_preferred(
+    inputs: PlanInputs, log: Callable[[str], None] = lambda message: None
+) -> tuple[Recommendation, MeasuredPlan | None]:
+    """The measured recommendation when `measurable_here`, else the closed form's (and no measured plan)."""
+    if not measurable_here(inputs):
+        return recommend_closed_form(inputs), None
+    plan = measure_probes(inputs, log)
+    return recommend_measured(inputs, plan), plan
+
+
+def _recommend(inputs: PlanInputs, peak: PeakModel, tier: str, headroom: float = 0.0) -> Recommendation:
     p = inputs.profile.plan
-    return recommend(
-        peak, inputs.setup, inputs.budget, inputs.target, p.accumulation, [s.stage for s in inputs.stages], tier
-    )
+    stages = [s.stage for s in inputs.stages]
+    return recommend(peak, inputs.setup, inputs.budget, inputs.target, p.accumulation, stages, tier, headroom)
 
 
 def planned_patches(inputs: PlanInputs, rec: Recommendation, tune_samples: bool = False) -> list[FilePatch]:
