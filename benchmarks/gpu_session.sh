@@ -30,7 +30,9 @@ for step in "$@"; do
     planner)
       python3 benchmarks/memory_planner_bench.py --out "$out/memory_planner_${card}.md" 2>&1 | tail -40 ;;
     ablation)
-      python3 benchmarks/ablation_bench.py --out "$out/ablation_${card}.md" 2>&1 | tail -40 ;;
+      for section in extraction:lora16 extraction:lora64 extraction:hidden extraction:product; do
+        timeout 110 python3 benchmarks/ablation_bench.py --sections "$section" --append --out "$out/ablation_extraction_${card}.md" 2>&1 | tail -15
+      done ;;
     panel)
       python3 benchmarks/ig_bench.py --skip-captum --samples 256 --out /tmp/ig_load.md >/dev/null 2>&1 &
       load=$!

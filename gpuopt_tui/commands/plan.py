@@ -5,6 +5,10 @@ gpuopt-tui plan --config conf/config.yaml --auto        # candidates under margi
 gpuopt-tui plan --config conf/config.yaml --apply       # diff, confirm, write with a .backup
 gpuopt-tui plan --config conf/config.yaml --profile     # measure with probes on the GPU, then recommend
 gpuopt-tui plan --config conf/config.yaml --undo        # restore the .backup files
+
+--auto and --apply measure when this machine has the GPU planned for (run.device, its memory detected), else
+they search the closed-form estimate, which keeps a share of the budget back for its error; --gpu-memory GB
+plans for a card of that size by the closed form, without probes.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.syntax import Syntax
+from rich.text import Text
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
@@ -68,10 +73,16 @@ FLAG_KEYS = {
 def configure(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to do (default: --show and --auto)")
     what.add_argument("--show", action="store_true", help="the current setup's memory, component by component")
-    what.add_argument("--auto", action="store_true", help="search micro-batch and accumulation under the budget")
+    what.add_argument(
+        "--auto",
+        action="store_true",
+        help="search micro-batch and accumulation under the budget (measured when this machine has the GPU)",
+    )
     what.add_argument("--apply", action="store_true", help="write the recommendation into the config (diff first)")
     what.add_argument("--yes", action="store_true", help="with --apply/--undo: do not ask for confirmation")
-    what.add_argument("--profile", action="store_true", help="measure with probes on the GPU (the measured tier)")
+    what.add_argument(
+        "--profile", action="store_true", help="measure with probes on the GPU, or fail when there is none"
+    )
     what.add_argument(
         "--tune-samples", action="store_true", help="with stages: also write the largest n_positives/n_negatives"
     )
@@ -128,7 +139,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     setup.add_argument("--loop", choices=("lightning", "plain"), help="when gradients are freed (default lightning)")
 
     budget = parser.add_argument_group("budget")
-    budget.add_argument("--gpu-memory", type=float, metavar="GB", help="plan for a card of this size (default: NVML)")
+    budget.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GB",
+        help="plan for a card of this size, by the closed-form estimate (default: the GPU here, measured)",
+    )
     budget.add_argument("--margin", type=float, metavar="F", help="use at most this share of GPU memory (default 0.85)")
 
 
@@ -166,16 +182,33 @@ def run(args: argparse.Namespace) -> int:
         _breakdown(out, session.estimate_current(inputs), inputs)
     if not search:
         return 0
-    if args.profile or profile.plan.measure:
-        plan = session.measure_probes(inputs, log=lambda line: out.print(f"  {line}"))
-        _measured(out, plan)
-        rec = session.recommend_measured(inputs, plan)
-    else:
-        rec = session.recommend_closed_form(inputs)
+    rec = _search(out, inputs, args.profile or profile.plan.measure)
     _recommendation(out, rec)
     if args.apply:
         return _apply(out, inputs, rec, args.tune_samples, args.yes)
     return 0
+
+
+def _search(out: Console, inputs: session.PlanInputs, measure: bool) -> Recommendation:
+    """With `measure` (--profile or plan.measure) the measured tier, or an error saying why it cannot measure here;
+    otherwise the measured tier when this machine has the GPU planned for, else the closed-form estimate."""
+
+    def log(line: str) -> None:
+        out.print(Text(f"  {line}"))
+
+    if measure or session.measurable_here(inputs):
+        gpu = session.measuring_gpu(inputs.profile.run.device)
+        out.print(
+            Text.assemble(("measuring ", "bold"), f"on {gpu.label}: training steps probed, each in a fresh process")
+        )
+    if measure:
+        plan = session.measure_probes(inputs, log)
+        _measured(out, plan)
+        return session.recommend_measured(inputs, plan)
+    rec, preferred = session.recommend_preferred(inputs, log)
+    if preferred is not None:
+        _measured(out, preferred)
+    return rec
 
 
 # --- output --------------------------------------------------------------------------------------------------

@@ -12,10 +12,19 @@ from typing import Any
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import yamledit
 from gpuopt_tui.core.planner.compose import compose
+from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.search import Budget, Candidate, Recommendation, Stage, StagePlan
 from gpuopt_tui.core.profiles.plan import PlanSection
 
 PLAN_JSON = "plan.json"
+
+
+@dataclass(frozen=True)
+class Probes:
+    """The probes behind a measured plan, in the order they ran, and the micro-batch the last one confirmed."""
+
+    results: tuple[ProbeResult, ...]
+    confirmed: int
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,7 @@ class SavedPlan:
     current_total: int  # bytes the config as it was needs (closed form)
     recommendation: Recommendation
     notes: tuple[str, ...]
+    probes: Probes | None = None  # for a measured plan
 
 
 def read_saved_plan(run_dir: Path) -> SavedPlan:
@@ -46,6 +56,7 @@ def read_saved_plan(run_dir: Path) -> SavedPlan:
             current_total=int(data["current"]["total"]),
             recommendation=_recommendation(data["recommendation"], budget),
             notes=tuple(str(n) for n in data.get("notes", ())),
+            probes=_probes(data["measured"]) if data.get("measured") else None,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not a plan this version can read ({type(e).__name__}: {e})") from None
@@ -62,7 +73,34 @@ def _recommendation(rec: Mapping[str, Any], budget: Budget) -> Recommendation:
         current=Candidate(**rec["current"]) if rec.get("current") else None,
         stages=tuple(StagePlan(**{**s, "stage": Stage(**s["stage"])}) for s in rec["stages"]),
         tier=str(rec["tier"]),
+        headroom=_share(rec.get("headroom", 0.0)),  # none before the closed form kept any back
     )
+
+
+def _share(value: Any) -> float:
+    share = float(value)
+    if not 0 <= share < 1:
+        raise ValueError(f"headroom {share}: expected a share of the budget, at least 0 and below 1")
+    return share
+
+
+def _probes(measured: Mapping[str, Any]) -> Probes:
+    """The probes as the plan run kind saves them (bytes throughout)."""
+    results = tuple(
+        ProbeResult(
+            micro_batch=int(p["micro_batch"]),
+            sequences=int(p["sequences"]),
+            oom=bool(p["oom"]),
+            max_reserved=int(p["peak_reserved"]),
+            max_allocated=int(p["peak_allocated"]),
+            num_alloc_retries=int(p["alloc_retries"]),
+            context=int(p["context"]),
+            seconds=float(p["seconds"]),
+            error=str(p["error"]),
+        )
+        for p in measured["probes"]
+    )
+    return Probes(results, int(measured["confirmed_micro_batch"]))
 
 
 def config_files(plan: PlanSection) -> list[Path]:

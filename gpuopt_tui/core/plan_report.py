@@ -14,6 +14,8 @@ from rich.text import Text
 
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.planner.estimate import Estimate
+from gpuopt_tui.core.planner.fit import ProbeResult
+from gpuopt_tui.core.planner.measure import fits_budget
 from gpuopt_tui.core.planner.search import Candidate, Recommendation, StagePlan
 
 if TYPE_CHECKING:
@@ -143,12 +145,45 @@ def candidates_table(rec: Recommendation, title: str | None = None) -> Table:
 
 
 def recommendation_text(rec: Recommendation) -> Text:
+    """The chosen configuration, then where its figures come from (`tier_text`)."""
     c = rec.chosen
-    return Text(
+    return Text.assemble(
         f"> recommended ({rec.mode}): micro-batch {c.micro_batch} x accumulate {c.accumulate} = {c.effective_batch}, "
-        f"{human_bytes(c.peak)} total on the GPU ({c.utilisation:.0%}); largest micro-batch under the budget: "
-        f"{rec.b_max}"
+        f"{human_bytes(c.peak)} total on the GPU ({c.utilisation:.0%}); largest micro-batch that fits: {rec.b_max}\n",
+        tier_text(rec),
     )
+
+
+def tier_text(rec: Recommendation) -> Text:
+    """The tier of a recommendation and the share of the budget its search kept back for the tier's error."""
+    limit = human_bytes(rec.budget.limit)
+    if not rec.headroom:
+        return Text.assemble((rec.tier, "bold"), f": nothing kept back, the whole {limit} budget planned for")
+    why = "a long run's drift above the probes" if rec.tier == "measured" else "its error"
+    return Text.assemble(
+        (rec.tier, "bold"),
+        f"; {rec.headroom:.0%} of the budget kept back for {why}: "
+        f"planned for {human_bytes(rec.budget.search_limit(rec.headroom))} of {limit}",
+    )
+
+
+def probes_text(probes: Sequence[ProbeResult], limit: int, confirmed: int) -> Text:
+    """A measured plan's probes in the order they ran: each micro-batch with its footprint on the GPU (context
+    included), those that did not fit `limit` marked, and the `confirmed` micro-batch."""
+    parts: list[Text] = []
+    for r in probes:
+        if not r.ok:
+            parts.append(Text(f"b={r.micro_batch} {'out of memory' if r.oom else 'failed'}", style="red"))
+            continue
+        retries = f", {r.num_alloc_retries} allocator retries" if r.num_alloc_retries else ""
+        over = " over the budget" if r.footprint > limit else ""
+        part = Text(f"b={r.micro_batch} {human_bytes(r.footprint)}{over}{retries}")
+        if not fits_budget(r, limit):
+            part.stylize("yellow")
+        elif r.micro_batch == confirmed:
+            part.append(" confirmed", style="bold")
+        parts.append(part)
+    return Text.assemble(("probes ", "bold"), Text(" · ").join(parts))
 
 
 STAGES_TITLE = (

@@ -55,6 +55,7 @@ def _recommendation_json(rec: Recommendation) -> dict[str, Any]:
         "target_effective_batch": rec.target,
         "largest_micro_batch": rec.b_max,
         "budget_bytes": rec.budget.limit,
+        "headroom": rec.headroom,  # share of the budget the search kept back for the tier's error
         "chosen": _candidate_json(rec.chosen),
         "current": _candidate_json(rec.current),
         "candidates": [_candidate_json(c) for c in rec.candidates],
@@ -97,13 +98,14 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.log(note)
     ctx.progress(0, 3, unit="steps", stage="estimate")
     current = estimate_current(inputs)
-    rec = recommend_closed_form(inputs)
     ctx.progress(1, 3, unit="steps", stage="estimate")
     measured = None
-    if profile.plan.measure:
+    if profile.plan.measure:  # the closed form's search is skipped: it may refuse a batch the probes accept
         ctx.check_cancelled()
         measured = measure_probes(inputs, log=ctx.log)
         rec = recommend_measured(inputs, measured)
+    else:
+        rec = recommend_closed_form(inputs)
     ctx.progress(2, 3, unit="steps", stage="recommend")
     plan = {
         "model": inputs.model.label,
@@ -132,6 +134,7 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
     chosen = rec.chosen
     return {
         "tier": rec.tier,
+        "headroom": rec.headroom,
         "micro_batch": chosen.micro_batch,
         "accumulate": chosen.accumulate,
         "effective_batch": chosen.effective_batch,

@@ -16,7 +16,7 @@ from rich.text import Text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.plan_files import SavedPlan, config_files, read_saved_plan, restorable
-from gpuopt_tui.core.plan_report import breakdown_bar, breakdown_table, candidate_bar, header_lines
+from gpuopt_tui.core.plan_report import breakdown_bar, breakdown_table, candidate_bar, header_lines, probes_text
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import session, yamledit
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
@@ -143,10 +143,12 @@ def newest_measuring_run(runs: Sequence[RunInfo]) -> PlanRun | None:
 def measured_plan(run: PlanRun, saved: SavedPlan) -> TierPlan:
     rec = saved.recommendation
     budget = rec.budget
+    probes = [probes_text(saved.probes.results, budget.limit, saved.probes.confirmed)] if saved.probes else []
     return TierPlan(
         head=Text(f"measured on GPU {run.gpu} of {saved.model}", style="bold"),
         details=[
             Text(f"run {run.info.id} ({run.info.name}): peaks fitted to probes on the GPU (see its log)"),
+            *probes,
             Text(f"budget {budget.margin:.0%} of {human_bytes(budget.gpu_total)} = {human_bytes(budget.limit)}"),
         ],
         rec=rec,

@@ -1,17 +1,25 @@
-"""`gpuopt-tui plan` end to end on the CPU: show, search, apply with confirmation, undo, and clear errors."""
+"""`gpuopt-tui plan` end to end on the CPU: show, search, apply with confirmation, undo, and clear errors; on a
+machine with the GPU planned for (a stand-in GPU whose probes follow a line) the search is the measured one."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuopt_tui.cli import main
-from gpuopt_tui.core.planner import gpu
+from gpuopt_tui.core.planner import gpu, session
+from gpuopt_tui.core.planner.fit import ProbeResult
+from gpuopt_tui.core.planner.measure import measure
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "yaml"
+GIB = 1024**3
+MIB = 1024**2
 BERT_BASE = {
     "model_type": "bert",
     "architectures": ["BertModel"],
@@ -40,6 +48,11 @@ def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return code, out.out, out.err
 
 
+def one_line(text: str) -> str:
+    """The output with the console's line wrapping undone."""
+    return " ".join(text.split())
+
+
 def test_show_prints_the_breakdown(work: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     model, config = work
     code, out, err = plan(capsys, "--config", str(config), "--model", str(model), "--gpu-memory", "24", "--show")
@@ -58,6 +71,10 @@ def test_auto_apply_and_undo(work: tuple[Path, Path], capsys: pytest.CaptureFixt
     code, out, err = plan(capsys, *common, "--auto")
     assert code == 0, err
     assert "> recommended (exact)" in out and config.read_bytes() == original
+    assert "candidates (closed-form estimate)" in out and "measuring" not in out
+    assert "closed-form estimate; 5% of the budget kept back for its error: planned for 19.4 GiB of 20.4 GiB" in (
+        one_line(out)
+    )
     code, out, err = plan(capsys, *common, "--apply")  # stdin is not a terminal: no silent writes
     assert code == 1 and "pass --yes" in err and config.read_bytes() == original
     code, out, err = plan(capsys, *common, "--apply", "--yes")
@@ -96,3 +113,43 @@ def test_bad_inputs_are_one_line_errors(work: tuple[Path, Path], capsys: pytest.
     assert code == 1 and "nowhere: no such file (expected a model directory with config.json" in err
     code, _, err = plan(capsys, "--config", str(config), "--model", str(model), "--gpu-memory", "8", "--key", "bs=x")
     assert code == 1 and 'unknown role "bs"' in err
+
+
+def test_on_the_gpu_planned_for_auto_and_apply_measure(
+    work: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 24 GiB stand-in GPU whose probes peak at 1 GiB + 24 MiB per sequence, with 400 MiB of context: under
+    85% of it a micro-batch of b x 25 sequences (16+8 samples per anchor) fits up to b = 32, so the effective
+    batch of 64 is 32 x 2 measured, where the closed form (--gpu-memory 24, no probes) finds 64 x 1."""
+    model, config = work
+    total = 24 * GIB
+
+    def probe(request: Mapping[str, Any]) -> ProbeResult:
+        b = int(request["micro_batch"])
+        sequences = b * (1 + int(request["n_positives"]) + int(request["n_negatives"]))
+        reserved, context = GIB + sequences * 24 * MIB, 400 * MIB
+        if reserved + context > total:
+            return ProbeResult(b, sequences, oom=True, gpu_total=total)
+        return ProbeResult(b, sequences, max_reserved=reserved, context=context, gpu_total=total)
+
+    monkeypatch.setattr(gpu, "detect", lambda index=0, binding=None: gpu.GpuMemory(total, "Stand-in (GPU 0, NVML)"))
+    monkeypatch.setattr(session, "measure", partial(measure, probe=probe))
+    common = ["--config", str(config), "--model", str(model), "--trainable", "lora"]
+    code, out, err = plan(capsys, *common, "--auto")
+    assert code == 0, err
+    text = one_line(out)
+    assert "measuring on Stand-in (GPU 0, NVML)" in text
+    assert "probe b=32: peak reserved" in text and "confirmed micro-batch 32:" in text
+    assert "candidates (measured)" in text
+    assert "> recommended (exact): micro-batch 32 x accumulate 2 = 64" in text
+    assert "measured; 1% of the budget kept back for a long run's drift above the probes" in text
+    assert "kept back for its error" not in text
+    code, out, err = plan(capsys, *common, "--apply", "--yes")
+    assert code == 0, err
+    assert "+  batch_size: 32 " in out and "+    accumulate_grad_batches: 2 " in out
+    assert "batch_size: 32       # micro-batch per GPU" in config.read_text()
+
+    code, out, err = plan(capsys, *common, "--gpu-memory", "24", "--auto")  # a card named: no probes
+    assert code == 0, err
+    assert "probe" not in out and "> recommended (exact): micro-batch 64 x accumulate 1" in one_line(out)
+    assert "closed-form estimate; 5% of the budget kept back" in one_line(out)

@@ -1,4 +1,5 @@
-"""The plan run kind: a closed-form plan saved as a run's results, the config left untouched."""
+"""The plan run kind: a closed-form or measured plan saved as a run's results (with the share of the budget its
+search kept back), readable later, and the config left untouched."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.plan_files import read_saved_plan
 from gpuopt_tui.core.planner import session
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
+from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
@@ -49,12 +52,39 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
     assert summary["micro_batch"] == chosen["micro_batch"] > 4  # a tiny model fits far more than 4
     assert chosen["effective_batch"] == 32  # 4 x 8 is kept through accumulation
     assert chosen["utilisation"] <= 0.85
+    rec = plan["recommendation"]
+    assert rec["tier"] == "closed-form estimate" and rec["headroom"] == CLOSED_FORM_HEADROOM == 0.05
+    assert summary["headroom"] == 0.05
+    assert max(c["peak"] for c in rec["candidates"]) <= rec["budget_bytes"] * 0.95  # planned for 95% of it
+    assert read_saved_plan(tmp_path / "run").recommendation.headroom == 0.05
     assert sum(c["bytes"] for c in plan["current"]["components"] if c["in_peak"]) > 0
     diff = (ctx.results_dir / "config.diff").read_text()
     assert "-  batch_size: 4   # per GPU" in diff and f"+  batch_size: {chosen['micro_batch']}   # per GPU" in diff
     assert config.read_text() == CONFIG  # a run only proposes; applying is explicit
     events, _ = read_events(tmp_path / "events.jsonl")
     assert [e["type"] for e in events if e["type"] == "artifact"] == ["artifact", "artifact"]
+
+
+def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: Path) -> None:
+    """plan.json from before the closed form kept headroom (its search kept none back) reads as 0; a value that is
+    not a share of the budget is refused as a plan this version cannot read."""
+    profile = profile_from_data(
+        {"kind": "plan", "model": {"adapter": "hf", "path": str(tiny_bert_dir)}, "plan": {"gpu_memory_gb": 8.0}},
+        "plan.toml",
+    )
+    run = tmp_path / "run"
+    planjob.run_job(profile, JobContext(run, EventWriter(tmp_path / "events.jsonl"), tmp_path / "cache"))
+    path = run / "results" / "plan.json"
+    data = json.loads(path.read_text())
+    del data["recommendation"]["headroom"]
+    path.write_text(json.dumps(data))
+    saved = read_saved_plan(run)
+    assert saved.recommendation.headroom == 0.0 and saved.recommendation.tier == "closed-form estimate"
+    assert saved.probes is None
+    data["recommendation"]["headroom"] = 1.5
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"plan.json: not a plan this version can read .*headroom 1.5"):
+        read_saved_plan(run)
 
 
 def test_measured_plan_saves_the_gpu_probes_and_fit(
@@ -96,4 +126,10 @@ def test_measured_plan_saves_the_gpu_probes_and_fit(
     assert measured["context"] == 500 * MIB
     assert plan["recommendation"]["tier"] == "measured"
     assert measured["confirmed_micro_batch"] <= measured["largest_micro_batch"]
-    assert read_saved_plan(tmp_path / "run").recommendation.tier == "measured"
+    saved = read_saved_plan(tmp_path / "run")
+    assert saved.recommendation.tier == "measured" and saved.recommendation.headroom == 0.01
+    assert plan["recommendation"]["headroom"] == 0.01
+    assert saved.probes is not None and saved.probes.confirmed == measured["confirmed_micro_batch"]
+    assert [(r.micro_batch, r.oom, r.max_reserved) for r in saved.probes.results] == [
+        (p["micro_batch"], p["oom"], p["peak_reserved"]) for p in probes
+    ]

@@ -150,6 +150,7 @@ async def test_estimate_is_labelled_adds_up_shows_candidates_and_stages_and_foll
         # the candidates side by side, the cursor on the recommended one
         c = rec.chosen
         assert f"> recommended (exact): micro-batch {c.micro_batch} x accumulate {c.accumulate}" in text
+        assert rec.headroom == 0.05 and "closed-form estimate; 5% of the budget kept back for its error" in text
         table = view.query_one(DataTable)
         rows = candidate_rows(rec)
         assert table.row_count == len(rows)
@@ -315,9 +316,12 @@ async def test_a_measured_run_shows_on_the_measured_tab_and_can_be_written(
     run_dir = finished_measured_run(work["profile"], runs_root, monkeypatch)
     saved = json.loads((run_dir / "results" / "plan.json").read_text())
     chosen = saved["recommendation"]["chosen"]
-    assert saved["recommendation"]["tier"] == "measured"
+    assert saved["recommendation"]["tier"] == "measured" and saved["recommendation"]["headroom"] == 0.01
+    closed = session.recommend_closed_form(session.prepare(plan_profile(work["profile"]))).chosen
+    assert (chosen["micro_batch"], chosen["accumulate"]) != (closed.micro_batch, closed.accumulate)
+    confirmed = saved["measured"]["confirmed_micro_batch"]
     app = make_app(screen="planner")
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(120, 60)) as pilot:
         await estimated(pilot)
         view = planner(app).query_one("#plan-measured", PlanView)
         await wait_for(pilot, lambda: view.plan is not None)
@@ -326,6 +330,11 @@ async def test_a_measured_run_shows_on_the_measured_tab_and_can_be_written(
         text = screen_text(app)
         assert "measured on GPU 0 of" in text and run_dir.name in text
         assert f"micro-batch {chosen['micro_batch']} x accumulate {chosen['accumulate']}" in text
+        assert "measured; 1% of the budget kept back" in text
+        probes = next(line for line in text.splitlines() if "probes b=" in line)
+        assert f"b={saved['measured']['probes'][0]['micro_batch']} " in probes
+        assert f"b={confirmed} {human_bytes(GIB + confirmed * 57 * 24 * MIB + 500 * MIB)} confirmed" in text
+        # the measured recommendation is what Preview writes from this tab, not the closed form's
         dialog = await preview(pilot)
         assert f"micro-batch {chosen['micro_batch']} x accumulate {chosen['accumulate']}" in widget_text(
             app, ".dialog-text"
