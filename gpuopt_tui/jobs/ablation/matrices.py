@@ -18,15 +18,18 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
-#: Matrices whose shorter side is at most this get exact singular values from their Gram matrix. It covers the
-#: usual LoRA ranks (4 to 64). Accuracy does not limit it (see `gram_singular_values`), cost does: the r x r
-#: eigenproblems grow as r^3 and past 32 are solved on the host (CUDA_BATCHED_EIGH_MAX); at 128 (hidden states of
-#: 128 tokens) the Gram path only matches the randomized SVD on the CPU (benchmarks/results/ablation_cpu.md).
-GRAM_MAX_SIDE = 64
+#: Matrices whose shorter side is at most this get exact singular values from their Gram matrix: the usual LoRA
+#: ranks (4 to 64) and hidden states of up to 128 tokens. Accuracy does not limit it (see `gram_singular_values`),
+#: cost does: the r x r eigenproblems grow as r^3. On an H100, for 128 x 768 hidden states it was 1.9x faster than
+#: the randomized SVD and exact where that erred by 5.6e-3 (benchmarks/results/ablation_extraction_H100.md); on
+#: the CPU the two cost about the same at 128 (benchmarks/results/ablation_cpu.md).
+GRAM_MAX_SIDE = 128
 #: torch's CUDA eigh/eigvalsh solve a batch in one cuSOLVER call only for matrices up to 32 x 32, and call the
-#: solver once per matrix above that; the host's LAPACK solves a 64 x 64 float64 problem in about 0.1 ms, so
-#: larger eigenproblems (small: B x r x r) go to the host.
+#: solver once per matrix above that. Between that and HOST_EIGH_MAX the host's LAPACK is faster (H100 with a
+#: 16-core host, 24000 LoRA factors of rank 64: 6.1 s on the host, 10.9 s on the GPU); above it the GPU is again
+#: (26000 hidden states of 128 tokens: 19.9 s on the GPU, 25.3 s on the host).
 CUDA_BATCHED_EIGH_MAX = 32
+HOST_EIGH_MAX = 64
 
 
 def layer_seed(seed: int, layer: str) -> int:
@@ -203,8 +206,8 @@ def _sqrt_eigenvalues(gram: Tensor) -> Tensor:
 
 
 def _solver_input(symmetric: Tensor) -> Tensor:
-    """The matrices to hand to torch's eigensolver: a host copy where CUDA would solve them one at a time."""
-    if symmetric.is_cuda and symmetric.shape[-1] > CUDA_BATCHED_EIGH_MAX:
+    """The matrices to hand to torch's eigensolver: a host copy where the host solves them faster."""
+    if symmetric.is_cuda and CUDA_BATCHED_EIGH_MAX < symmetric.shape[-1] <= HOST_EIGH_MAX:
         return symmetric.cpu()
     return symmetric
 
