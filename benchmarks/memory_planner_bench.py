@@ -50,7 +50,13 @@ from gpuopt_tui.core.planner.estimate import GiB, MiB, Overheads, TrainSetup, es
 from gpuopt_tui.core.planner.fit import ProbeResult, fit_line, shrink  # noqa: E402
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, measure, probe_request, run_probe  # noqa: E402
 from gpuopt_tui.core.planner.model_spec import ModelSpec, spec_from_config  # noqa: E402
-from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM, Budget, closed_form, largest_batch  # noqa: E402
+from gpuopt_tui.core.planner.search import (  # noqa: E402
+    CLOSED_FORM_HEADROOM,
+    MEASURED_HEADROOM,
+    Budget,
+    closed_form,
+    largest_batch,
+)
 
 BERT_BASE = {
     "model_type": "bert",
@@ -299,7 +305,7 @@ def measured_plan(case: Case, setup: TrainSetup, prober: Prober, budget: Budget)
     chain = [plan.b_max]  # the confirmation starts at b_max and shrinks x0.9 down to the confirmed batch
     while chain[-1] > plan.micro_batch:
         chain.append(shrink(chain[-1]))
-    batch = largest_batch(plan.peak_model(), setup, budget.limit)
+    batch = largest_batch(plan.peak_model(), setup, budget.search_limit(MEASURED_HEADROOM))
     return {"tier": "measured", "batch": batch, "probes": len(plan.probes), "shrinks": len(chain) - 1}
 
 
@@ -414,7 +420,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             f"Closed form: its largest micro-batch under the budget less {CLOSED_FORM_HEADROOM:.0%} kept for its "
             "error. Measured: the measured tier's recommendation (probes from the closed-form guess, a line fit, a "
-            "confirming probe that shrinks x0.9 while it does not fit). ok = no out-of-memory error, no allocator "
+            f"confirming probe that shrinks x0.9 while it does not fit; {MEASURED_HEADROOM:.0%} of the budget kept "
+            "back for a long run's drift). ok = no out-of-memory error, no allocator "
             "retries, peak 80-100% of the budget.",
             "",
             "| case | tier | batch | probes (x0.9 shrinks) | out of memory | allocator retries | peak GiB | "
