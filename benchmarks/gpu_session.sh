@@ -26,9 +26,20 @@ for step in "$@"; do
       python3 benchmarks/ig_bench.py --compile --out "$out/ig_${card}.md" 2>&1 | tail -60
       kill "$rec"; wait "$rec" ;;
     tracin)
-      python3 benchmarks/tracin_bench.py --out "$out/tracin_${card}.md" 2>&1 | tail -40 ;;
-    planner)
-      python3 benchmarks/memory_planner_bench.py --out "$out/memory_planner_${card}.md" 2>&1 | tail -40 ;;
+      python3 benchmarks/tracin_bench.py --checkpoint-cache /tmp/tracin-ckpt --out "$out/tracin_${card}.md" 2>&1 | tail -20
+      python3 benchmarks/tracin_bench.py --train 32768 --checkpoint-cache /tmp/tracin-ckpt \
+        --modes closed-fp32,closed-low,closed-low-serial,closed-cleanup,closed-proj,vmap-last,vmap-all,captum-default,captum-sw,captum-sw-bf16,captum-fast \
+        --out "$out/tracin_${card}_32k.md" 2>&1 | tail -20 ;;
+    planner)  # each case in parts, each part in a fresh process, then merged
+      mkdir -p "$out/raw"
+      for c in bert-full-bf16 bert-lora-bf16 bert-frozen-bf16 gpt2-full-bf16 bert-ckpt-bf16 bert-full-fp32 gpt2-lora-bf16; do
+        for part in accuracy closed-form measured-plan; do
+          python3 benchmarks/memory_planner_bench.py --cases "$c" --parts "$part" --out "$out/raw/mp_${c}_${part}.md" 2>&1 | tail -2
+        done
+        python3 benchmarks/memory_planner_bench.py --cases "$c" --parts measured-run --plan "$out/raw/mp_${c}_measured-plan.json" \
+          --out "$out/raw/mp_${c}_measured-run.md" 2>&1 | tail -2
+      done
+      python3 benchmarks/memory_planner_bench.py --merge "$out"/raw/mp_*.json --out "$out/memory_planner_${card}.md" ;;
     ablation)
       for section in extraction:lora16 extraction:lora64 extraction:hidden extraction:product; do
         timeout 110 python3 benchmarks/ablation_bench.py --sections "$section" --append --out "$out/ablation_extraction_${card}.md" 2>&1 | tail -15
