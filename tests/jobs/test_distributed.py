@@ -53,14 +53,18 @@ def assert_same_attributions(one: Path, many: Path) -> None:
     assert [r["tokens"] for r in rows[0]] == [r["tokens"] for r in rows[1]]
 
 
+def skip_without_two_gpus(device: str) -> None:
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+
+
 def lifecycle(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").open()]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_attribution_over_two_processes_equals_one(device: str) -> None:
-    if device == "cuda" and torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
+    skip_without_two_gpus(device)
     one = finished("demo-attribution", [*ATTRIBUTION, f"run.device={device}"])
     many = finished("demo-attribution", [*ATTRIBUTION, f"run.device={device}", "run.devices=2"])
     assert_same_attributions(one, many)
@@ -77,8 +81,7 @@ def test_attribution_over_two_processes_equals_one(device: str) -> None:
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_tracin_over_two_processes_equals_one(device: str) -> None:
-    if device == "cuda" and torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
+    skip_without_two_gpus(device)
     one = finished("demo-tracin", [*TRACIN, f"run.device={device}"])
     many = finished("demo-tracin", [*TRACIN, f"run.device={device}", "run.devices=2"])
     a, b = (load_file(str(d / "results" / "scores.safetensors")) for d in (one, many))
