@@ -2,8 +2,9 @@
 
 A run directory holds `meta.json` (what was launched), `profile.toml` (the frozen profile), `pid.json`
 (the process of the current attempt), `events.jsonl`, `log.txt`, `results/` and `state/` (finished shards
-kept for resume). The status of a run is derived from its last lifecycle event and whether its process is
-alive, so any process (the TUI after a restart, `gpuopt-tui runs`) sees the same thing.
+kept for resume); a run over several processes also `ranks/` (how each of its workers ended). The status of
+a run is derived from its last lifecycle event and whether its process is alive, so any process (the TUI after
+a restart, `gpuopt-tui runs`) sees the same thing.
 """
 
 from __future__ import annotations

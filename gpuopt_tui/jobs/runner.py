@@ -6,13 +6,16 @@ finished are kept for `resume`).
 
 A run over several processes (see core/distributed.py) is supervised from here: this process writes the
 lifecycle events and waits for torchrun, whose workers (jobs/worker.py) report `rank_started`, then
-`rank_finished`, `rank_failed` or `rank_cancelled`, each with its rank.
+`rank_finished`, `rank_failed` or `rank_cancelled`, each with its rank; the last also goes to `ranks/RANK.json`,
+from which the outcome is decided.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +27,7 @@ from typing import Any
 
 from gpuopt_tui.core.distributed import Scale, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventTail, EventWriter, read_events
+from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
@@ -117,8 +120,8 @@ def _on_this_node(scale: Scale) -> Scale:
 
 def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
     """Start torchrun for this node's workers, wait for it, and turn the ranks' reports into the outcome."""
-    path = run_dir / "events.jsonl"
-    tail = EventTail(path, offset=path.stat().st_size)  # only this attempt's rank events
+    reports = rank_reports(run_dir)
+    shutil.rmtree(reports, ignore_errors=True)  # an earlier attempt's
     cmd = torchrun_command(run_dir, scale)
     ctx.log(f"starting {scale.describe()}: {' '.join(cmd)}")
     if scale.nodes > 1:
@@ -130,11 +133,26 @@ def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
     # torchrun gets the terminal's and `cancel`'s signals itself (same process group) and passes them on
     on_stop_signals(ctx.request_cancel)
     code = proc.wait()
-    return outcome_of_ranks(tail.read(), code, ctx.cancelled)
+    return outcome_of_ranks(_read_reports(reports), code, ctx.cancelled)
+
+
+def rank_reports(run_dir: Path) -> Path:
+    """Where the workers of the current attempt leave how they ended, a JSON file per rank."""
+    return run_dir / "ranks"
+
+
+def _read_reports(folder: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            found.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a report that cannot be read counts as missing: torchrun's exit code decides
+    return found
 
 
 def outcome_of_ranks(events: list[dict[str, Any]], code: int, cancel_requested: bool) -> Outcome:
-    """The run's outcome from its workers' rank events and torchrun's exit code."""
+    """The run's outcome from its workers' reports (their rank_* events) and torchrun's exit code."""
     failures = [e for e in events if e["type"] == "rank_failed"]
     if failures:
         first = min(failures, key=lambda e: e["t"])

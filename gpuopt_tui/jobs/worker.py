@@ -12,9 +12,11 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from gpuopt_tui.core.atomic import write_json
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
@@ -22,7 +24,7 @@ from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.runs import proc_start_time
 from gpuopt_tui.jobs.collective import init_from_torchrun, shutdown
 from gpuopt_tui.jobs.context import JobContext
-from gpuopt_tui.jobs.runner import EXIT_CODES, execute, on_stop_signals
+from gpuopt_tui.jobs.runner import EXIT_CODES, execute, on_stop_signals, rank_reports
 
 SHARED_FS = "a run over several nodes needs its run directory on a filesystem every node shares"
 
@@ -40,7 +42,7 @@ def run(run_dir: Path) -> int:
         profile.run.device = f"cuda:{local_rank}" if use_cuda else "cpu"
         dist = init_from_torchrun(use_cuda)
     except UserError as e:
-        events.emit("rank_failed", host=host, message=str(e))
+        report(run_dir, events.emit("rank_failed", host=host, message=str(e)))
         return 1
     ctx = JobContext(run_dir, events, cache_dir(), dist=dist)
     on_stop_signals(ctx.request_cancel)
@@ -51,13 +53,21 @@ def run(run_dir: Path) -> int:
         kind, fields = execute(profile, ctx)
         if kind == "finished" and rank != 0:
             fields = {}  # rank 0 holds the merged results' summary
-        events.emit(f"rank_{kind}", host=host, **fields)
+        report(run_dir, events.emit(f"rank_{kind}", host=host, **fields))
         if kind == "finished":
             shutdown()  # a clean exit; after a failure torchrun stops the others instead
         return EXIT_CODES[kind]
     finally:
         events.sync()
         events.close()
+
+
+def report(run_dir: Path, event: dict[str, Any]) -> None:
+    """Also keep how this rank ended as a file of its own (replaced whole): lines appended to one file from
+    several hosts of a network filesystem may be lost, and the run's outcome must not be."""
+    folder = rank_reports(run_dir)
+    folder.mkdir(exist_ok=True)
+    write_json(folder / f"{event['rank']}.json", event)
 
 
 def main(argv: list[str]) -> int:
