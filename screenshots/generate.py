@@ -4,8 +4,8 @@ screen's run pane at 80x24 (where the form and the run pane take turns).
 The runs are made the way a user makes them, with the CLI, in a data directory of their own: the demo
 profile of each kind that has an engine runs to the end; one run is given a model directory copied without
 its weights (it fails, and says why); one is cancelled part way; one long run over two processes is left going
-while the screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those runs, from this
-machine, or from a recorded GPU trace: by default the GPU panel and the GPU screen replay
+while the screenshots are taken (and cancelled afterwards). Every number on the screenshots comes from those
+runs, from this machine, or from a recorded GPU trace: by default the GPU panel and the GPU screen replay
 tests/fixtures/traces/h200_ig_bench.jsonl (NVML samples recorded on an NVIDIA H200 while the IG benchmark ran),
 held at its busiest sample with the samples before it in the history plots; their captions say so.
 
