@@ -10,6 +10,7 @@ a restart, `gpuopt-tui runs`) sees the same thing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -48,6 +49,11 @@ def engine_available(kind: str) -> bool:
     """Whether this installation has an engine for `kind` (checked without importing it, so no torch)."""
     relative = ENGINE_MODULES.get(kind)
     return bool(relative) and (Path(__file__).resolve().parents[1] / "jobs" / relative).is_file()
+
+
+@functools.cache
+def this_host() -> str:
+    return socket.gethostname()
 
 
 # --- process liveness -----------------------------------------------------------------------------------------
@@ -156,11 +162,17 @@ class RunInfo:
     workers: tuple[Worker, ...] = ()  # the ranks of the current attempt of a run over several processes
     rank_progress: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> see per_rank_progress()
 
+    host: str = ""  # where the run's process was started ("" when not recorded: this host)
+
+    @property
+    def remote(self) -> bool:
+        """Started on another host (a run directory on a shared filesystem): its processes are not visible here."""
+        return bool(self.host) and self.host != this_host()
+
     def pids(self) -> list[int]:
         """The run's process and, over several processes, its workers' on this host."""
-        host = socket.gethostname()
-        local = [w.pid for w in self.workers if w.host == host]
-        return ([self.pid] if self.pid else []) + local
+        local = [w.pid for w in self.workers if w.host == this_host()]
+        return ([self.pid] if self.pid and not self.remote else []) + local
 
     @property
     def active(self) -> bool:
@@ -305,11 +317,14 @@ class RunWatcher:
         )
         pid_info = self._json(run_dir / "pid.json") or {}
         info.pid = pid_info.get("pid")
+        info.host = str(pid_info.get("host", ""))
         last = state["last"]
         ended = last is not None and last["type"] in TERMINAL_TYPES
         newer_attempt = pid_info.get("attempt", 0) > state["attempt"]  # resumed: its `started` is not written yet
-        # the process of an attempt that reported its end is not looked up: that attempt is over either way
-        alive = bool(info.pid) and (newer_attempt or not ended) and pid_alive(int(info.pid), pid_info.get("start_time"))
+        # the process of an attempt that reported its end is not looked up: that attempt is over either way; one
+        # on another host cannot be looked up, and its events are all there is to go by
+        alive = bool(info.pid) and (newer_attempt or not ended)
+        alive = alive and (info.remote or pid_alive(int(info.pid), pid_info.get("start_time")))
         if ended and not (alive and newer_attempt):
             info.status = last["type"]
             info.message = str(last.get("message", ""))
@@ -474,7 +489,7 @@ def launch(run_dir: Path) -> int:
     except OSError as e:
         raise UserError(f"cannot start the run in {run_dir} ({e.strerror or e})") from None
     _children[proc.pid] = proc
-    record = {"pid": proc.pid, "start_time": proc_start_time(proc.pid), "attempt": attempt}
+    record = {"pid": proc.pid, "start_time": proc_start_time(proc.pid), "attempt": attempt, "host": this_host()}
     atomic_write_text(run_dir / "pid.json", json.dumps(record))
     return proc.pid
 
@@ -490,6 +505,8 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
     info = RunWatcher(run_dir.parent).info(run_dir)
     if not info.active or info.pid is None:
         raise UserError(f"run {info.id} is not running (it is {info.status})")
+    if info.remote:
+        raise UserError(f"run {info.id} runs on {info.host}; cancel it there: gpuopt-tui cancel {info.id}")
     sig = signal.SIGKILL if force else signal.SIGTERM
     try:
         os.killpg(info.pid, sig)
@@ -508,9 +525,8 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
 def _signal_workers(info: RunInfo, sig: signal.Signals) -> None:
     """torchrun starts each worker in a session of its own, out of reach of the run's process group: on this
     host they are signalled one by one (a killed torchrun could not pass a signal on)."""
-    host = socket.gethostname()
     for worker in info.workers:
-        if worker.host == host and worker.pid and pid_alive(worker.pid, worker.start_time):
+        if worker.host == this_host() and worker.pid and pid_alive(worker.pid, worker.start_time):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(worker.pid, sig)
 
