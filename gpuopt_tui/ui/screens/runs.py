@@ -77,8 +77,10 @@ class RunsScreen(AppScreen):
             empty = snapshot.error or f"No runs yet in {snapshot.root}."
             details.update("" if snapshot.runs else empty)
         else:
+            where = f" on {info.host}" if info.remote else ""
             details.update(
-                f"{info.kind} · {info.name} · created {human_time(info.created)} · pid {info.pid or '-'}\n{info.dir}"
+                f"{info.kind} · {info.name} · created {human_time(info.created)} · pid {info.pid or '-'}{where}\n"
+                f"{info.dir}"
             )
         self.query_one("#detail-log", LogView).show(info.dir if info else None)
         self.refresh_bindings()
