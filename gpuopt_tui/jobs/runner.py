@@ -34,6 +34,7 @@ from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.runs import ENGINE_MODULES
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
+CANCELLED = "cancelled on request; finished shards are kept for resume"
 Outcome = tuple[str, dict[str, Any]]  # ("finished" | "failed" | "cancelled", the event's fields)
 
 
@@ -67,7 +68,7 @@ def execute(profile: ProfileBase, ctx: JobContext) -> Outcome:
         ctx._memory_fields = _memory_fields()
         return "finished", {"summary": engine(profile, ctx) or {}}
     except JobCancelled:
-        return "cancelled", {"message": "cancelled on request; finished shards are kept for resume"}
+        return "cancelled", {"message": CANCELLED}
     except UserError as e:
         print(f"[error] {e}", flush=True)
         return "failed", {"message": str(e)}
@@ -130,9 +131,7 @@ def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
         proc = subprocess.Popen(cmd, env=torchrun_env(scale), stdin=subprocess.DEVNULL)
     except OSError as e:
         return "failed", {"message": f"cannot start torchrun ({e.strerror or e})"}
-    # torchrun gets the terminal's and `cancel`'s signals itself (same process group) and passes them on
-    on_stop_signals(ctx.request_cancel)
-    code = proc.wait()
+    code = proc.wait()  # `cancel` signals torchrun too (same process group), which passes it on to the workers
     return outcome_of_ranks(_read_reports(reports), code, ctx.cancelled)
 
 
@@ -163,7 +162,7 @@ def outcome_of_ranks(events: list[dict[str, Any]], code: int, cancel_requested: 
     if code == 0 and 0 in finished:
         return "finished", {"summary": finished[0].get("summary") or {}}
     if cancel_requested or any(e["type"] == "rank_cancelled" for e in events):
-        return "cancelled", {"message": "cancelled on request; finished shards are kept for resume"}
+        return "cancelled", {"message": CANCELLED}
     return "failed", {"message": f"torchrun exited with code {code} before every rank finished; see log.txt"}
 
 
