@@ -13,7 +13,7 @@ from rich.text import Text
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.telemetry import CachedRunLookup, GpuSample, ProcessSample, RunLookup, Snapshot
-from gpuopt_tui.ui.screens.gpu import ProcessList, process_text
+from gpuopt_tui.ui.screens.gpu import ProcessList, process_text, run_label
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.widgets.rank_table import RankTable
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
@@ -113,7 +113,7 @@ async def test_a_running_run_shows_its_ranks_their_memory_and_their_gpu_processe
         await wait_for(pilot, lambda: len(processes.processes) == 2)
         for process in processes.processes.values():
             assert process.run_id == run_dir.name
-            assert run_dir.name[:20] in process_text(process)
+            assert run_label(run_dir.name) in process_text(process) and run_dir.name.endswith(run_label(run_dir.name))
 
 
 async def test_an_ended_run_says_how_each_rank_ended(runs_root: Path) -> None:

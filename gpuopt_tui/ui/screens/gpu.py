@@ -94,10 +94,18 @@ def process_key(process: ProcessSample) -> str:
     return f"{process.gpu_index}:{process.pid}"
 
 
+def run_label(run_id: str, width: int = 20) -> str:
+    """A run id in `width` columns: its kind and random suffix (YYYYMMDD-HHMMSS-KIND-XXXX), which tell runs
+    apart on a GPU's process list, rather than its date."""
+    parts = run_id.split("-")
+    label = "-".join(parts[2:]) if len(parts) >= 4 and parts[0].isdigit() else run_id
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
 def process_text(process: ProcessSample) -> str:
     memory = display.NA if process.gpu_memory is None else f"{process.gpu_memory / 2**20:,.0f} MiB"
     user = (process.user or "?")[:10]
-    run = (process.run_id or "")[:20]
+    run = run_label(process.run_id or "")
     return f"{process.gpu_index:>3}  {process.pid:>8}  {user:<10}  {memory:>11}  {run:<20}  {process.command or '?'}"
 
 
