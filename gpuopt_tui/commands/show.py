@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 
 from gpuopt_tui.core.format import human_time
-from gpuopt_tui.core.runs import RunWatcher, find_run, log_tail
+from gpuopt_tui.core.runs import RunInfo, RunWatcher, find_run, log_tail
 
 NAME = "show"
 HELP = "show one run: status, message, progress, the tail of its log and its result files"
@@ -26,11 +26,12 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"  created {human_time(info.created)}   attempt {info.attempt}   pid {info.pid or '-'}")
     out.print(f"  directory {info.dir}")
     if info.message:
-        out.print(f"  message: {info.message}")
+        out.print(f"  message: {info.message}", markup=False)
     if info.progress:
         out.print(
             f"  progress: {info.progress.get('done')}/{info.progress.get('total')} {info.progress.get('unit', '')}"
         )
+    _print_ranks(out, info)
     if info.corrupt_lines:
         out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in events.jsonl were skipped[/]")
     results = sorted(p for p in (run_dir / "results").glob("*") if p.is_file())
@@ -44,3 +45,17 @@ def run(args: argparse.Namespace) -> int:
         for line in tail:
             out.print(f"    {line}", markup=False)
     return 0
+
+
+def _print_ranks(out: Console, info: RunInfo) -> None:
+    """One line per rank of a run over several processes: its state, where it runs, its own progress."""
+    if not info.rank_progress:
+        return
+    workers = {w.rank: w for w in info.workers}
+    out.print(f"  ranks ({len(info.rank_progress)}):")
+    for rank, progress in info.rank_progress.items():
+        worker = workers.get(rank)
+        where = f"{worker.host} {worker.device} pid {worker.pid}" if worker else "not started"
+        done = f"{progress['done']}/{progress.get('total')} {progress.get('unit', '')}" if "done" in progress else "-"
+        message = f"  {progress['message']}" if progress["message"] else ""
+        out.print(f"    {rank}: {progress['state']:<9}  {where}  {done}{message}", markup=False)

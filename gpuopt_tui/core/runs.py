@@ -375,7 +375,7 @@ def log_tail(run_dir: Path, lines: int = 20) -> list[str]:
             text = f.read().decode("utf-8", errors="replace")
     except OSError:
         return []
-    return text.splitlines()[-lines:]
+    return text.splitlines()[-lines:] if lines > 0 else []
 
 
 # --- creating, launching, cancelling, resuming ----------------------------------------------------------------

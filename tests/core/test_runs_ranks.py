@@ -95,3 +95,18 @@ def test_an_ordinary_run_has_no_ranks(run_dir: Path) -> None:
     progress(runner, 2, 5)
     info = RunWatcher(run_dir.parent).info(run_dir)
     assert info.progress["done"] == 2 and info.rank_progress == {} and info.workers == ()
+
+
+def test_show_lists_each_rank(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from gpuopt_tui.cli import main
+
+    EventWriter(run_dir / "events.jsonl").emit("started", pid=999_999_999, attempt=1, scale="2 process(es)", nodes=1)
+    ranks = [rank_writer(run_dir, rank, f"cuda:{rank}") for rank in range(2)]
+    progress(ranks[0], 3, 5)
+    ranks[1].emit("rank_failed", host="node-a", message="[disk] full")
+    (run_dir / "log.txt").write_text("[info] rank 0/2 on node-a, cuda:0\n")
+    monkeypatch.setenv("GPUOPT_TUI_RUNS_DIR", str(run_dir.parent))
+    assert main(["show", run_dir.name, "--lines", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "ranks (2):" in out and "0: running    node-a cuda:0 pid 1000  3/5 samples" in out
+    assert "1: failed     node-a cuda:1 pid 1001  -  [disk] full" in out and "log.txt" not in out
