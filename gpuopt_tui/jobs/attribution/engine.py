@@ -117,18 +117,19 @@ def attribute_batch(
         "model": adapter.model,
     }
     if settings.optimized:
-        result = integrated_gradients(
-            forward,
-            embeds,
-            baselines,
-            mask,
-            target,
-            alpha_batch_size=planner,
-            compiler=compiler,
-            on_chunk=on_chunk,
-            **common,
-        )
-    else:
+        with adapter.logits_only():
+            result = integrated_gradients(
+                forward,
+                embeds,
+                baselines,
+                mask,
+                target,
+                alpha_batch_size=planner,
+                compiler=compiler,
+                on_chunk=on_chunk,
+                **common,
+            )
+    else:  # the one-step-at-a-time path stays the model's own forward, for accuracy checks
         result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_sample=on_chunk, **common)
     target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
     probabilities = result.outputs.float().softmax(-1)

@@ -64,6 +64,7 @@ Errors a user can fix (missing files, bad factories, wrong shapes in their data)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,11 @@ class Adapter:
     def encode_context(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """What the forward needs besides the attributed tokens, computed once per batch (first dim N)."""
         return {}
+
+    def logits_only(self) -> contextlib.AbstractContextManager[bool]:
+        """A block within which the engines read nothing but `logits`, `logits_from_embeds` and the losses:
+        the model may skip work that cannot change them (yields whether it does). None by default."""
+        return contextlib.nullcontext(False)
 
     def logits_from_embeds(
         self, inputs_embeds: Tensor, attention_mask: Tensor, context: Mapping[str, Tensor]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from torch import Tensor, nn
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.models.first_token import first_token_only
 
 
 class SequenceClassifierAdapter(Adapter):
@@ -27,6 +29,11 @@ class SequenceClassifierAdapter(Adapter):
         self, inputs_embeds: Tensor, attention_mask: Tensor, context: Mapping[str, Tensor]
     ) -> Tensor:
         return self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask).logits
+
+    def logits_only(self) -> contextlib.AbstractContextManager[bool]:
+        """The last encoder layer of BERT-style heads runs for the first token only (first_token.py); a
+        subclass whose logits read other positions must override this."""
+        return first_token_only(self.model)
 
     def classifier_head(self) -> tuple[str, nn.Linear] | None:
         heads = [

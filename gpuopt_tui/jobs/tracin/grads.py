@@ -130,7 +130,8 @@ class GradientComputer:
             )
 
     def features(self, batch: Mapping[str, Tensor]) -> GradFeatures:
-        blocks = self._closed_form(batch) if self.method == "closed_form" else self._vmap(batch)
+        with self.adapter.logits_only():
+            blocks = self._closed_form(batch) if self.method == "closed_form" else self._vmap(batch)
         return self._assemble(blocks, len(next(iter(batch.values()))))
 
     # -- vmap ---------------------------------------------------------------------------------------------
