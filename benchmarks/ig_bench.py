@@ -9,9 +9,10 @@ backward come from torch.utils.flop_counter; the bf16 GEMM rate is measured in t
 
 Precisions: "autocast" rows keep fp32 weights under torch.autocast; "weights" rows run on a bf16/fp16 copy of
 the weights (the engine's `cast_weights`; for Captum, a cast copy of the model with fp32 inputs cast on the
-way in), so each of ours has a Captum row at the same precision. The forward is the one the engine uses for
-Hugging Face models: the model called with the attention mask (which Hugging Face drops when it is all ones,
-except inside torch.compile).
+way in), so each of ours has a Captum row at the same precision. Ours runs the forward the engine uses for
+BERT-style classifiers (jobs/models/first_token.py): exact, with the last layer for [CLS] only and attention
+unmasked for batches without padding; rows marked "model's own forward" call the model as Captum does. "% of
+limit" always counts the FLOPs of the model's own forward, so work skipped exactly shows as a higher share.
 
 Also: 2000 steps on a few samples, and a variable-length dataset with and without
 length bucketing.
@@ -52,6 +53,7 @@ from gpuopt_tui.jobs.attribution import (
 )
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
+from gpuopt_tui.jobs.models.first_token import first_token_only
 
 METHOD = "riemann_right"
 PAD, CLS, SEP = 0, 101, 102
@@ -180,13 +182,15 @@ class Mode:
     precision: str
     cast_weights: bool = False
     compiler: StepCompiler | None = None
+    lean: bool = True  # the engine's lean forward for BERT-style heads (jobs/models/first_token.py)
+    unmasked: bool = True  # no mask for batches without padding, as the engine's adapter does (if lean)
 
     def __str__(self) -> str:
         if self.precision not in ("bf16", "fp16"):
             name = self.precision
         else:
             name = f"{self.precision} {'weights' if self.cast_weights else 'autocast'}"
-        return name + (", torch.compile" if self.compiler else "")
+        return name + (", torch.compile" if self.compiler else "") + ("" if self.lean else ", model's own forward")
 
 
 def ours(
@@ -211,21 +215,22 @@ def ours(
             rows = order[start : start + batch].to(setup.device)
             length = int(lengths[rows].max()) if bucketing else None
             emb, base, mask = setup.embed(rows, length)
-            result = integrated_gradients(
-                setup.forward,
-                emb,
-                base,
-                mask,
-                setup.target[rows],
-                n_steps=steps or setup.steps,
-                method=METHOD,
-                alpha_batch_size=planner,
-                precision=mode.precision,
-                cast_weights=mode.cast_weights,
-                compiler=mode.compiler,
-                endpoint_precision=endpoint,
-                model=setup.model,
-            )
+            with first_token_only(setup.model) if mode.lean else contextlib.nullcontext():
+                result = integrated_gradients(
+                    setup.forward,
+                    emb,
+                    base,
+                    None if mode.lean and mode.unmasked and bool(mask.all()) else mask,
+                    setup.target[rows],
+                    n_steps=steps or setup.steps,
+                    method=METHOD,
+                    alpha_batch_size=planner,
+                    precision=mode.precision,
+                    cast_weights=mode.cast_weights,
+                    compiler=mode.compiler,
+                    endpoint_precision=endpoint,
+                    model=setup.model,
+                )
             out[rows, : emb.shape[1]] = result.token_scores().float()
         return out
 
@@ -344,6 +349,8 @@ def grid(quick: bool, samples: int, steps: int) -> list[tuple[Mode, int, int | N
         (FP16_WEIGHTS, 32, None),
         (FP16_WEIGHTS, 32, "auto"),  # the profile's defaults
         (FP16_WEIGHTS, wide, half),
+        (dataclasses.replace(BF16_WEIGHTS, lean=False), 32, None),
+        (dataclasses.replace(FP16_WEIGHTS, lean=False), 32, None),
     ]
 
 

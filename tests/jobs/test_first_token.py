@@ -3,6 +3,8 @@ used where the engines read logits only, and leaves models it does not fit alone
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from captum.attr import LayerIntegratedGradients
@@ -75,7 +77,7 @@ def test_same_logits_and_gradients_as_the_full_model(arch: str, attn: str) -> No
     assert applied
     # the feed-forward block ran for all positions, then (after the check on 9 tokens) for the first one only
     assert widths[0] == 11 and widths[-1] == 1
-    assert "forward" not in vars(last)  # the layer's own forward is back
+    assert "forward" not in vars(model.base_model)  # the model's own forward is back
     torch.testing.assert_close(logits, full_logits, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grads, full_grads, rtol=1e-10, atol=1e-12)
     assert full_grads[:, 1:].abs().max() > 0.01  # other positions do matter, through keys and values
@@ -97,17 +99,16 @@ def test_models_that_do_not_fit_are_left_alone(monkeypatch: pytest.MonkeyPatch) 
     bert = build("bert")
     with first_token_only(bert) as applied:
         assert not applied
-        assert "forward" not in vars(bert.bert.encoder.layer[-1])
+        assert "forward" not in vars(bert.bert)
 
 
 def test_nested_blocks_restore_once() -> None:
     model = build("bert")
-    last = model.bert.encoder.layer[-1]
     with first_token_only(model):
         with first_token_only(model) as inner:
             assert inner
-        assert "forward" in vars(last)  # still pruned: the outer block owns the swap
-    assert "forward" not in vars(last)
+        assert "forward" in vars(model.bert)  # still lean: the outer block owns the swap
+    assert "forward" not in vars(model.bert)
 
 
 def test_engine_with_the_pruned_layer_equals_captum_layer_ig() -> None:
@@ -120,18 +121,18 @@ def test_engine_with_the_pruned_layer_equals_captum_layer_ig() -> None:
     section = AttributionSection(n_steps=12, method="gausslegendre", baseline="pad", use_amp=False, compile="off")
     settings = Settings.resolve(section, adapter, torch.device("cpu"), samples=3)
     calls = []
-    real = first_token.first_token_layer
+    real = first_token.encoder_layer
 
-    def spy(*args):
-        calls.append(1)
-        return real(*args)
+    def spy(layer, hidden, mask, *, first_only):
+        calls.append(first_only)
+        return real(layer, hidden, mask, first_only=first_only)
 
-    first_token.first_token_layer = spy
+    first_token.encoder_layer = spy
     try:
         ours = attribute_batch(adapter, tokens, settings, settings.planner())
     finally:
-        first_token.first_token_layer = real
-    assert calls  # the pruned layer really ran
+        first_token.encoder_layer = real
+    assert calls.count(True) and calls.count(False) == 2 * calls.count(True)  # the lean forward really ran
 
     ids, mask = tokens["input_ids"], tokens["attention_mask"]
     with torch.no_grad():
@@ -149,3 +150,23 @@ def test_engine_with_the_pruned_layer_equals_captum_layer_ig() -> None:
     scores = theirs.sum(-1)
     assert scores.abs().max() > 0.1
     assert float((ours["token_scores"] - scores).abs().max() / scores.abs().max()) < 1e-5
+
+
+def test_batches_without_padding_run_unmasked_with_the_same_result() -> None:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(85)]
+    tokenizer = BertTokenizer(vocab={t: i for i, t in enumerate(vocab)})
+    adapter = SequenceClassifierAdapter("tiny-bert", build("bert"), tokenizer, 3, torch.device("cpu"))
+    tokens = adapter.tokenize(["w1 w5 w9", "w7 w8 w3"], max_length=16)  # same length: no padding
+    mask = tokens["attention_mask"]
+    assert adapter.step_mask(mask) is None
+    padded = mask.clone()
+    padded[0, -1] = 0
+    assert adapter.step_mask(padded) is padded
+
+    section = AttributionSection(n_steps=8, use_amp=False, compile="off")
+    settings = Settings.resolve(section, adapter, torch.device("cpu"), samples=2)
+    lean = attribute_batch(adapter, tokens, settings, settings.planner())
+    reference = dataclasses.replace(settings, optimized=False)  # the model's own forward, one step at a time
+    full = attribute_batch(adapter, tokens, reference, reference.planner())
+    torch.testing.assert_close(lean["token_scores"], full["token_scores"], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(lean["deltas"], full["deltas"], rtol=1e-9, atol=1e-12)

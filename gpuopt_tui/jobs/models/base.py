@@ -241,6 +241,11 @@ class Adapter:
         """What the forward needs besides the attributed tokens, computed once per batch (first dim N)."""
         return {}
 
+    def step_mask(self, attention_mask: Tensor) -> Tensor | None:
+        """The mask `logits_from_embeds` gets for the IG steps of a batch: the mask itself by default; None
+        where the forward accepts it for "no padding" and the batch has none (attention then runs unmasked)."""
+        return attention_mask
+
     def logits_only(self) -> contextlib.AbstractContextManager[bool]:
         """A block within which the engines read nothing but `logits`, `logits_from_embeds` and the losses:
         the model may skip work that cannot change them (yields whether it does). None by default."""

@@ -1,4 +1,4 @@
-"""Run the last encoder layer for the first token only when the logits read nothing else.
+"""A leaner exact forward for BERT-style classifiers while only their logits are read.
 
 A BERT-style classifier (BERT, RoBERTa, ELECTRA, ...) feeds its head with the final hidden state of the first
 token alone. In the last encoder layer every other position still needs its keys and values (the first token
@@ -6,10 +6,13 @@ attends to them), but its query, attention output, feed-forward block and layer 
 token: computing them for one position instead of all is exact and skips about 5/6 of that layer's work, in the
 forward and the backward pass alike (~7% of a 12-layer model, ~20% of a 4-layer one).
 
-`first_token_only(model)` swaps that forward in while logits are computed (IG steps, TracIn gradients) and puts
-the layer's own forward back afterwards; parameter names and values are untouched, so functional calls and
-hooks keep working. A model qualifies only if its structure matches and a check on random tokens gives the
-same logits as the full forward; otherwise the context does nothing.
+`first_token_only(model)` swaps in, for the base model (`model.bert`, ...), an encoder pass that does this and
+calls `scaled_dot_product_attention` itself with the padding mask as [N, 1, 1, S], or with no mask at all when
+the caller passes none (a batch without padding): the attention kernels without a mask are the fastest, and the
+library's own mask preparation would build a full mask under torch.compile. The head is the model's own, and
+parameter names and values are untouched, so functional calls and hooks on the layers keep working. A model
+qualifies only if its structure matches and a check on random tokens, with and without padding, gives the same
+logits as the full forward; otherwise the context does nothing.
 """
 
 from __future__ import annotations
@@ -24,20 +27,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-#: How close the pruned logits must be to the full ones (fp32, relative to their largest magnitude).
+#: How close the lean logits must be to the full ones (fp32, relative to their largest magnitude).
 CHECK_TOLERANCE = 1e-4
 #: Heads known to read the first token only (class name of the model -> its base model attribute).
 FIRST_TOKEN_HEADS = {
     "BertForSequenceClassification": "bert",
     "RobertaForSequenceClassification": "roberta",
     "XLMRobertaForSequenceClassification": "roberta",
-    "ElectraForSequenceClassification": "electra",
     "CamembertForSequenceClassification": "roberta",
+    "ElectraForSequenceClassification": "electra",
 }
 _ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
-# model -> the bound first-token forward to install (one object per model, so a compiled graph guarding on
-# the layer's forward sees the same object every time), or None when the model does not qualify.
+# model -> (base model, the bound lean forward to install), or None when the model does not qualify. One
+# forward object per model, so a compiled graph guarding on the base model's forward sees the same object.
 _verdicts: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, Callable[..., Any]] | None] = (
     weakref.WeakKeyDictionary()
 )
@@ -45,103 +48,116 @@ _verdicts: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, Callable[..., A
 
 @contextlib.contextmanager
 def first_token_only(model: nn.Module) -> Iterator[bool]:
-    """Within the block, the model's last encoder layer computes the first token only (if the model qualifies,
-    see the module docstring); yields whether it does. Only logits may be read meanwhile, not hidden states."""
+    """Within the block the model runs the lean forward (if it qualifies, see the module docstring); yields
+    whether it does. Only logits may be read meanwhile, not hidden states or attentions."""
     if model not in _verdicts:
         _verdicts[model] = _qualify(model)
     verdict = _verdicts[model]
     if verdict is None or "forward" in vars(verdict[0]):  # not applicable, or already inside such a block
         yield verdict is not None
         return
-    layer, forward = verdict
-    layer.forward = forward
+    base, forward = verdict
+    base.forward = forward
     try:
         yield True
     finally:
-        del layer.forward
+        del base.forward
 
 
-def _last_layer(model: nn.Module) -> nn.Module | None:
+def _base_model(model: nn.Module) -> nn.Module | None:
     base_name = FIRST_TOKEN_HEADS.get(type(model).__name__)
     config = getattr(model, "config", None)
     if base_name is None or config is None:
         return None
     if getattr(config, "_attn_implementation", None) not in _ATTENTION_IMPLEMENTATIONS or config.is_decoder:
         return None
-    layers = getattr(getattr(getattr(model, base_name, None), "encoder", None), "layer", None)
-    if not isinstance(layers, nn.ModuleList) or not layers:
+    base = getattr(model, base_name, None)
+    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList) or not layers or not hasattr(base, "embeddings"):
         return None
-    layer = layers[-1]
-    attention = getattr(layer, "attention", None)
-    parts = (
-        getattr(attention, "self", None),
-        getattr(attention, "output", None),
-        getattr(layer, "intermediate", None),
-        getattr(layer, "output", None),
-    )
-    if any(p is None for p in parts) or not all(hasattr(parts[0], a) for a in ("query", "key", "value")):
-        return None
-    return layer
+    for layer in layers:
+        attention = getattr(layer, "attention", None)
+        attn = getattr(attention, "self", None)
+        if not all(hasattr(attn, a) for a in ("query", "key", "value", "num_attention_heads")):
+            return None
+        if not all(hasattr(m, a) for m, a in ((attention, "output"), (layer, "intermediate"), (layer, "output"))):
+            return None
+    return base
 
 
 def _qualify(model: nn.Module) -> tuple[nn.Module, Callable[..., Any]] | None:
-    layer = _last_layer(model)
-    if layer is None:
+    base = _base_model(model)
+    if base is None:
         return None
-    param = next(model.parameters())
-    config = model.config
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, config.vocab_size, (3, 9), generator=generator).to(param.device)
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0  # padding, so the mask path is checked too
-    returns_tuple = False
-
-    def probe(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        nonlocal returns_tuple
-        returns_tuple = isinstance(output, tuple)
-
-    with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
-        handle = layer.register_forward_hook(probe, with_kwargs=True)
+    forward = types.MethodType(_lean_forward, base)
+    device = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0)).to(device)
+    padded = torch.ones_like(ids)
+    padded[1, 6:] = 0
+    with torch.no_grad(), torch.autocast(device.type, enabled=False):
+        full = [model(input_ids=ids, attention_mask=mask).logits.float() for mask in (padded, None)]
+        base.forward = forward
         try:
-            full = model(input_ids=ids, attention_mask=mask).logits.float()
-        finally:
-            handle.remove()
-        forward = types.MethodType(_first_token_forward(returns_tuple), layer)
-        layer.forward = forward
-        try:
-            pruned = model(input_ids=ids, attention_mask=mask).logits.float()
-        except Exception:  # a layer this code does not know after all: keep the full forward
+            lean = [model(input_ids=ids, attention_mask=mask).logits.float() for mask in (padded, None)]
+        except Exception:  # a layout this code does not know after all: keep the full forward
             return None
         finally:
-            del layer.forward
-    scale = full.abs().max().clamp_min(1e-12)
-    if pruned.shape != full.shape or float((pruned - full).abs().max() / scale) > CHECK_TOLERANCE:
+            del base.forward
+    for a, b in zip(lean, full):
+        scale = b.abs().max().clamp_min(1e-12)
+        if a.shape != b.shape or float((a - b).abs().max() / scale) > CHECK_TOLERANCE:
+            return None
+    return base, forward
+
+
+def _lean_forward(
+    base: nn.Module,
+    input_ids: Tensor | None = None,
+    attention_mask: Tensor | None = None,
+    token_type_ids: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    inputs_embeds: Tensor | None = None,
+    **_: Any,
+) -> Any:
+    """The base model's forward up to the first token's final hidden state (and its pooler output)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    hidden = base.embeddings(
+        input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+    )
+    if hasattr(base, "embeddings_project"):  # ELECTRA with embeddings narrower than the hidden size
+        hidden = base.embeddings_project(hidden)
+    mask = _attention_mask(attention_mask, hidden.dtype)
+    layers = base.encoder.layer
+    for i, layer in enumerate(layers):
+        hidden = encoder_layer(layer, hidden, mask, first_only=i == len(layers) - 1)
+    pooler = getattr(base, "pooler", None)
+    pooled = None if pooler is None else pooler(hidden)
+    return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled)
+
+
+def _attention_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """None, or a mask `scaled_dot_product_attention` broadcasts: [N, 1, 1, S] bool from a 2D padding mask; an
+    already prepared 4D mask (bool, or additive in the hidden dtype) as it is."""
+    if mask is None:
         return None
-    return layer, forward
+    if mask.dim() == 4:
+        return mask if mask.dtype == torch.bool else mask.to(dtype)
+    return mask[:, None, None, :].bool()
 
 
-def _first_token_forward(returns_tuple: bool) -> Callable[..., Any]:
-    def forward(layer: nn.Module, hidden_states: Tensor, attention_mask: Tensor | None = None, *_: Any, **__: Any):
-        out = first_token_layer(layer, hidden_states, attention_mask)
-        return (out,) if returns_tuple else out
-
-    return forward
-
-
-def first_token_layer(layer: nn.Module, hidden: Tensor, mask: Tensor | None) -> Tensor:
-    """A BERT-style encoder layer's output [B, 1, H] at the first position of `hidden` [B, S, H]. `mask` is the
-    model's prepared attention mask (bool or additive, [B, 1, 1 or S, S]) or None."""
+def encoder_layer(layer: nn.Module, hidden: Tensor, mask: Tensor | None, *, first_only: bool) -> Tensor:
+    """A BERT-style encoder layer on `hidden` [B, S, H]: [B, S, H], or [B, 1, H] for the first position only."""
     attn = layer.attention.self
     batch, seq, _ = hidden.shape
-    heads, size = attn.num_attention_heads, attn.attention_head_size
-    first = hidden[:, :1]
-    q = attn.query(first).view(batch, 1, heads, size).transpose(1, 2)
-    k = attn.key(hidden).view(batch, seq, heads, size).transpose(1, 2)
-    v = attn.value(hidden).view(batch, seq, heads, size).transpose(1, 2)
-    if mask is not None:
-        mask = mask[:, :, :1] if mask.dim() == 4 else mask
-        if mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(batch, 1, -1)
-    attended = layer.attention.output(context, first)
+    heads = attn.num_attention_heads
+    queries = hidden[:, :1] if first_only else hidden
+    q = attn.query(queries).view(batch, queries.shape[1], heads, -1).transpose(1, 2)
+    k = attn.key(hidden).view(batch, seq, heads, -1).transpose(1, 2)
+    v = attn.value(hidden).view(batch, seq, heads, -1).transpose(1, 2)
+    if mask is not None and first_only and mask.shape[-2] != 1:
+        mask = mask[:, :, :1]
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    context = context.transpose(1, 2).reshape(batch, queries.shape[1], -1)
+    attended = layer.attention.output(context, queries)
     return layer.output(layer.intermediate(attended), attended)

@@ -30,9 +30,12 @@ class SequenceClassifierAdapter(Adapter):
     ) -> Tensor:
         return self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask).logits
 
+    def step_mask(self, attention_mask: Tensor) -> Tensor | None:
+        return None if bool(attention_mask.all()) else attention_mask
+
     def logits_only(self) -> contextlib.AbstractContextManager[bool]:
-        """The last encoder layer of BERT-style heads runs for the first token only (first_token.py); a
-        subclass whose logits read other positions must override this."""
+        """BERT-style heads run a lean exact forward (first_token.py); a subclass whose logits read other
+        positions must override this."""
         return first_token_only(self.model)
 
     def classifier_head(self) -> tuple[str, nn.Linear] | None:

@@ -130,7 +130,9 @@ class GradientComputer:
             )
 
     def features(self, batch: Mapping[str, Tensor]) -> GradFeatures:
-        with self.adapter.logits_only():
+        # the lean forward of BERT-style heads, unless the layers are to be recomputed (it bypasses that)
+        lean = contextlib.nullcontext() if self.gradient_checkpointing else self.adapter.logits_only()
+        with lean:
             blocks = self._closed_form(batch) if self.method == "closed_form" else self._vmap(batch)
         return self._assemble(blocks, len(next(iter(batch.values()))))
 
