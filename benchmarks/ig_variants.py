@@ -21,7 +21,7 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from ig_bench import (
 
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
+from gpuopt_tui.jobs.models import first_token
 
 #: Kernel families by name (first match wins).
 FAMILIES = [
@@ -66,7 +67,8 @@ FAMILIES = [
 class Variant:
     name: str
     mode: Mode
-    backend: str | None = None  # an SDPBackend name forced around the steps
+    backend: str | None = None  # an SDPBackend tried first (the math kernel stays, for the fp32 endpoints)
+    fused: bool = True  # queries, keys and values from one matrix product (first_token.FUSED_PROJECTIONS)
     profile: bool = False
 
 
@@ -80,31 +82,43 @@ def variants(device: torch.device) -> list[Variant]:
     if device.type != "cuda":
         return [
             Variant(f"bf16 weights, {own}", mode(BF16_WEIGHTS, lean=False), profile=True),
+            Variant("bf16 weights, lean forward, separate projections", mode(BF16_WEIGHTS), fused=False),
             Variant("bf16 weights, lean forward, mask kept", mode(BF16_WEIGHTS, unmasked=False)),
             Variant("bf16 weights, lean forward", mode(BF16_WEIGHTS)),
         ]
+    bf16, fp16 = BF16_WEIGHTS, FP16_WEIGHTS
     return [
-        Variant(f"bf16 weights, {own}", mode(BF16_WEIGHTS, lean=False), profile=True),
-        Variant("bf16 weights, lean forward, mask kept", mode(BF16_WEIGHTS, unmasked=False)),
-        Variant("bf16 weights, lean forward", mode(BF16_WEIGHTS), profile=True),
-        Variant("bf16 weights, lean forward, SDPA flash", mode(BF16_WEIGHTS), backend="FLASH_ATTENTION"),
-        Variant("bf16 weights, lean forward, SDPA cuDNN", mode(BF16_WEIGHTS), backend="CUDNN_ATTENTION"),
-        Variant("bf16 weights, lean forward, SDPA memory-efficient", mode(BF16_WEIGHTS), backend="EFFICIENT_ATTENTION"),
-        Variant(f"fp16 weights, {own}", mode(FP16_WEIGHTS, lean=False)),
-        Variant("fp16 weights, lean forward", mode(FP16_WEIGHTS)),
-        Variant(f"bf16 weights, compiled, {own}", mode(BF16_WEIGHTS, lean=False, compiled=True)),
-        Variant("bf16 weights, compiled, lean forward, mask kept", mode(BF16_WEIGHTS, unmasked=False, compiled=True)),
-        Variant("bf16 weights, compiled, lean forward", mode(BF16_WEIGHTS, compiled=True), profile=True),
-        Variant("fp16 weights, compiled, lean forward", mode(FP16_WEIGHTS, compiled=True)),
+        Variant(f"bf16 weights, {own}", mode(bf16, lean=False), profile=True),
+        Variant("bf16 weights, lean forward, separate projections", mode(bf16), fused=False),
+        Variant("bf16 weights, lean forward, mask kept", mode(bf16, unmasked=False)),
+        Variant("bf16 weights, lean forward", mode(bf16), profile=True),
+        Variant("bf16 weights, lean forward, SDPA flash", mode(bf16), backend="FLASH_ATTENTION"),
+        Variant("bf16 weights, lean forward, SDPA cuDNN", mode(bf16), backend="CUDNN_ATTENTION"),
+        Variant("bf16 weights, lean forward, SDPA memory-efficient", mode(bf16), backend="EFFICIENT_ATTENTION"),
+        Variant(f"fp16 weights, {own}", mode(fp16, lean=False)),
+        Variant("fp16 weights, lean forward", mode(fp16)),
+        Variant(f"bf16 weights, compiled, {own}", mode(bf16, lean=False, compiled=True)),
+        Variant("bf16 weights, compiled, lean forward, separate projections", mode(bf16, compiled=True), fused=False),
+        Variant("bf16 weights, compiled, lean forward", mode(bf16, compiled=True), profile=True),
+        Variant("fp16 weights, compiled, lean forward", mode(fp16, compiled=True)),
     ]
 
 
-def backend_forced(name: str | None) -> contextlib.AbstractContextManager[Any]:
-    if name is None:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+@contextlib.contextmanager
+def applied(variant: Variant) -> Iterator[None]:
+    """The variant's attention kernel and projections around its runs."""
+    fused = first_token.FUSED_PROJECTIONS
+    first_token.FUSED_PROJECTIONS = variant.fused
+    try:
+        if variant.backend is None:
+            yield
+        else:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([getattr(SDPBackend, name)])
+            with sdpa_kernel([getattr(SDPBackend, variant.backend), SDPBackend.MATH], set_priority=True):
+                yield
+    finally:
+        first_token.FUSED_PROJECTIONS = fused
 
 
 def kernel_families(
@@ -188,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in variants(device):
         run = ours(setup, samples, batch, None, variant.mode)
         try:
-            with backend_forced(variant.backend):
+            with applied(variant):
                 row = measure(variant.name, device, run, args.repeat)
                 if variant.profile:
                     profiles[variant.name] = kernel_families(ours(setup, batch, batch, None, variant.mode), device)
