@@ -21,7 +21,7 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,6 @@ from ig_bench import (
 
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.models import first_token
 
 #: Kernel families by name (first match wins).
 FAMILIES = [
@@ -68,7 +67,6 @@ class Variant:
     name: str
     mode: Mode
     backend: str | None = None  # an SDPBackend tried first (the math kernel stays, for the fp32 endpoints)
-    fused: bool = True  # queries, keys and values from one matrix product (first_token.FUSED_PROJECTIONS)
     profile: bool = False
 
 
@@ -82,14 +80,12 @@ def variants(device: torch.device) -> list[Variant]:
     if device.type != "cuda":
         return [
             Variant(f"bf16 weights, {own}", mode(BF16_WEIGHTS, lean=False), profile=True),
-            Variant("bf16 weights, lean forward, separate projections", mode(BF16_WEIGHTS), fused=False),
             Variant("bf16 weights, lean forward, mask kept", mode(BF16_WEIGHTS, unmasked=False)),
             Variant("bf16 weights, lean forward", mode(BF16_WEIGHTS)),
         ]
     bf16, fp16 = BF16_WEIGHTS, FP16_WEIGHTS
     return [
         Variant(f"bf16 weights, {own}", mode(bf16, lean=False), profile=True),
-        Variant("bf16 weights, lean forward, separate projections", mode(bf16), fused=False),
         Variant("bf16 weights, lean forward, mask kept", mode(bf16, unmasked=False)),
         Variant("bf16 weights, lean forward", mode(bf16), profile=True),
         Variant("bf16 weights, lean forward, SDPA flash", mode(bf16), backend="FLASH_ATTENTION"),
@@ -98,27 +94,18 @@ def variants(device: torch.device) -> list[Variant]:
         Variant(f"fp16 weights, {own}", mode(fp16, lean=False)),
         Variant("fp16 weights, lean forward", mode(fp16)),
         Variant(f"bf16 weights, compiled, {own}", mode(bf16, lean=False, compiled=True)),
-        Variant("bf16 weights, compiled, lean forward, separate projections", mode(bf16, compiled=True), fused=False),
         Variant("bf16 weights, compiled, lean forward", mode(bf16, compiled=True), profile=True),
         Variant("fp16 weights, compiled, lean forward", mode(fp16, compiled=True)),
     ]
 
 
-@contextlib.contextmanager
-def applied(variant: Variant) -> Iterator[None]:
-    """The variant's attention kernel and projections around its runs."""
-    fused = first_token.FUSED_PROJECTIONS
-    first_token.FUSED_PROJECTIONS = variant.fused
-    try:
-        if variant.backend is None:
-            yield
-        else:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+def applied(variant: Variant) -> contextlib.AbstractContextManager[Any]:
+    """The variant's attention kernel tried first (the math kernel stays, for the fp32 endpoints)."""
+    if variant.backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            with sdpa_kernel([getattr(SDPBackend, variant.backend), SDPBackend.MATH], set_priority=True):
-                yield
-    finally:
-        first_token.FUSED_PROJECTIONS = fused
+    return sdpa_kernel([getattr(SDPBackend, variant.backend), SDPBackend.MATH], set_priority=True)
 
 
 def kernel_families(

@@ -721,29 +721,35 @@ def markdown(env: dict[str, Any], size_name: str, size: Size, rows: list[Row], f
 
 
 def goal_line(size: Size, rows: list[Row], captum_best: dict[str, Any] | None) -> str:
-    """Our fastest unprojected last-layer mode against Captum's fastest TracInCP mode on the same layers, as
-    measured in this run, and whether that meets the goal (or why it cannot say)."""
+    """Our fastest unprojected last-layer mode against Captum TracInCP on the same layers as it ships (default
+    arguments: one backward pass per training example), which the goal names, and against Captum's fastest
+    TracInCP configuration in this run (an opt-in mode), with the goal's verdict or why it cannot say."""
     goal = (
-        f"goal: at least {GOAL_RATIO:g}x Captum TracInCP on the same layers at {GOAL_TRAIN} x {GOAL_TEST} or more "
-        "examples"
+        f"goal: at least {GOAL_RATIO:g}x Captum TracInCP (default arguments) on the same layers at {GOAL_TRAIN} x "
+        f"{GOAL_TEST} or more examples"
     )
     ours_last = [r for r in rows if r.key in MODE_GROUPS["ours-last"] and r.key != "closed-proj" and r.rate]
     if not ours_last:
         return f"No unprojected last-layer mode of ours ran: {goal} not measured."
     best = max(ours_last, key=lambda r: r.rate or 0.0)
+    assert best.rate is not None
     text = (
         f"Fastest unprojected last-layer mode of ours at {size.n_train} training x {size.n_test} test examples: "
         f"{best.mode} ({best.settings}), {best.rate:.1f} ex/s"
     )
-    if captum_best is None or best.vs_captum is None:
-        return f"{text}; no Captum TracInCP mode on these layers ran in this run, so the {goal}, is not measured."
-    text += (
-        f" = {best.vs_captum:.1f}x Captum's fastest TracInCP mode on the same layers in this run "
-        f"({captum_best['mode']}, {captum_best['settings']}: {captum_best['rate']:.1f} ex/s); {goal}: "
-    )
+    default = next((r for r in rows if r.key == "captum-default" and r.rate), None)
+    if captum_best is not None and best.vs_captum is not None:
+        text += (
+            f"; {best.vs_captum:.1f}x Captum's fastest TracInCP configuration in this run ({captum_best['mode']}, "
+            f"{captum_best['settings']}: {captum_best['rate']:.1f} ex/s)"
+        )
+    if default is None or default.rate is None:
+        return f"{text}; Captum TracInCP with its default arguments did not run, so the {goal}, is not measured."
+    ratio = best.rate / default.rate
+    text += f"; {ratio:.1f}x Captum TracInCP with its default arguments ({default.rate:.1f} ex/s); {goal}: "
     if size.n_train < GOAL_TRAIN or size.n_test < GOAL_TEST:
         return text + "not measured (this run is smaller)."
-    return text + ("met." if best.vs_captum >= GOAL_RATIO else "not met.")
+    return text + ("met." if ratio >= GOAL_RATIO else "not met.")
 
 
 def profile_markdown(mode: str, prof: dict[str, Any]) -> list[str]:

@@ -62,8 +62,8 @@ class AttributionSection:
     tf32: bool = opt(True, "Allow TF32 matrix products when running in fp32 on the GPU")
     compile: str = opt(
         "auto",
-        "torch.compile the forward of the steps on the GPU: on, off, or auto = on for runs of at least 10 "
-        "million samples x steps (steps 2-4% faster on BERT-base, for up to half a minute of compiling); falls back "
+        "torch.compile the forward of the steps on the GPU: on, off, or auto = on for runs of at least 5 "
+        "million samples x steps (steps 5-8% faster on BERT-base, for up to half a minute of compiling); falls back "
         "to eager if compiling fails",
         choices=COMPILE_CHOICES,
     )

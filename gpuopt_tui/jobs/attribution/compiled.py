@@ -18,10 +18,10 @@ from gpuopt_tui.jobs.attribution.common import ForwardFn
 
 EventFn = Callable[..., Any]  # on_event(type, **fields)
 
-#: `auto` compiles runs of at least this many (sample, step) pairs. Measured on BERT-base (seq 128, H200):
-#: compiling takes 15-35 s and makes the steps 2-4% faster, at ~7500 sample-steps/s; 10 million is ~20 min
-#: of steps, where the gain starts to cover the compiling.
-AUTO_MIN_SAMPLE_STEPS = 10_000_000
+#: `auto` compiles runs of at least this many (sample, step) pairs. Measured on BERT-base (seq 128, H200,
+#: benchmarks/results/ig_variants_H200.md): compiling takes 20-40 s and makes the steps of the lean forward
+#: 5-8% faster, at ~8500 sample-steps/s; 5 million is ~10 min of steps, where the gain covers the compiling.
+AUTO_MIN_SAMPLE_STEPS = 5_000_000
 
 
 def should_compile(setting: str, device: torch.device, samples: int, steps: int) -> bool:

@@ -38,8 +38,6 @@ FIRST_TOKEN_HEADS = {
     "ElectraForSequenceClassification": "electra",
 }
 _ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
-#: Queries, keys and values of a layer from one matrix product (see `_projections`); off to compare.
-FUSED_PROJECTIONS = True
 
 # model -> (base model, the bound lean forward to install), or None when the model does not qualify. One
 # forward object per model, so a compiled graph guarding on the base model's forward sees the same object.
@@ -154,30 +152,12 @@ def encoder_layer(layer: nn.Module, hidden: Tensor, mask: Tensor | None, *, firs
     batch, seq, _ = hidden.shape
     heads = attn.num_attention_heads
     queries = hidden[:, :1] if first_only else hidden
-    q, k, v = _projections(attn, queries, hidden)
-    q = q.view(batch, queries.shape[1], heads, -1).transpose(1, 2)
-    k = k.view(batch, seq, heads, -1).transpose(1, 2)
-    v = v.view(batch, seq, heads, -1).transpose(1, 2)
+    q = attn.query(queries).view(batch, queries.shape[1], heads, -1).transpose(1, 2)
+    k = attn.key(hidden).view(batch, seq, heads, -1).transpose(1, 2)
+    v = attn.value(hidden).view(batch, seq, heads, -1).transpose(1, 2)
     if mask is not None and first_only and mask.shape[-2] != 1:
         mask = mask[:, :, :1]
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     context = context.transpose(1, 2).reshape(batch, queries.shape[1], -1)
     attended = layer.attention.output(context, queries)
     return layer.output(layer.intermediate(attended), attended)
-
-
-def _projections(attn: nn.Module, queries: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values: one matrix product over the concatenated weights where all three read the same
-    positions (one GEMM instead of three, and no sum of three input gradients in the backward pass), unless
-    FUSED_PROJECTIONS is off, a projection has no bias, or hooks watch the projections (TracIn's closed form)."""
-    linears = (attn.query, attn.key, attn.value)
-    plain = all(
-        isinstance(m, nn.Linear) and m.bias is not None and not (m._forward_hooks or m._forward_pre_hooks)
-        for m in linears
-    )
-    if not (FUSED_PROJECTIONS and plain and queries is hidden):
-        return attn.query(queries), attn.key(hidden), attn.value(hidden)
-    weight = torch.cat([m.weight for m in linears])
-    bias = torch.cat([m.bias for m in linears])
-    q, k, v = F.linear(hidden, weight, bias).chunk(3, dim=-1)
-    return q, k, v
