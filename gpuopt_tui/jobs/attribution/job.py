@@ -59,9 +59,11 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     settings = Settings.resolve(section, adapter, device, len(ds))
     plan = plan_batches(ds, section.batch_size, section.length_bucketing)
     _check_plan(ctx, settings, plan)
+    with adapter.logits_only() as lean:  # only asks whether the model qualifies
+        pass
     ctx.log(
         f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {settings.n_steps} steps "
-        f"({settings.method}, {_describe_mode(settings)})"
+        f"({settings.method}, {_describe_mode(settings, lean)})"
     )
     compiler = step_compiler(settings, ctx.event)
     start = time.perf_counter()
@@ -86,11 +88,15 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     return summary
 
 
-def _describe_mode(settings: Settings) -> str:
+def _describe_mode(settings: Settings, lean: bool) -> str:
     if not settings.optimized:
         return f"{settings.precision}, one sample and one step at a time"
     weights = f"{settings.precision} weights" if settings.cast_weights else settings.precision
-    return f"{weights}, batched" + (", compiled" if settings.compile else "")
+    return (
+        f"{weights}, batched"
+        + (", last layer for the first token only (exact)" if lean else "")
+        + (", compiled" if settings.compile else "")
+    )
 
 
 def plan_batches(ds: TextDataset, batch_size: int, bucketing: bool) -> list[list[int]]:

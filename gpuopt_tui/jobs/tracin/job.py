@@ -96,9 +96,12 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     saved = [name for name in ctx.finished_shards() if name.startswith("tracin_c")]
     if saved and ctx.rank == 0:
         ctx.log(f"resuming: {len(saved)} finished (checkpoint, block) shards found")
+    with adapter.logits_only() as lean:  # only asks whether the model qualifies
+        lean = lean and not options.gradient_checkpointing
     ctx.log(
         f"{adapter.describe()}; {len(train)} training x {len(test)} test examples, {len(checkpoints)} checkpoints, "
         f"{len(names)} parameter tensors ({section.layers}), precision {options.precision}"
+        + ("; last layer for the first token only (exact)" if lean else "")
     )
     run = TracInRun(
         adapter,
