@@ -18,9 +18,11 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,12 +110,16 @@ def applied(variant: Variant) -> contextlib.AbstractContextManager[Any]:
     return sdpa_kernel([getattr(SDPBackend, variant.backend), SDPBackend.MATH], set_priority=True)
 
 
-def kernel_families(
-    run: Callable[[], Tensor], device: torch.device
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """GPU ms per kernel family and the 12 costliest kernels, for one run."""
+def kernel_families(run: Callable[[], Tensor], device: torch.device) -> dict[str, Any]:
+    """For one run: its wall time (timed without the profiler), the GPU time of all its kernels, GPU ms per
+    kernel family and the 12 costliest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
+    sync(device)
+    start = time.perf_counter()
+    run()
+    sync(device)
+    wall_ms = 1000 * (time.perf_counter() - start)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run()
@@ -138,7 +144,7 @@ def kernel_families(
         }
         for e in top
     ]
-    return fam_rows, top_rows
+    return {"wall_ms": wall_ms, "kernel_ms": total / 1000, "families": fam_rows, "top": top_rows}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -150,6 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32, help="samples a chunk (all steps of each)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", help="run only these variants: their names, separated by ';'")
     return parser.parse_args(argv)
 
 
@@ -185,8 +192,16 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "seq": seq,
         "batch": batch,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
     }
-    for variant in variants(device):
+    chosen = variants(device)
+    if args.only:
+        names = [name.strip() for name in args.only.split(";")]
+        unknown = [name for name in names if name not in {v.name for v in chosen}]
+        if unknown:
+            raise SystemExit(f"unknown variants: {unknown}; known: {[v.name for v in chosen]}")
+        chosen = [v for v in chosen if v.name in names]
+    for variant in chosen:
         run = ours(setup, samples, batch, None, variant.mode)
         try:
             with applied(variant):
@@ -231,7 +246,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], profiles: dict[str,
         f"- versions: {meta['versions']}",
         f"- command: `{meta['command']}`",
         f"- model: BERT-base (random weights, SDPA attention), {meta['samples']} samples x {meta['seq']} tokens (no "
-        f"padding), {meta['steps']} steps riemann_right, {meta['batch']} samples x all steps a chunk",
+        f"padding), {meta['steps']} steps riemann_right, {meta['batch']} samples x all steps a chunk"
+        + (f"; PYTORCH_CUDA_ALLOC_CONF={meta['alloc_conf']}" if meta.get("alloc_conf") else ""),
         f"- bf16 GEMM measured in this run: {meta['gemm_tflops']:.0f} TFLOP/s; one (sample, step) of the full model: "
         f"{meta['step_gflop']:.2f} GFLOP; % of limit counts the full model's FLOPs for every row, so work skipped "
         "exactly (the last layer for [CLS] only) shows as a higher share",
@@ -250,11 +266,21 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], profiles: dict[str,
             f"| {r['variant']} | {r['samples_per_s']:.2f} | {r['pct_of_limit']:.1f}% | {peak} | "
             f"{r['rel_err_median']:.1e} / {r['rel_err_max']:.1e} | {comp} |"
         )
-    for name, (families, top) in profiles.items():
-        lines += ["", f"## GPU time of one chunk: {name}", "", "| kernel family | GPU ms | share |", "|---|---:|---:|"]
-        lines += [f"| {f['family']} | {f['gpu_ms']:.1f} | {f['share']:.1f}% |" for f in families]
+    for name, p in profiles.items():
+        busy = 100 * p["kernel_ms"] / p["wall_ms"]
+        lines += [
+            "",
+            f"## GPU time of one chunk: {name}",
+            "",
+            f"Wall time of the chunk (timed without the profiler): {p['wall_ms']:.1f} ms; its kernels' GPU time: "
+            f"{p['kernel_ms']:.1f} ms ({busy:.0f}% of the wall time).",
+            "",
+            "| kernel family | GPU ms | share |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| {f['family']} | {f['gpu_ms']:.1f} | {f['share']:.1f}% |" for f in p["families"]]
         lines += ["", "| kernel | calls | GPU ms | share |", "|---|---:|---:|---:|"]
-        lines += [f"| `{t['kernel']}` | {t['calls']} | {t['gpu_ms']:.1f} | {t['share']:.1f}% |" for t in top]
+        lines += [f"| `{t['kernel']}` | {t['calls']} | {t['gpu_ms']:.1f} | {t['share']:.1f}% |" for t in p["top"]]
     return "\n".join(lines) + "\n"
 
 
