@@ -32,7 +32,7 @@ class AttributionSection:
     batch_size: int = opt(
         32,
         "Samples attributed together (a shard each); larger batches make larger, faster matrix products "
-        "(BERT-base, 50 steps: 32 is 1.08x the speed of 8)",
+        "(BERT-base, 50 steps, H200: 32 runs 1.2x the speed of 8; with torch.compile 64 runs 1.05x the speed of 32)",
         min=1,
     )
     alpha_batch_size: int | Literal["auto"] = opt(
