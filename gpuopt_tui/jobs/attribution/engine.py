@@ -108,7 +108,6 @@ def attribute_batch(
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
     target = batch_target(settings.target, batch, n_outputs)
     forward = adapter.logits_from_embeds
-    step_mask = adapter.step_mask(mask)
     common = {
         "n_steps": settings.n_steps,
         "method": settings.method,
@@ -123,7 +122,7 @@ def attribute_batch(
                 forward,
                 embeds,
                 baselines,
-                step_mask,
+                adapter.step_mask(mask),
                 target,
                 alpha_batch_size=planner,
                 compiler=compiler,
