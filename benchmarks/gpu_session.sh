@@ -24,11 +24,12 @@ for step in "$@"; do
       python3 -m gpuopt_tui gpu --record "$out/trace_${card}_ig.jsonl" --interval 1 --duration 900 --redact &
       rec=$!
       python3 benchmarks/ig_bench.py --compile --out "$out/ig_${card}.md" 2>&1 | tail -60
-      kill "$rec"; wait "$rec" ;;
+      kill "$rec"; wait "$rec"
+      python3 benchmarks/ig_variants.py --out "$out/ig_variants_${card}.md" 2>&1 | grep "samples/s" ;;
     tracin)
       python3 benchmarks/tracin_bench.py --checkpoint-cache /tmp/tracin-ckpt --out "$out/tracin_${card}.md" 2>&1 | tail -20
       python3 benchmarks/tracin_bench.py --train 32768 --checkpoint-cache /tmp/tracin-ckpt \
-        --modes closed-fp32,closed-low,closed-low-serial,closed-cleanup,closed-proj,vmap-last,vmap-all,captum-default,captum-sw,captum-sw-bf16,captum-fast \
+        --modes closed-fp32,closed-low,closed-low-serial,captum-default,captum-sw,captum-sw-bf16,captum-fast \
         --out "$out/tracin_${card}_32k.md" 2>&1 | tail -20 ;;
     planner)  # each case in parts, each part in a fresh process, then merged
       mkdir -p "$out/raw"
