@@ -75,8 +75,15 @@ class Variant:
 def variants(device: torch.device) -> list[Variant]:
     own = "model's own forward"
 
-    def mode(precision: Mode, *, lean: bool = True, unmasked: bool = True, compiled: bool = False) -> Mode:
-        compiler = StepCompiler() if compiled else None
+    def mode(
+        precision: Mode,
+        *,
+        lean: bool = True,
+        unmasked: bool = True,
+        compiled: bool = False,
+        options: dict[str, Any] | None = None,
+    ) -> Mode:
+        compiler = StepCompiler(options=options) if compiled or options else None
         return dataclasses.replace(precision, lean=lean, unmasked=unmasked, compiler=compiler)
 
     if device.type != "cuda":
@@ -98,6 +105,16 @@ def variants(device: torch.device) -> list[Variant]:
         Variant(f"bf16 weights, compiled, {own}", mode(bf16, lean=False, compiled=True)),
         Variant("bf16 weights, compiled, lean forward", mode(bf16, compiled=True), profile=True),
         Variant("fp16 weights, compiled, lean forward", mode(fp16, compiled=True)),
+        Variant(
+            "bf16 weights, compiled (coordinate descent tuning), lean forward",
+            mode(bf16, options={"coordinate_descent_tuning": True}),
+        ),
+        Variant("bf16 weights, compiled (CUDA graphs), lean forward", mode(bf16, options={"triton.cudagraphs": True})),
+        Variant(
+            "bf16 weights, compiled (max-autotune GEMMs), lean forward",
+            mode(bf16, options={"max_autotune": True}),
+            profile=True,
+        ),
     ]
 
 

@@ -34,9 +34,17 @@ def should_compile(setting: str, device: torch.device, samples: int, steps: int)
 class StepCompiler:
     """Compiles step forwards lazily (on their first call) and records what compiling cost."""
 
-    def __init__(self, *, backend: str = "inductor", dynamic: bool = True, on_event: EventFn | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        backend: str = "inductor",
+        dynamic: bool = True,
+        options: dict[str, Any] | None = None,
+        on_event: EventFn | None = None,
+    ) -> None:
         self.backend = backend
         self.dynamic = dynamic  # False: one graph per input shape (each new shape compiles again)
+        self.options = options  # the backend's settings (inductor: max_autotune, triton.cudagraphs, ...)
         self.on_event = on_event
         self.compile_seconds = 0.0  # wall time of the chunks that compiled: compiling plus their work
         self.error: str | None = None  # why compiling failed; the steps then run eagerly
@@ -52,7 +60,9 @@ class StepCompiler:
         if not self.active:
             return forward
         if forward not in self._compiled:
-            self._compiled[forward] = torch.compile(forward, backend=self.backend, dynamic=self.dynamic)
+            self._compiled[forward] = torch.compile(
+                forward, backend=self.backend, dynamic=self.dynamic, options=self.options
+            )
         return self._compiled[forward]
 
     def compiles(self, shape: tuple[int, ...]) -> bool:
