@@ -140,6 +140,20 @@ def test_delta_summary_warns_and_suggests_more_steps() -> None:
     assert quiet["warning"] is None and quiet["suggested_n_steps"] is None
 
 
+def test_delta_summary_warns_about_a_tail_of_unconverged_samples() -> None:
+    scores, base = torch.ones(20), torch.zeros(20)
+    deltas = torch.full((20,), 1e-4)
+    deltas[:2] = torch.tensor([0.4, -0.2])  # 2 of 20 samples far off; the median is tiny
+    summary = delta_summary(deltas, scores, base, n_steps=32, method="gausslegendre", threshold=0.05)
+    assert summary["median_rel"] < 1e-3 and summary["p95_rel"] > 0.05
+    assert summary["warning"].startswith("2 of 20 samples have a convergence delta above 5.0%")
+    # second-order rule: p95 / threshold = 4.2 asks for sqrt(4.2) ~ 2x the steps
+    assert summary["suggested_n_steps"] == 66
+    one_off = deltas.clone()
+    one_off[1] = 1e-4  # 1 of 20 (5%) is the 95th percentile's tolerance
+    assert delta_summary(one_off, scores, base, n_steps=32, method="gausslegendre", threshold=0.05)["warning"] is None
+
+
 # --- chunk planning --------------------------------------------------------------------------------------------
 def test_planner_fixed_balanced_and_all_steps() -> None:
     assert ChunkPlanner(10).next_steps(50, rows=8, tokens=128, device=CPU) == 10

@@ -80,7 +80,9 @@ class AttributionSection:
         0, "Also attribute this many samples with the one-step-at-a-time path and report the difference", min=0
     )
     delta_warning: float = opt(
-        0.05, "Warn when the median |convergence delta| / |F(x) - F(baseline)| exceeds this", min=0.0
+        0.05,
+        "Warn when the median or the 95th percentile of |convergence delta| / |F(x) - F(baseline)| exceeds this",
+        min=0.0,
     )
 
     def check(self, fail: Failure) -> None:

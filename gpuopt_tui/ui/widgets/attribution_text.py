@@ -51,7 +51,9 @@ def delta_report(summary: AttributionSummary | None) -> Content:
         lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=warning))
     else:
         lines.append(
-            Content(f"  the median relative delta is within the warning threshold ({figure(d.threshold_rel)})")
+            Content(
+                f"  median and p95 of the relative delta are within the warning threshold ({figure(d.threshold_rel)})"
+            )
         )
     lines += [Content(""), Content.from_markup("[b]Settings[/]"), Content("  " + settings_line(s))]
     rate, seconds = summary.timing.get("samples_per_s"), summary.timing.get("compute_seconds")
