@@ -85,8 +85,24 @@ def load_hf_adapter(path: Path, device: torch.device) -> SequenceClassifierAdapt
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:
         raise UserError(f"{path}: cannot load the tokenizer saved with the model: {exc}") from exc
-    if tokenizer.pad_token_id is None:
-        raise UserError(f"{path}: the tokenizer has no padding token, which batching needs")
+    check_tokenizer(path, tokenizer, model.get_input_embeddings().num_embeddings)
     labels = model.config.id2label
     names = [labels[i] for i in range(model.config.num_labels)] if labels else None
     return SequenceClassifierAdapter(path.name, model, tokenizer, model.config.num_labels, device, label_names=names)
+
+
+def check_tokenizer(path: Path, tokenizer: Any, embedding_rows: int) -> None:
+    """Refuse tokenizers that would silently give wrong tokens. Without tokenizer files transformers builds a
+    tokenizer of special tokens only, which maps every word to [UNK]."""
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise UserError(
+            f"{path}: no tokenizer vocabulary (found {len(tokenizer)} special tokens only); save the tokenizer "
+            f'next to the model with tokenizer.save_pretrained("{path}")'
+        )
+    if tokenizer.vocab_size > embedding_rows:
+        raise UserError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embeddings have "
+            f"{embedding_rows} rows; the tokenizer does not belong to this model"
+        )
+    if tokenizer.pad_token_id is None:
+        raise UserError(f"{path}: the tokenizer has no padding token, which batching needs")
