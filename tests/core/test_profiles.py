@@ -100,6 +100,14 @@ def test_overrides_full_and_short_keys(tmp_path: Path) -> None:
     assert profile.run.device == "cpu"
 
 
+def test_override_of_a_text_key_keeps_the_text_as_typed(tmp_path: Path) -> None:
+    path = write(tmp_path, 'kind = "attribution"\n')
+    profile = load_profile(path, ["attribution.target=1", "run.devices=0,2", "model.path=007"])
+    assert profile.attribution.target == "1"
+    assert profile.run.devices == "0,2"
+    assert profile.model.path == "007"  # not the number 7
+
+
 def test_override_errors(tmp_path: Path) -> None:
     data = parse_toml('kind = "attribution"\n', "x")
     with pytest.raises(UserError, match="expected key=value"):

@@ -95,7 +95,8 @@ def parse_override(item: str) -> tuple[str, Any]:
 def apply_overrides(data: dict[str, Any], items: Iterable[str], source: str = "--set") -> dict[str, Any]:
     """Apply `--set` overrides to raw profile data. A key without a section is accepted when unambiguous."""
     cls = profile_class(data, source)
-    keys = [f.key for f in describe(cls)]
+    types = {f.key: f.type_name for f in describe(cls)}
+    keys = list(types)
     for item in items:
         key, value = parse_override(item)
         if key not in keys and key != "kind":
@@ -106,6 +107,8 @@ def apply_overrides(data: dict[str, Any], items: Iterable[str], source: str = "-
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ProfileError(source, key, f"{why}{hint}")
             key = matches[0]
+        if types.get(key) == "str" and not isinstance(value, str):
+            value = item.partition("=")[2].strip()  # e.g. target=1: the text as typed, not the number
         node = data
         *parents, leaf = key.split(".")
         for part in parents:
