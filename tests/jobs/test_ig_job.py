@@ -161,8 +161,10 @@ def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, fi
     assert check["n_samples"] == 4 and check["max_rel_diff"] < 1e-5
     assert summary["check_max_rel_diff"] == check["max_rel_diff"]
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    stages = [e.get("stage") for e in events if e["type"] == "progress"]
-    assert stages[-2:] == ["check", "check"]  # the check reports its own progress after the attribution
+    progress = [e for e in events if e["type"] == "progress"]
+    # the check reports its own progress after the attribution; the run then ends on its samples
+    assert [e.get("stage") for e in progress[-3:]] == ["check", "check", "attribution"]
+    assert (progress[-1]["done"], progress[-1]["total"], progress[-1]["unit"]) == (22, 22, "samples")
 
 
 class CancelAfterFirstBatch(JobContext):

@@ -85,6 +85,8 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.artifact(ctx.results_dir / "check.json", "optimized vs original: relative difference of the scores")
         ctx.metric("check_max_rel_diff", check["max_rel_diff"])
         summary["check_max_rel_diff"] = check["max_rel_diff"]
+        ctx.reset_rate()
+        ctx.progress(len(ds), len(ds), stage="attribution")  # run lists show the samples, not the check's paths
     return summary
 
 
