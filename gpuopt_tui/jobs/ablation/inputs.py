@@ -33,6 +33,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, MatrixBatch
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec, generate
+from gpuopt_tui.jobs.attention import padded_batch_kernels
 from gpuopt_tui.jobs.data import trim_batch
 from gpuopt_tui.jobs.models.base import to_device
 
@@ -398,7 +399,7 @@ class ModelSource(LayerSource):
         capacity = self.dataset.tensors["input_ids"].shape[-1]
         batch = trim_batch(self.dataset.batch(list(range(start, stop))), self.dataset.token_fields)
         batch = to_device(batch, self.adapter.device)
-        with torch.no_grad():
+        with torch.no_grad(), padded_batch_kernels(batch["attention_mask"]):
             hidden = self.adapter.hidden_states(batch)
         mask = batch["attention_mask"].to(device)
         return {

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
+from gpuopt_tui.jobs.attention import padded_batch_kernels
 from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings, baseline_token_id
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
@@ -117,7 +118,7 @@ def attribute_batch(
         "model": adapter.model,
     }
     if settings.optimized:
-        with adapter.logits_only():
+        with adapter.logits_only(), padded_batch_kernels(mask):
             result = integrated_gradients(
                 forward,
                 embeds,

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.tracin import GRADIENT_METHODS
+from gpuopt_tui.jobs.attention import padded_batch_kernels
 from gpuopt_tui.jobs.device import autocast
 from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.tracin.params import only_these_require_grad
@@ -132,7 +133,7 @@ class GradientComputer:
     def features(self, batch: Mapping[str, Tensor]) -> GradFeatures:
         # the lean forward of BERT-style heads, unless the layers are to be recomputed (it bypasses that)
         lean = contextlib.nullcontext() if self.gradient_checkpointing else self.adapter.logits_only()
-        with lean:
+        with lean, padded_batch_kernels(batch.get("attention_mask")):
             blocks = self._closed_form(batch) if self.method == "closed_form" else self._vmap(batch)
         return self._assemble(blocks, len(next(iter(batch.values()))))
 

@@ -1,0 +1,31 @@
+"""The attention kernel for batches with padding.
+
+On H100/H200 torch picks cuDNN's attention first. cuDNN builds an execution plan for every new input shape, and
+padded batches come in many shapes: a run over length-bucketed text meets a new length with nearly every batch.
+Measured on BERT-base (H200, benchmarks/results/ig_varlen_H200.md), the plans cost seconds per new shape and made
+a first pass over 32 lengths 3.8x slower than a second; the memory-efficient kernel needs no plan and runs the
+same batches as fast as cuDNN with its plans cached. Unpadded batches (fixed-length data, where the shape
+repeats) keep torch's choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+_PADDED_ORDER = [
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.MATH,
+]
+
+
+def padded_batch_kernels(mask: Tensor | None) -> contextlib.AbstractContextManager[None]:
+    """Within the block, scaled_dot_product_attention tries the memory-efficient kernel first when `mask` (a
+    batch's attention mask) is on a GPU and has padding; otherwise nothing changes."""
+    if mask is None or mask.device.type != "cuda" or bool(mask.all()):
+        return contextlib.nullcontext()
+    return sdpa_kernel(_PADDED_ORDER, set_priority=True)
