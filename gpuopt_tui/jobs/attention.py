@@ -15,17 +15,14 @@ import contextlib
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-_PADDED_ORDER = [
-    SDPBackend.EFFICIENT_ATTENTION,
-    SDPBackend.FLASH_ATTENTION,
-    SDPBackend.CUDNN_ATTENTION,
-    SDPBackend.MATH,
-]
+# cuDNN is left out rather than put last: torch may reset the priority order on its first attention call.
+_PADDED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
 def padded_batch_kernels(mask: Tensor | None) -> contextlib.AbstractContextManager[None]:
-    """Within the block, scaled_dot_product_attention tries the memory-efficient kernel first when `mask` (a
-    batch's attention mask) is on a GPU and has padding; otherwise nothing changes."""
+    """Within the block, scaled_dot_product_attention does not use cuDNN's kernel when `mask` (a batch's
+    attention mask) is on a GPU and has padding (the memory-efficient kernel takes such masks); otherwise nothing
+    changes."""
     if mask is None or mask.device.type != "cuda" or bool(mask.all()):
         return contextlib.nullcontext()
-    return sdpa_kernel(_PADDED_ORDER, set_priority=True)
+    return sdpa_kernel(_PADDED_BACKENDS)
