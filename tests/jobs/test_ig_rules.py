@@ -145,13 +145,23 @@ def test_delta_summary_warns_about_a_tail_of_unconverged_samples() -> None:
     deltas = torch.full((20,), 1e-4)
     deltas[:2] = torch.tensor([0.4, -0.2])  # 2 of 20 samples far off; the median is tiny
     summary = delta_summary(deltas, scores, base, n_steps=32, method="gausslegendre", threshold=0.05)
-    assert summary["median_rel"] < 1e-3 and summary["p95_rel"] > 0.05
-    assert summary["warning"].startswith("2 of 20 samples have a convergence delta above 5.0%")
+    assert summary["median_rel"] < 1e-3 and summary["p95_abs_vs_median_change"] > 0.05
+    assert summary["warning"].startswith("2 of 20 samples have a convergence delta above 5.0% of the median")
     # second-order rule: p95 / threshold = 4.2 asks for sqrt(4.2) ~ 2x the steps
     assert summary["suggested_n_steps"] == 66
     one_off = deltas.clone()
     one_off[1] = 1e-4  # 1 of 20 (5%) is the 95th percentile's tolerance
     assert delta_summary(one_off, scores, base, n_steps=32, method="gausslegendre", threshold=0.05)["warning"] is None
+
+
+def test_delta_summary_ignores_relative_deltas_of_samples_whose_output_hardly_moves() -> None:
+    # rounding-sized deltas (1e-4) are large against a tiny F(x) - F(baseline) but not against the typical one
+    change = torch.full((20,), 0.5)
+    change[:4] = 1e-3
+    deltas = torch.full((20,), 1e-4)
+    summary = delta_summary(deltas, change, torch.zeros(20), n_steps=50, method="gausslegendre", threshold=0.05)
+    assert summary["p95_rel"] > 0.05  # 10% for the four samples that hardly move
+    assert summary["warning"] is None
 
 
 # --- chunk planning --------------------------------------------------------------------------------------------

@@ -81,7 +81,8 @@ class AttributionSection:
     )
     delta_warning: float = opt(
         0.05,
-        "Warn when the median or the 95th percentile of |convergence delta| / |F(x) - F(baseline)| exceeds this",
+        "Warn when the median |convergence delta| / |F(x) - F(baseline)| exceeds this, or the 95th percentile of "
+        "|convergence delta| / the median |F(x) - F(baseline)| does",
         min=0.0,
     )
 
