@@ -164,12 +164,17 @@ def test_hf_errors_name_the_path(tmp_path: Path, tiny_bert_dir: Path) -> None:
         load_hf_adapter(no_weights, CPU)
 
 
+def weights_only_copy(model_dir: Path, to: Path) -> Path:
+    """The model's config and weights in a new directory, without its tokenizer."""
+    to.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (to / name).write_bytes((model_dir / name).read_bytes())
+    return to
+
+
 def test_hf_refuses_a_directory_without_its_tokenizer(tmp_path: Path, tiny_bert_dir: Path) -> None:
     # transformers would build a tokenizer of special tokens only, turning every word into [UNK]
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (bare / name).write_bytes((tiny_bert_dir / name).read_bytes())
+    bare = weights_only_copy(tiny_bert_dir, tmp_path / "bare")
     with pytest.raises(UserError, match=f"{bare}: no tokenizer vocabulary .*save_pretrained"):
         load_hf_adapter(bare, CPU)
 
@@ -177,10 +182,7 @@ def test_hf_refuses_a_directory_without_its_tokenizer(tmp_path: Path, tiny_bert_
 def test_hf_refuses_a_tokenizer_larger_than_the_embeddings(tmp_path: Path, tiny_bert_dir: Path) -> None:
     from transformers import BertTokenizer
 
-    other = tmp_path / "other-tokenizer"
-    other.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (other / name).write_bytes((tiny_bert_dir / name).read_bytes())
+    other = weights_only_copy(tiny_bert_dir, tmp_path / "other-tokenizer")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(200))]
     BertTokenizer(vocab={word: i for i, word in enumerate(vocab)}).save_pretrained(other)
     with pytest.raises(UserError, match=r"205 tokens but the model's embeddings have \d+ rows"):
