@@ -54,7 +54,7 @@ def delta_summary(
         above = int((absolute > threshold * scale).sum())
         found = (
             f"{above} of {rel.numel()} samples have a convergence delta above {threshold:.1%} of the median "
-            f"|F(x) - F(baseline)| ({scale:.3g}; 95th percentile {tail:.1%})"
+            f"|F(x) - F(baseline)|, which is {scale:.3g} (95th percentile: {tail:.1%})"
         )
         unconverged = "their attributions are not converged (`delta` in attributions.jsonl names them)"
     summary["warning"] = f"{found}: {unconverged}; try n_steps = {suggested}"
