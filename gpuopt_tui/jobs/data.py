@@ -139,6 +139,20 @@ def load_dataset(
     return adapter.dataset_from_rows(rows, data)
 
 
+def cut_texts_note(ds: TextDataset, data: DataSection, adapter: Adapter) -> str | None:
+    """A line for the run log when texts reach the token limit (longer ones were cut there, so their tail is
+    not seen); None when none does."""
+    limit = min(data.max_length, adapter.max_positions)
+    at_limit = int((ds.lengths() >= limit).sum())
+    if not at_limit:
+        return None
+    if data.max_length <= adapter.max_positions:
+        why = "data.max_length; the model takes up to " + str(adapter.max_positions)
+    else:
+        why = f"the model's position table; data.max_length = {data.max_length}"
+    return f"{at_limit} of {len(ds)} texts ({ds.origin}) reach the {limit}-token limit ({why}): longer ones were cut"
+
+
 def read_jsonl(path: Path) -> list[Row]:
     lines = _read_text(path).splitlines()
     rows: list[Row] = []

@@ -10,7 +10,14 @@ import torch
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.common import DataSection
-from gpuopt_tui.jobs.data import TextDataset, batches, length_sorted_order, load_dataset, trim_batch
+from gpuopt_tui.jobs.data import (
+    TextDataset,
+    batches,
+    cut_texts_note,
+    length_sorted_order,
+    load_dataset,
+    trim_batch,
+)
 from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.models.hf import load_hf_adapter
 
@@ -65,6 +72,11 @@ def test_max_length_truncates(tmp_path: Path, adapter: Adapter) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS])
     ds = load_dataset(jsonl_section(path, max_length=6), adapter)
     assert ds.tensors["input_ids"].shape == (len(TEXTS), 6)
+    note = cut_texts_note(ds, jsonl_section(path, max_length=6), adapter)
+    assert note is not None and note.startswith("3 of 7 texts")  # 14, 7 and 14 tokens
+    assert "6-token limit (data.max_length; the model takes up to 64)" in note
+    positions = jsonl_section(path, max_length=1000)  # above the tiny model's 64 positions: none is cut
+    assert cut_texts_note(load_dataset(positions, adapter), positions, adapter) is None
 
 
 @pytest.mark.parametrize(

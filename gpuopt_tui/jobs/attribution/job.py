@@ -33,7 +33,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
 )
 from gpuopt_tui.jobs.attribution.precision import NonFiniteGradients
 from gpuopt_tui.jobs.context import JobContext
-from gpuopt_tui.jobs.data import TextDataset, length_sorted_order, load_dataset, trim_batch
+from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
 from gpuopt_tui.jobs.sharding import mine
@@ -56,6 +56,8 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     device = resolve_device(profile.run.device)
     adapter = load_adapter(profile.model, device, ctx.cache_dir)
     ds = load_dataset(profile.data, adapter).head(section.n_samples)
+    if note := cut_texts_note(ds, profile.data, adapter):
+        ctx.log(note)
     settings = Settings.resolve(section, adapter, device, len(ds))
     plan = plan_batches(ds, section.batch_size, section.length_bucketing)
     _check_plan(ctx, settings, plan)

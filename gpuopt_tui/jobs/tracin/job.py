@@ -28,7 +28,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
 from gpuopt_tui.jobs.context import JobContext
-from gpuopt_tui.jobs.data import TextDataset, load_dataset, trim_batch
+from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
@@ -77,6 +77,9 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     device = resolve_device(profile.run.device)
     adapter = load_adapter(profile.model, device, ctx.cache_dir)
     train, test = _datasets(profile, adapter)
+    for ds in (test, train):
+        if note := cut_texts_note(ds, profile.data, adapter):
+            ctx.log(note)
     checkpoints = resolve_checkpoints(section.checkpoints, adapter)
     probe = to_device(trim_batch(test.batch([0]), test.token_fields), device)
     names = select_parameters(adapter, probe, section.layers, section.n_last_layers, section.layer_names)
