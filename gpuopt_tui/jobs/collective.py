@@ -51,6 +51,9 @@ def init_from_torchrun(use_cuda: bool) -> TorchCollective:
     return TorchCollective(None)
 
 
-def shutdown() -> None:
+def shutdown(collective: TorchCollective) -> None:
+    """Leave the process group once every rank is done: a rank tearing its gloo connections down while another
+    still uses them can abort that one ("terminate called without an active exception")."""
     if dist.is_initialized():
+        collective.barrier()
         dist.destroy_process_group()

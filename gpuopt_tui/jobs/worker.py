@@ -55,7 +55,7 @@ def run(run_dir: Path) -> int:
             fields = {}  # rank 0 holds the merged results' summary
         report(run_dir, events.emit(f"rank_{kind}", host=host, **fields))
         if kind == "finished":
-            shutdown()  # a clean exit; after a failure torchrun stops the others instead
+            shutdown(dist)  # a clean exit; after a failure torchrun stops the others instead
         return EXIT_CODES[kind]
     finally:
         events.sync()
