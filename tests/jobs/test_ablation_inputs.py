@@ -294,3 +294,6 @@ def test_model_source_gives_every_layers_hidden_states(
     with torch.no_grad():
         next(source.adapter.model.parameters()).add_(0.01)
     assert ModelSource(source.adapter, source.dataset).fingerprint("layer.1") != before
+    assert "token limit" not in source.description  # 2-11 words: none reaches 128 tokens
+    profile.data.max_length = 6
+    assert "of 10 texts" in model_source(profile, CPU, tmp_path / "cache").description  # the run log's inputs line

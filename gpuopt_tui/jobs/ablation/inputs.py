@@ -371,7 +371,7 @@ class ModelSource(LayerSource):
     output) and ``layer.1`` .. ``layer.L`` (the outputs of the transformer blocks). A sample's matrix is its
     tokens x hidden, padding rows masked out; batches are trimmed to their longest sample."""
 
-    def __init__(self, adapter: Adapter, dataset: TextDataset) -> None:
+    def __init__(self, adapter: Adapter, dataset: TextDataset, note: str | None = None) -> None:
         if adapter.input_rank != 1:
             raise UserError(f"{adapter.name}: probing needs a single-sequence model (this one takes candidate lists)")
         if dataset.labels is None:
@@ -380,7 +380,8 @@ class ModelSource(LayerSource):
         with torch.no_grad():
             count = len(adapter.hidden_states(to_device(dataset.batch([0]), adapter.device)))
         layers = ["embeddings", *(f"layer.{i}" for i in range(1, count))]
-        super().__init__(layers, dataset.labels, dataset.origin, f"{adapter.describe()}; {dataset.origin}")
+        description = f"{adapter.describe()}; {dataset.origin}" + (f"; {note}" if note else "")
+        super().__init__(layers, dataset.labels, dataset.origin, description)
         self._fingerprint = ""
 
     def fingerprint(self, layer: str) -> str:
@@ -409,12 +410,12 @@ class ModelSource(LayerSource):
 
 
 def model_source(profile: AblationProfile, device: torch.device, cache_dir: Path) -> ModelSource:
-    from gpuopt_tui.jobs.data import load_dataset
+    from gpuopt_tui.jobs.data import cut_texts_note, load_dataset
     from gpuopt_tui.jobs.models import load_adapter
 
     adapter = load_adapter(profile.model, device, cache_dir)
     dataset = load_dataset(profile.data, adapter).head(profile.ablation.n_samples)
-    return ModelSource(adapter, dataset)
+    return ModelSource(adapter, dataset, cut_texts_note(dataset, profile.data, adapter))
 
 
 def open_source(profile: AblationProfile, device: torch.device, cache: FeatureCache, cache_dir: Path) -> LayerSource:
