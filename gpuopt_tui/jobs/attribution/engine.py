@@ -118,12 +118,13 @@ def attribute_batch(
         "model": adapter.model,
     }
     if settings.optimized:
-        with adapter.logits_only(), padded_batch_kernels(mask):
+        step_mask = adapter.step_mask(mask)  # None for a batch without padding (one check of the mask, not two)
+        with adapter.logits_only(), padded_batch_kernels(step_mask):
             result = integrated_gradients(
                 forward,
                 embeds,
                 baselines,
-                adapter.step_mask(mask),
+                step_mask,
                 target,
                 alpha_batch_size=planner,
                 compiler=compiler,
