@@ -1,6 +1,6 @@
 """What changes the speed of IG's interpolation steps on BERT-base: the engine's lean forward (the last layer for
-[CLS] only, attention without a mask for unpadded batches), the attention kernel, torch.compile; and where the
-GPU time of a step goes.
+[CLS] only, attention without a mask for unpadded batches), the attention kernel (the engine's short_attention
+or torch's SDPA backends), torch.compile; and where the GPU time of a step goes.
 
 Same model, data and method as ig_bench.py (BERT-base, random weights, seq 128, 50 riemann_right steps, 32
 samples x all steps a chunk, bf16 or fp16 weights). Each row is timed after a warm-up (compiling included in
@@ -23,7 +23,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from ig_bench import (
 
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
+from gpuopt_tui.jobs.short_attention import switched_off
 
 #: Kernel families by name (first match wins).
 FAMILIES = [
@@ -70,6 +71,7 @@ class Variant:
     mode: Mode
     backend: str | None = None  # an SDPBackend tried first (the math kernel stays, for the fp32 endpoints)
     profile: bool = False
+    torch_attention: bool = False  # torch's SDPA instead of the engine's short_attention kernels
 
 
 def variants(device: torch.device) -> list[Variant]:
@@ -96,6 +98,7 @@ def variants(device: torch.device) -> list[Variant]:
     return [
         Variant(f"bf16 weights, {own}", mode(bf16, lean=False), profile=True),
         Variant("bf16 weights, lean forward, mask kept", mode(bf16, unmasked=False)),
+        Variant("bf16 weights, lean forward, torch attention", mode(bf16), torch_attention=True, profile=True),
         Variant("bf16 weights, lean forward", mode(bf16), profile=True),
         Variant("bf16 weights, lean forward, SDPA flash", mode(bf16), backend="FLASH_ATTENTION"),
         Variant("bf16 weights, lean forward, SDPA cuDNN", mode(bf16), backend="CUDNN_ATTENTION"),
@@ -103,7 +106,16 @@ def variants(device: torch.device) -> list[Variant]:
         Variant(f"fp16 weights, {own}", mode(fp16, lean=False)),
         Variant("fp16 weights, lean forward", mode(fp16)),
         Variant(f"bf16 weights, compiled, {own}", mode(bf16, lean=False, compiled=True)),
+        Variant(
+            "bf16 weights, compiled, lean forward, torch attention",
+            mode(bf16, compiled=True),
+            torch_attention=True,
+            profile=True,
+        ),
         Variant("bf16 weights, compiled, lean forward", mode(bf16, compiled=True), profile=True),
+        Variant(
+            "fp16 weights, compiled, lean forward, torch attention", mode(fp16, compiled=True), torch_attention=True
+        ),
         Variant("fp16 weights, compiled, lean forward", mode(fp16, compiled=True)),
         Variant(
             "bf16 weights, compiled (coordinate descent tuning), lean forward",
@@ -118,13 +130,18 @@ def variants(device: torch.device) -> list[Variant]:
     ]
 
 
-def applied(variant: Variant) -> contextlib.AbstractContextManager[Any]:
-    """The variant's attention kernel tried first (the math kernel stays, for the fp32 endpoints)."""
-    if variant.backend is None:
-        return contextlib.nullcontext()
+@contextlib.contextmanager
+def applied(variant: Variant) -> Iterator[None]:
+    """The variant's attention: torch's SDPA instead of the engine's kernels if asked, or a given SDPA backend
+    tried first (the math kernel stays, for the fp32 endpoints)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([getattr(SDPBackend, variant.backend), SDPBackend.MATH], set_priority=True)
+    with contextlib.ExitStack() as stack:
+        if variant.torch_attention or variant.backend:
+            stack.enter_context(switched_off())
+        if variant.backend:
+            stack.enter_context(sdpa_kernel([getattr(SDPBackend, variant.backend), SDPBackend.MATH], set_priority=True))
+        yield
 
 
 def kernel_families(run: Callable[[], Tensor], device: torch.device) -> dict[str, Any]:

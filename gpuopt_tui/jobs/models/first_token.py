@@ -7,7 +7,8 @@ token: computing them for one position instead of all is exact and skips about 5
 forward and the backward pass alike (~7% of a 12-layer model, ~20% of a 4-layer one).
 
 `first_token_only(model)` swaps in, for the base model (`model.bert`, ...), an encoder pass that does this and
-calls `scaled_dot_product_attention` itself with the padding mask as [N, 1, 1, S], or with no mask at all when
+runs attention itself: the fused kernels of short_attention.py where they apply (fp16/bf16 on a GPU, up to 128
+tokens), else `scaled_dot_product_attention`; with the padding mask as [N, 1, 1, S], or with no mask at all when
 the caller passes none (a batch without padding): the attention kernels without a mask are the fastest, and the
 library's own mask preparation would build a full mask under torch.compile. The head is the model's own, and
 parameter names and values are untouched, so functional calls and hooks on the layers keep working. A model
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from gpuopt_tui.jobs import short_attention
 
 #: How close the lean logits must be to the full ones (fp32, relative to their largest magnitude).
 CHECK_TOLERANCE = 1e-4
@@ -152,12 +155,24 @@ def encoder_layer(layer: nn.Module, hidden: Tensor, mask: Tensor | None, *, firs
     batch, seq, _ = hidden.shape
     heads = attn.num_attention_heads
     queries = hidden[:, :1] if first_only else hidden
-    q = attn.query(queries).view(batch, queries.shape[1], heads, -1).transpose(1, 2)
-    k = attn.key(hidden).view(batch, seq, heads, -1).transpose(1, 2)
-    v = attn.value(hidden).view(batch, seq, heads, -1).transpose(1, 2)
-    if mask is not None and first_only and mask.shape[-2] != 1:
-        mask = mask[:, :, :1]
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    context = context.transpose(1, 2).reshape(batch, queries.shape[1], -1)
+    q = attn.query(queries).view(batch, queries.shape[1], heads, -1)
+    k = attn.key(hidden).view(batch, seq, heads, -1)
+    v = attn.value(hidden).view(batch, seq, heads, -1)
+    key_mask = _key_mask(mask, batch)
+    if not first_only and (mask is None or key_mask is not None) and short_attention.supports(q, key_mask):
+        context = short_attention.short_attention(q, k, v, key_mask)
+    else:
+        if mask is not None and first_only and mask.shape[-2] != 1:
+            mask = mask[:, :, :1]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+    context = context.reshape(batch, queries.shape[1], -1)
     attended = layer.attention.output(context, queries)
     return layer.output(layer.intermediate(attended), attended)
+
+
+def _key_mask(mask: Tensor | None, batch: int) -> Tensor | None:
+    """A [N, 1, 1, S] bool mask as [batch, S] (True = attend); None for no mask or any other form."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[1:3] != (1, 1):
+        return None
+    return mask[:, 0, 0, :].expand(batch, -1)

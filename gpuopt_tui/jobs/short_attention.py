@@ -1,0 +1,141 @@
+"""Attention for sequences of up to 128 tokens: one fused kernel per pass, forward and backward.
+
+Classifier inputs are short (128 tokens in the benchmarks). At that length the general attention kernels spend
+more time on bookkeeping than on arithmetic: in one IG chunk of BERT-base on H100 (bf16, seq 128,
+benchmarks/results/ig_variants_H100_knobs.md) cuDNN's backward took 25 ms in three kernels (the backward proper,
+a dot(dO, O) pre-pass and a conversion of dQ accumulated in fp32), about three times what reading and writing
+its tensors needs. Here one program holds a whole (sequence, head): its [seq, seq] scores fit on chip, so the
+backward is one kernel that reads Q, K, V and dO once, writes dQ, dK and dV once, and needs neither atomics nor
+the forward's output. Padding is a key mask; any length up to 128 runs the same few compiled kernels (the block
+is the next power of two), so variable-length batches build no per-shape plan.
+
+`short_attention` takes [batch, seq, heads, dim] as the model's projections give them (no transposes) and
+returns the same layout. `supports` says when it applies (CUDA, fp16/bf16, seq <= 128, dim a power of two
+16..128, triton installed, not switched off); elsewhere callers keep `scaled_dot_product_attention`. Both passes
+are torch custom ops, so torch.compile keeps them as they are. GPUOPT_TUI_SHORT_ATTENTION=0 in the environment
+switches these kernels off for the process; `switched_off()` does so within a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: The longest sequence one program holds.
+MAX_SEQ = 128
+_DTYPES = (torch.float16, torch.bfloat16)
+_LOG2E = math.log2(math.e)
+_switched_on = os.environ.get("GPUOPT_TUI_SHORT_ATTENTION", "1") != "0"
+
+
+@functools.cache
+def _kernels() -> Any | None:
+    try:
+        from gpuopt_tui.jobs import short_attention_kernels
+    except ImportError:  # no triton: callers keep torch's attention
+        return None
+    return short_attention_kernels
+
+
+@contextlib.contextmanager
+def switched_off() -> Iterator[None]:
+    """Within the block `supports` says no: callers keep torch's attention (for comparisons)."""
+    global _switched_on
+    before, _switched_on = _switched_on, False
+    try:
+        yield
+    finally:
+        _switched_on = before
+
+
+def supports(query: Tensor, key_mask: Tensor | None = None) -> bool:
+    """Whether `short_attention` runs for this [batch, seq, heads, dim] query (and [batch, seq] bool mask)."""
+    _, seq, _, dim = query.shape
+    return (
+        _switched_on
+        and query.is_cuda
+        and query.dtype in _DTYPES
+        and 0 < seq <= MAX_SEQ
+        and dim in (16, 32, 64, 128)
+        and (key_mask is None or key_mask.dtype == torch.bool)
+        and _kernels() is not None
+    )
+
+
+def short_attention(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(dim) over the kept keys) v for [batch, seq, heads, dim] tensors of one length;
+    `key_mask` [batch, seq] is True where a key may be attended to. Differentiable in q, k and v."""
+    out, _ = _forward(query, key, value, key_mask)
+    return out
+
+
+def _block(seq: int) -> int:
+    return max(16, 1 << (seq - 1).bit_length())
+
+
+def _mask_bytes(key_mask: Tensor | None) -> tuple[Tensor | None, bool]:
+    return (None, False) if key_mask is None else (key_mask.contiguous().view(torch.uint8), True)
+
+
+@torch.library.custom_op("gpuopt_tui::short_attention", mutates_args=())
+def _forward(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    batch, seq, heads, dim = query.shape
+    out = query.new_empty(query.shape)
+    lse = torch.empty((batch, heads, seq), device=query.device, dtype=torch.float32)
+    keep, has_mask = _mask_bytes(key_mask)
+    _kernels().attention_forward[(batch * heads,)](
+        query, key, value, out, lse, keep if has_mask else lse, heads, seq, _LOG2E / math.sqrt(dim),
+        HAS_MASK=has_mask, BLOCK=_block(seq), DIM=dim, num_warps=4 if seq <= 64 else 8,
+    )  # fmt: skip
+    return out, lse
+
+
+@_forward.register_fake
+def _(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    batch, seq, heads, _ = query.shape
+    return query.new_empty(query.shape), query.new_empty((batch, heads, seq), dtype=torch.float32)
+
+
+@torch.library.custom_op("gpuopt_tui::short_attention_backward", mutates_args=())
+def _backward(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, lse: Tensor, key_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    grad, query, key, value = grad.contiguous(), query.contiguous(), key.contiguous(), value.contiguous()
+    batch, seq, heads, dim = query.shape
+    grads = [query.new_empty(query.shape) for _ in range(3)]
+    keep, has_mask = _mask_bytes(key_mask)
+    block = _block(seq)
+    scale = 1.0 / math.sqrt(dim)
+    _kernels().attention_backward[(batch * heads,)](
+        query, key, value, grad, lse, *grads, keep if has_mask else lse, heads, seq, scale, scale * _LOG2E,
+        HAS_MASK=has_mask, BLOCK=block, BLOCK_M=min(block, 64), DIM=dim, num_warps=4 if seq <= 64 else 8,
+    )  # fmt: skip
+    return grads[0], grads[1], grads[2]
+
+
+@_backward.register_fake
+def _(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, lse: Tensor, key_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    return query.new_empty(query.shape), query.new_empty(query.shape), query.new_empty(query.shape)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    query, key, value, key_mask = inputs
+    ctx.save_for_backward(query, key, value, output[1], key_mask)
+
+
+def _differentiate(ctx: Any, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    query, key, value, lse, key_mask = ctx.saved_tensors
+    return (*_backward(grad_out, query, key, value, lse, key_mask), None)
+
+
+_forward.register_autograd(_differentiate, setup_context=_setup_context)
