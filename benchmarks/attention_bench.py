@@ -8,7 +8,7 @@ memory-efficient kernel, the engine's earlier choice for padded batches, against
 q, k, v, dO, dq, dk, dv backward). Error: max |a - b| / max |b| of out, dq, dk, dv against float64 on the first
 64 sequences.
 
-    python benchmarks/attention_bench.py --out benchmarks/results/attention_h100.md
+    python benchmarks/attention_bench.py --sweep --out benchmarks/results/attention_h100.md
     python benchmarks/attention_bench.py --quick     # tiny shapes on the CPU (triton's interpreter)
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import shlex
@@ -36,6 +37,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpuopt_tui.jobs import short_attention as sa
 from gpuopt_tui.jobs.short_attention import short_attention
 
 Attention = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
@@ -153,6 +155,51 @@ def kernels(device: torch.device, padded: bool) -> list[tuple[str, Attention]]:
     return [*torch_choice, ("SDPA memory-efficient", sdpa("EFFICIENT_ATTENTION")), *ours]
 
 
+def sweep(case: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The engine's kernels alone under each launch setting: forward by warps, backward by warps and rows a step."""
+    device = torch.device(case["device"])
+    q, k, v, key_mask, grad = (
+        t.detach() if t is not None else None
+        for t in inputs(case["batch"], case["seq"], case["heads"], case["dim"], case["dtype"], case["padded"], device)
+    )
+    block = max(16, 1 << (case["seq"] - 1).bit_length())
+    default_fwd, default_bwd = sa.forward_config(case["seq"]), sa.backward_config(case["seq"])
+    _, lse = sa.run_forward(q, k, v, key_mask)
+    rows = []
+    for warps in (2, 4, 8):
+        config = {"num_warps": warps}
+        ms = time_ms(functools.partial(sa.run_forward, q, k, v, key_mask, **config), args.iters, device)
+        rows.append(
+            {"case": case["name"], "pass": "forward", "config": config, "ms": ms, "default": config == default_fwd}
+        )
+    for warps in (2, 4, 8):
+        for rows_a_step in (16, 32, 64, 128):
+            if rows_a_step > block or (warps == 2 and rows_a_step > 32) or (warps == 8 and rows_a_step < 32):
+                continue
+            config = {"num_warps": warps, "BLOCK_M": rows_a_step}
+            ms = time_ms(functools.partial(sa.run_backward, grad, q, k, v, lse, key_mask, **config), args.iters, device)
+            rows.append(
+                {"case": case["name"], "pass": "backward", "config": config, "ms": ms, "default": config == default_bwd}
+            )
+    for r in rows:
+        print(f"  {r['case']:<40} {r['pass']:<9} {r['config']} {r['ms']:.3f} ms")
+    return rows
+
+
+def render_sweep(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "## Launch settings of the engine's kernels (--sweep)",
+        "",
+        "| case | pass | settings | ms | the default |",
+        "|---|---|---|---:|---|",
+    ]
+    for r in rows:
+        settings = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        lines.append(f"| {r['case']} | {r['pass']} | {settings} | {r['ms']:.3f} | {'yes' if r['default'] else ''} |")
+    return lines
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         "# Attention at IG's shapes",
@@ -185,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU (triton's interpreter)")
     parser.add_argument("--out", type=Path, help="markdown results file (and a .json next to it)")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--sweep", action="store_true", help="also time the engine's kernels under launch settings")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.quick or not torch.cuda.is_available() else "cuda")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (triton interpreter)"
@@ -199,11 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases(args.quick, device):
         for kernel_name, attention in kernels(device, case["padded"]):
             rows.append(measure(kernel_name, attention, case, args))
-    text = render(meta, rows)
+    swept = []
+    if args.sweep and device.type == "cuda":
+        for case in cases(args.quick, device):
+            swept += sweep(case, args)
+    text = render(meta, rows) + ("\n".join(render_sweep(swept)) + "\n" if swept else "")
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        args.out.with_suffix(".json").write_text(
+            json.dumps({"meta": meta, "rows": rows, "sweep": swept}, indent=1, default=str)
+        )
         args.out.write_text(text)
     return 0
 

@@ -84,8 +84,20 @@ def _mask_bytes(key_mask: Tensor | None) -> tuple[Tensor | None, bool]:
     return (None, False) if key_mask is None else (key_mask.contiguous().view(torch.uint8), True)
 
 
-@torch.library.custom_op("gpuopt_tui::short_attention", mutates_args=())
-def _forward(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def forward_config(seq: int) -> dict[str, int]:
+    """Launch settings of the forward kernel for a length (benchmarks/attention_bench.py --sweep measures them)."""
+    return {"num_warps": 4 if seq <= 64 else 8}
+
+
+def backward_config(seq: int) -> dict[str, int]:
+    """Launch settings of the backward kernel: warps, and query rows a step (BLOCK_M)."""
+    return {"num_warps": 4 if seq <= 64 else 8, "BLOCK_M": min(_block(seq), 64)}
+
+
+def run_forward(
+    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, **config: int
+) -> tuple[Tensor, Tensor]:
+    """The forward kernel: the output [batch, seq, heads, dim] and the log-sum-exp (base 2) [batch, heads, seq]."""
     query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     batch, seq, heads, dim = query.shape
     out = query.new_empty(query.shape)
@@ -93,9 +105,30 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None)
     keep, has_mask = _mask_bytes(key_mask)
     _kernels().attention_forward[(batch * heads,)](
         query, key, value, out, lse, keep if has_mask else lse, heads, seq, _LOG2E / math.sqrt(dim),
-        HAS_MASK=has_mask, BLOCK=_block(seq), DIM=dim, num_warps=4 if seq <= 64 else 8,
+        HAS_MASK=has_mask, BLOCK=_block(seq), DIM=dim, **(config or forward_config(seq)),
     )  # fmt: skip
     return out, lse
+
+
+def run_backward(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, lse: Tensor, key_mask: Tensor | None, **config: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward kernel: the gradients to the query, key and value."""
+    grad, query, key, value = grad.contiguous(), query.contiguous(), key.contiguous(), value.contiguous()
+    batch, seq, heads, dim = query.shape
+    grads = [query.new_empty(query.shape) for _ in range(3)]
+    keep, has_mask = _mask_bytes(key_mask)
+    scale = 1.0 / math.sqrt(dim)
+    _kernels().attention_backward[(batch * heads,)](
+        query, key, value, grad, lse, *grads, keep if has_mask else lse, heads, seq, scale, scale * _LOG2E,
+        HAS_MASK=has_mask, BLOCK=_block(seq), DIM=dim, **(config or backward_config(seq)),
+    )  # fmt: skip
+    return grads[0], grads[1], grads[2]
+
+
+@torch.library.custom_op("gpuopt_tui::short_attention", mutates_args=())
+def _forward(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    return run_forward(query, key, value, key_mask)
 
 
 @_forward.register_fake
@@ -108,17 +141,7 @@ def _(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None) -> tup
 def _backward(
     grad: Tensor, query: Tensor, key: Tensor, value: Tensor, lse: Tensor, key_mask: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    grad, query, key, value = grad.contiguous(), query.contiguous(), key.contiguous(), value.contiguous()
-    batch, seq, heads, dim = query.shape
-    grads = [query.new_empty(query.shape) for _ in range(3)]
-    keep, has_mask = _mask_bytes(key_mask)
-    block = _block(seq)
-    scale = 1.0 / math.sqrt(dim)
-    _kernels().attention_backward[(batch * heads,)](
-        query, key, value, grad, lse, *grads, keep if has_mask else lse, heads, seq, scale, scale * _LOG2E,
-        HAS_MASK=has_mask, BLOCK=block, BLOCK_M=min(block, 64), DIM=dim, num_warps=4 if seq <= 64 else 8,
-    )  # fmt: skip
-    return grads[0], grads[1], grads[2]
+    return run_backward(grad, query, key, value, lse, key_mask)
 
 
 @_backward.register_fake

@@ -50,7 +50,7 @@ def attention_forward(
     weights = tl.exp2(scores - top[:, None])
     total = tl.sum(weights, axis=1)
     total = tl.where(total == 0.0, 1.0, total)
-    out = tl.dot((weights / total[:, None]).to(v.dtype), v)
+    out = tl.dot(weights.to(v.dtype), v) / total[:, None]
 
     tl.store(OUT + at, out.to(OUT.dtype.element_ty), mask=inside[:, None])
     rows = tl.arange(0, BLOCK)
