@@ -54,6 +54,7 @@ from gpuopt_tui.jobs.attribution import (
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.models.first_token import first_token_only
+from gpuopt_tui.jobs.short_attention import switched_off
 
 METHOD = "riemann_right"
 PAD, CLS, SEP = 0, 101, 102
@@ -184,13 +185,19 @@ class Mode:
     compiler: StepCompiler | None = None
     lean: bool = True  # the engine's lean forward for BERT-style heads (jobs/models/first_token.py)
     unmasked: bool = True  # no mask for batches without padding, as the engine's adapter does (if lean)
+    torch_attention: bool = False  # torch's SDPA in the lean forward instead of the engine's short_attention
 
     def __str__(self) -> str:
         if self.precision not in ("bf16", "fp16"):
             name = self.precision
         else:
             name = f"{self.precision} {'weights' if self.cast_weights else 'autocast'}"
-        return name + (", torch.compile" if self.compiler else "") + ("" if self.lean else ", model's own forward")
+        return (
+            name
+            + (", torch.compile" if self.compiler else "")
+            + ("" if self.lean else ", model's own forward")
+            + (", torch attention" if self.torch_attention else "")
+        )
 
 
 def ours(
@@ -215,7 +222,8 @@ def ours(
             rows = order[start : start + batch].to(setup.device)
             length = int(lengths[rows].max()) if bucketing else None
             emb, base, mask = setup.embed(rows, length)
-            with first_token_only(setup.model) if mode.lean else contextlib.nullcontext():
+            lean = first_token_only(setup.model) if mode.lean else contextlib.nullcontext()
+            with lean, switched_off() if mode.torch_attention else contextlib.nullcontext():
                 result = integrated_gradients(
                     setup.forward,
                     emb,
@@ -362,10 +370,10 @@ def grid(quick: bool, samples: int, steps: int) -> list[tuple[Mode, int, int | N
 def compiled_modes(device: torch.device) -> list[Mode]:
     """The compiled rows: one StepCompiler each (compiling is paid once per compiler, in its first chunk)."""
     backend = "inductor" if device.type == "cuda" else "aot_eager"  # no C++ toolchain needed for --quick
-    return [
-        dataclasses.replace(mode, compiler=StepCompiler(backend=backend))
-        for mode in ((FP16_WEIGHTS, BF16_WEIGHTS) if device.type == "cuda" else (BF16_WEIGHTS,))
-    ]
+    modes = (FP16_WEIGHTS, BF16_WEIGHTS) if device.type == "cuda" else (BF16_WEIGHTS,)
+    if device.type == "cuda":  # side by side: the attention kernels the engine replaces
+        modes += (dataclasses.replace(BF16_WEIGHTS, torch_attention=True),)
+    return [dataclasses.replace(mode, compiler=StepCompiler(backend=backend)) for mode in modes]
 
 
 @contextlib.contextmanager
@@ -628,7 +636,9 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]], args:
         f"- device: {meta['device']}",
         f"- torch {meta['torch']}, transformers {meta['transformers']}, captum {meta['captum'] or 'not run'}",
         f"- command: `{meta['command']}`",
-        f"- model: {meta['model']}, SDPA attention; {meta['samples']} samples x {meta['seq_len']} tokens, "
+        f"- model: {meta['model']}; attention: the engine's short_attention kernels in the lean forward on the GPU "
+        "(rows marked torch attention, the model's own forward and Captum: torch's SDPA); "
+        f"{meta['samples']} samples x {meta['seq_len']} tokens, "
         f"{meta['steps']} steps ({meta['method']}), IG over inputs_embeds, [PAD] baseline keeping [CLS]/[SEP]",
         f"- {meta['gemm_dtype']} GEMM measured in this run: {meta['gemm_flops'] / 1e12:.3g} TFLOP/s; one "
         f"(sample, step) forward + input-gradient backward: {meta['flops_per_sample_step'] / 1e9:.2f} GFLOP "

@@ -91,7 +91,7 @@ def forward_config(seq: int) -> dict[str, int]:
 
 def backward_config(seq: int) -> dict[str, int]:
     """Launch settings of the backward kernel: warps, and query rows a step (BLOCK_M)."""
-    return {"num_warps": 4 if seq <= 64 else 8, "BLOCK_M": min(_block(seq), 64)}
+    return {"num_warps": 4, "BLOCK_M": min(_block(seq), 64)}
 
 
 def run_forward(
