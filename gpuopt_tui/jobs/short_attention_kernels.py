@@ -29,7 +29,9 @@ def _keys_kept(KEEP, batch, seq, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr):
     return kept
 
 
-@triton.jit
+# The lengths are not specialised on (triton would otherwise compile a kernel for lengths divisible by 16 and
+# another for the rest): one kernel per block size, mask and dtype covers every length.
+@triton.jit(do_not_specialize=["heads", "seq"])
 def attention_forward(
     Q, K, V, OUT, LSE, KEEP, heads, seq, scale_log2,
     HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, DIM: tl.constexpr,
@@ -57,7 +59,7 @@ def attention_forward(
     tl.store(LSE + program * seq + rows, top + tl.log2(total), mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["heads", "seq"])
 def attention_backward(
     Q, K, V, GRAD, LSE, DQ, DK, DV, KEEP, heads, seq, scale, scale_log2,
     HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, DIM: tl.constexpr,
