@@ -1,19 +1,14 @@
 """The fused short-sequence attention kernels (gpuopt_tui/jobs/short_attention.py) against the textbook formula.
 
-Without a GPU the kernels run in triton's interpreter (on the CPU, any dtype, float64 included); those tests
-are skipped where triton is not installed. The GPU tests check bf16 against float64, torch.compile, and that
+Without a GPU the kernels run in triton's interpreter (on the CPU, any dtype, float64 included; tests/conftest.py
+chooses it); those tests are skipped where triton is not installed. The GPU tests check bf16 against float64, torch.compile, and that
 the lean forward of a BERT classifier runs these kernels and keeps its logits and input gradients.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined, on first use
 
 from gpuopt_tui.jobs import short_attention as sa
 
