@@ -58,18 +58,25 @@ def switched_off() -> Iterator[None]:
         _switched_on = before
 
 
+def applies_to(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether these kernels run for this device and dtype (given a short enough sequence)."""
+    return (
+        _switched_on
+        and device.type == "cuda"
+        and torch.cuda.get_device_properties(device).major >= 8  # bf16 tensor cores (Ampere and later)
+        and dtype in _DTYPES
+        and _kernels() is not None
+    )
+
+
 def supports(query: Tensor, key_mask: Tensor | None = None) -> bool:
     """Whether `short_attention` runs for this [batch, seq, heads, dim] query (and [batch, seq] bool mask)."""
     _, seq, _, dim = query.shape
     return (
-        _switched_on
-        and query.is_cuda
-        and torch.cuda.get_device_properties(query.device).major >= 8  # bf16 tensor cores (Ampere and later)
-        and query.dtype in _DTYPES
-        and 0 < seq <= MAX_SEQ
+        0 < seq <= MAX_SEQ
         and dim in (16, 32, 64, 128)
         and (key_mask is None or key_mask.dtype == torch.bool)
-        and _kernels() is not None
+        and applies_to(query.device, query.dtype)
     )
 
 

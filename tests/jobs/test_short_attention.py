@@ -86,8 +86,11 @@ def test_a_sequence_with_every_key_masked_gives_zeros_not_nan() -> None:
 
 def test_supports_only_short_half_precision_gpu_inputs() -> None:
     assert not sa.supports(torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16))  # on the CPU
+    assert not sa.applies_to(torch.device("cpu"), torch.bfloat16)
     if not torch.cuda.is_available() or sa._kernels() is None:
         return
+    assert sa.applies_to(torch.device("cuda"), torch.bfloat16)
+    assert not sa.applies_to(torch.device("cuda"), torch.float32)
     half = torch.zeros(2, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
     assert sa.supports(half)
     assert sa.supports(half, torch.ones(2, 128, dtype=torch.bool, device="cuda"))

@@ -21,6 +21,7 @@ from torch import Tensor
 from gpuopt_tui.core.atomic import write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
+from gpuopt_tui.jobs import short_attention
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas
@@ -31,7 +32,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
     token_ranking,
     write_tensors,
 )
-from gpuopt_tui.jobs.attribution.precision import NonFiniteGradients
+from gpuopt_tui.jobs.attribution.precision import REDUCED, NonFiniteGradients
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
@@ -65,7 +66,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         pass
     ctx.log(
         f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {settings.n_steps} steps "
-        f"({settings.method}, {_describe_mode(settings, lean)})"
+        f"({settings.method}, {_describe_mode(settings, lean, device)})"
     )
     compiler = step_compiler(settings, ctx.event)
     start = time.perf_counter()
@@ -92,13 +93,15 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     return summary
 
 
-def _describe_mode(settings: Settings, lean: bool) -> str:
+def _describe_mode(settings: Settings, lean: bool, device: torch.device) -> str:
     if not settings.optimized:
         return f"{settings.precision}, one sample and one step at a time"
     weights = f"{settings.precision} weights" if settings.cast_weights else settings.precision
+    fused = lean and short_attention.applies_to(device, REDUCED.get(settings.precision))
     return (
         f"{weights}, batched"
         + (", last layer for the first token only (exact)" if lean else "")
+        + (f", fused attention kernels up to {short_attention.MAX_SEQ} tokens" if fused else "")
         + (", compiled" if settings.compile else "")
     )
 
