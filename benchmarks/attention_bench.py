@@ -162,7 +162,7 @@ def sweep(case: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]
         t.detach() if t is not None else None
         for t in inputs(case["batch"], case["seq"], case["heads"], case["dim"], case["dtype"], case["padded"], device)
     )
-    block = max(16, 1 << (case["seq"] - 1).bit_length())
+    block = sa.block_size(case["seq"])
     default_fwd, default_bwd = sa.forward_config(case["seq"]), sa.backward_config(case["seq"])
     _, lse = sa.run_forward(q, k, v, key_mask)
     rows = []

@@ -87,12 +87,14 @@ def short_attention(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor 
     return out
 
 
-def _block(seq: int) -> int:
+def block_size(seq: int) -> int:
+    """The rows one program holds for a length: the next power of two, at least 16."""
     return max(16, 1 << (seq - 1).bit_length())
 
 
-def _mask_bytes(key_mask: Tensor | None) -> tuple[Tensor | None, bool]:
-    return (None, False) if key_mask is None else (key_mask.contiguous().view(torch.uint8), True)
+def _keep(key_mask: Tensor | None, placeholder: Tensor) -> Tensor:
+    """The key mask as bytes for the kernels; without a mask, any tensor (HAS_MASK=False never reads it)."""
+    return placeholder if key_mask is None else key_mask.contiguous().view(torch.uint8)
 
 
 def forward_config(seq: int) -> dict[str, int]:
@@ -102,7 +104,7 @@ def forward_config(seq: int) -> dict[str, int]:
 
 def backward_config(seq: int) -> dict[str, int]:
     """Launch settings of the backward kernel: warps, and query rows a step (BLOCK_M)."""
-    return {"num_warps": 4, "BLOCK_M": min(_block(seq), 64)}
+    return {"num_warps": 4, "BLOCK_M": min(block_size(seq), 64)}
 
 
 def run_forward(
@@ -113,10 +115,9 @@ def run_forward(
     batch, seq, heads, dim = query.shape
     out = query.new_empty(query.shape)
     lse = torch.empty((batch, heads, seq), device=query.device, dtype=torch.float32)
-    keep, has_mask = _mask_bytes(key_mask)
     _kernels().attention_forward[(batch * heads,)](
-        query, key, value, out, lse, keep if has_mask else lse, heads, seq, _LOG2E / math.sqrt(dim),
-        HAS_MASK=has_mask, BLOCK=_block(seq), DIM=dim, **(config or forward_config(seq)),
+        query, key, value, out, lse, _keep(key_mask, lse), heads, seq, _LOG2E / math.sqrt(dim),
+        HAS_MASK=key_mask is not None, BLOCK=block_size(seq), DIM=dim, **(config or forward_config(seq)),
     )  # fmt: skip
     return out, lse
 
@@ -128,11 +129,10 @@ def run_backward(
     grad, query, key, value = grad.contiguous(), query.contiguous(), key.contiguous(), value.contiguous()
     batch, seq, heads, dim = query.shape
     grads = [query.new_empty(query.shape) for _ in range(3)]
-    keep, has_mask = _mask_bytes(key_mask)
     scale = 1.0 / math.sqrt(dim)
     _kernels().attention_backward[(batch * heads,)](
-        query, key, value, grad, lse, *grads, keep if has_mask else lse, heads, seq, scale, scale * _LOG2E,
-        HAS_MASK=has_mask, BLOCK=_block(seq), DIM=dim, **(config or backward_config(seq)),
+        query, key, value, grad, lse, *grads, _keep(key_mask, lse), heads, seq, scale, scale * _LOG2E,
+        HAS_MASK=key_mask is not None, BLOCK=block_size(seq), DIM=dim, **(config or backward_config(seq)),
     )  # fmt: skip
     return grads[0], grads[1], grads[2]
 
