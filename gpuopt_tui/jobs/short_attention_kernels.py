@@ -12,6 +12,13 @@ import triton.language as tl
 
 
 @triton.jit
+def _program(heads):
+    """This program's index and the (sequence, head) it holds."""
+    program = tl.program_id(0)
+    return program, program // heads, program % heads
+
+
+@triton.jit
 def _tile(batch, head, start, heads, seq, ROWS: tl.constexpr, DIM: tl.constexpr):
     """Offsets of rows start..start+ROWS of one (sequence, head) slice, and whether each row is in the sequence."""
     rows = start + tl.arange(0, ROWS)
@@ -36,9 +43,7 @@ def attention_forward(
     Q, K, V, OUT, LSE, KEEP, heads, seq, scale_log2,
     HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, DIM: tl.constexpr,
 ):  # fmt: skip
-    program = tl.program_id(0)
-    batch = program // heads
-    head = program % heads
+    program, batch, head = _program(heads)
     at, inside = _tile(batch, head, 0, heads, seq, BLOCK, DIM)
     q = tl.load(Q + at, mask=inside[:, None], other=0.0)
     k = tl.load(K + at, mask=inside[:, None], other=0.0)
@@ -64,9 +69,7 @@ def attention_backward(
     Q, K, V, GRAD, LSE, DQ, DK, DV, KEEP, heads, seq, scale, scale_log2,
     HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, DIM: tl.constexpr,
 ):  # fmt: skip
-    program = tl.program_id(0)
-    batch = program // heads
-    head = program % heads
+    program, batch, head = _program(heads)
     key_at, key_inside = _tile(batch, head, 0, heads, seq, BLOCK, DIM)
     k = tl.load(K + key_at, mask=key_inside[:, None], other=0.0)
     v = tl.load(V + key_at, mask=key_inside[:, None], other=0.0)
