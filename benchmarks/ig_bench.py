@@ -14,8 +14,9 @@ BERT-style classifiers (jobs/models/first_token.py): exact, with the last layer 
 unmasked for batches without padding; rows marked "model's own forward" call the model as Captum does. "% of
 limit" always counts the FLOPs of the model's own forward, so work skipped exactly shows as a higher share.
 
-Also: 2000 steps on a few samples, and a variable-length dataset with and without
-length bucketing.
+Also: 2000 steps on a few samples, a variable-length dataset with and without length bucketing, and for
+each precision Captum ran at, the GEMM-only ceiling (the forward and input-gradient GEMMs at the GEMM rate of
+that dtype, measured in the run, with every other kernel free) set against 2x Captum.
 
     python benchmarks/ig_bench.py --out benchmarks/results/ig_h100.md     # on the GPU (writes .md and .json)
     python benchmarks/ig_bench.py --quick                                # tiny model on the CPU, seconds
