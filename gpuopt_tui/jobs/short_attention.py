@@ -58,15 +58,16 @@ def switched_off() -> Iterator[None]:
         _switched_on = before
 
 
+@functools.cache
+def _capable(device: torch.device) -> bool:
+    """A GPU with bf16 tensor cores (Ampere and later), and triton to build the kernels."""
+    return device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 8 and _kernels() is not None
+
+
 def applies_to(device: torch.device, dtype: torch.dtype | None) -> bool:
-    """Whether these kernels run for this device and dtype (given a short enough sequence)."""
-    return (
-        _switched_on
-        and device.type == "cuda"
-        and torch.cuda.get_device_properties(device).major >= 8  # bf16 tensor cores (Ampere and later)
-        and dtype in _DTYPES
-        and _kernels() is not None
-    )
+    """Whether these kernels run for this device and dtype (given a short enough sequence). Asked at every
+    attention call of the lean forward, so the device's answer is kept."""
+    return _switched_on and dtype in _DTYPES and _capable(device)
 
 
 def supports(query: Tensor, key_mask: Tensor | None = None) -> bool:
