@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
+
+# C0 and C1 control characters except tab and newline: an escape sequence read from a file (a run's message,
+# a trace's GPU name) must never reach the terminal raw.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def human_bytes(n: float | None) -> str:
@@ -32,4 +37,12 @@ def human_duration(seconds: float | None) -> str:
 def human_time(timestamp: float | None) -> str:
     if not timestamp:
         return "--"
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return "?"
+
+
+def safe_text(text: object) -> str:
+    """`text` as a string with control characters shown as `?`: for anything read from a file or a process."""
+    return _CONTROL.sub("?", str(text))

@@ -1,0 +1,15 @@
+from gpuopt_tui.core.format import human_time, safe_text
+
+
+def test_safe_text_replaces_escape_sequences_and_keeps_tabs_and_newlines() -> None:
+    assert safe_text("a\x1b[2Jb\tc\nd\x07\x9b") == "a?[2Jb\tc\nd??"
+
+
+def test_safe_text_takes_any_object() -> None:
+    assert safe_text(3.5) == "3.5"
+
+
+def test_human_time_of_an_impossible_timestamp_is_a_question_mark() -> None:
+    assert human_time(1e300) == "?"
+    assert human_time(float("nan")) == "?"
+    assert human_time(None) == "--"
