@@ -29,14 +29,24 @@ from gpuopt_tui.core.plan_report import (
     breakdown_table,
     candidates_table,
     header_lines,
+    layout_line,
     recommendation_text,
     stages_table,
+    values_table,
+    warning_lines,
 )
 from gpuopt_tui.core.planner import session, yamledit
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan
+from gpuopt_tui.core.planner.resolve import Origins
 from gpuopt_tui.core.planner.search import Recommendation
-from gpuopt_tui.core.profiles.io import apply_overrides, find_profile, load_profile, profile_from_data
+from gpuopt_tui.core.profiles.io import (
+    apply_overrides,
+    find_profile,
+    load_profile,
+    parse_override,
+    profile_from_data,
+)
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import to_plain
 
@@ -55,6 +65,7 @@ FLAG_KEYS = {
     "checkpointing": "gradient_checkpointing",
     "seq_len": "seq_len",
     "batch": "micro_batch",
+    "accumulate": "accumulate",
     "effective_batch": "effective_batch",
     "accumulation": "accumulation",
     "positives": "n_positives",
@@ -109,7 +120,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="composed config choice, e.g. experiment=big",
     )
 
-    setup = parser.add_argument_group("training setup (default: from the config, else the profile)")
+    setup = parser.add_argument_group(
+        "training setup (each value: this flag, else the config's, else the profile's, else a default)"
+    )
     setup.add_argument("--task", choices=("auto", "classification", "causal_lm", "masked_lm", "embedding"))
     setup.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed"))
     setup.add_argument("--optimizer", choices=("adamw", "sgd", "adam8bit"))
@@ -126,6 +139,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     setup.add_argument("--seq-len", type=int, metavar="N")
     setup.add_argument("--batch", type=int, metavar="N", help="micro-batch for --show")
+    setup.add_argument("--accumulate", type=int, metavar="N", help="gradient accumulation steps for --show")
     setup.add_argument(
         "--effective-batch", type=int, metavar="N", help="effective batch to keep (default: the config's)"
     )
@@ -169,12 +183,34 @@ def build_profile(args: argparse.Namespace) -> PlanProfile:
     return profile
 
 
+def origins(args: argparse.Namespace, profile: PlanProfile) -> Origins:
+    """Which plan values the command line set (flags and --set plan.KEY), and the profile the others come from."""
+    flags = {key: _flag_name(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
+    for item in args.set_values:
+        key = parse_override(item)[0]
+        key = key if "." in key else f"plan.{key}"
+        section, _, leaf = key.partition(".")
+        if section == "plan":
+            flags[leaf] = f"--set {item}"
+        elif section == "model":
+            flags["model"] = f"--set {item}"
+    if args.model:
+        flags["model"] = "--model"
+    return Origins(flags, f"profile {profile.name}" if args.from_profile else None)
+
+
+def _flag_name(args: argparse.Namespace, flag: str) -> str:
+    if flag == "checkpointing":
+        return "--checkpointing" if args.checkpointing else "--no-checkpointing"
+    return "--" + flag.replace("_", "-")
+
+
 def run(args: argparse.Namespace) -> int:
     out = Console(highlight=False)
     profile = build_profile(args)
     if args.undo:
         return _undo(out, profile, args.yes)
-    inputs = session.prepare(profile)
+    inputs = session.prepare(profile, origins=origins(args, profile))
     show = args.show or not (args.auto or args.apply or args.profile)
     search = args.auto or args.apply or args.profile or not args.show
     _header(out, inputs)
@@ -216,6 +252,12 @@ def _search(out: Console, inputs: session.PlanInputs, measure: bool) -> Recommen
 
 def _header(out: Console, inputs: session.PlanInputs) -> None:
     for line in header_lines(inputs):
+        out.print(line)
+    layout = layout_line(inputs)
+    if layout is not None:
+        out.print(layout)
+    out.print(values_table(inputs.values))
+    for line in warning_lines(inputs.warnings):
         out.print(line)
     for note in inputs.notes:
         out.print(f"[yellow]note[/] {note}")

@@ -13,6 +13,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import yamledit
 from gpuopt_tui.core.planner.compose import compose
 from gpuopt_tui.core.planner.fit import ProbeResult
+from gpuopt_tui.core.planner.resolve import Resolved
 from gpuopt_tui.core.planner.search import Budget, Candidate, Recommendation, Stage, StagePlan
 from gpuopt_tui.core.profiles.plan import PlanSection
 
@@ -37,6 +38,8 @@ class SavedPlan:
     recommendation: Recommendation
     notes: tuple[str, ...]
     probes: Probes | None = None  # for a measured plan
+    values: tuple[Resolved, ...] = ()  # every value planned for, with its source (none in older plans)
+    warnings: tuple[str, ...] = ()
 
 
 def read_saved_plan(run_dir: Path) -> SavedPlan:
@@ -57,6 +60,8 @@ def read_saved_plan(run_dir: Path) -> SavedPlan:
             recommendation=_recommendation(data["recommendation"], budget),
             notes=tuple(str(n) for n in data.get("notes", ())),
             probes=_probes(data["measured"]) if data.get("measured") else None,
+            values=tuple(_resolved(v) for v in data.get("values", ())),
+            warnings=tuple(str(w) for w in data.get("warnings", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not a plan this version can read ({type(e).__name__}: {e})") from None
@@ -68,12 +73,26 @@ def _recommendation(rec: Mapping[str, Any], budget: Budget) -> Recommendation:
         target=int(rec["target_effective_batch"]),
         mode=str(rec["mode"]),
         b_max=int(rec["largest_micro_batch"]),
+        b_max_accumulate=int(rec.get("largest_micro_batch_accumulate", 1)),
         chosen=Candidate(**rec["chosen"]),
         candidates=tuple(Candidate(**c) for c in rec["candidates"]),
         current=Candidate(**rec["current"]) if rec.get("current") else None,
         stages=tuple(StagePlan(**{**s, "stage": Stage(**s["stage"])}) for s in rec["stages"]),
         tier=str(rec["tier"]),
         headroom=_share(rec.get("headroom", 0.0)),  # none before the closed form kept any back
+    )
+
+
+def _resolved(v: Mapping[str, Any]) -> Resolved:
+    value = v["value"]
+    return Resolved(
+        str(v["role"]),
+        str(v["label"]),
+        tuple(value) if isinstance(value, list) else value,
+        str(v["source"]),
+        str(v["origin"]),
+        tuple(str(o) for o in v.get("overridden", ())),
+        str(v.get("note", "")),
     )
 
 

@@ -16,6 +16,7 @@ from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import fits_budget
+from gpuopt_tui.core.planner.resolve import Resolved
 from gpuopt_tui.core.planner.search import Candidate, Recommendation, StagePlan
 
 if TYPE_CHECKING:
@@ -73,6 +74,34 @@ def header_lines(inputs: PlanInputs) -> list[Text]:
             f"{human_bytes(inputs.budget.limit)}",
         ),
     ]
+
+
+def layout_line(inputs: PlanInputs) -> Text | None:
+    """Which framework's layout the training config was read as."""
+    if inputs.config is None:
+        return None
+    return Text.assemble(("config ", "bold"), f"{inputs.config.path}, read as {inputs.layout}")
+
+
+VALUES_TITLE = "values and where each comes from (command line > config > profile > default)"
+
+
+def values_table(values: Sequence[Resolved], title: str | None = VALUES_TITLE) -> Table:
+    """Every value the plan depends on, its source (`file:line`, the flag, the profile, a default) and the
+    lower-ranked values it overrode; a value only the planner's default sets is yellow."""
+    table = _table(title)
+    table.add_column("value")
+    table.add_column("is", overflow="fold")
+    table.add_column("from", overflow="fold")
+    table.add_column("overrides", style="dim", overflow="fold")
+    for r in values:
+        style = "yellow" if r.origin == "default" else ""
+        table.add_row(r.label, Text(r.text, style=style), Text(r.source, style=style), "; ".join(r.overridden))
+    return table
+
+
+def warning_lines(warnings: Sequence[str]) -> list[Text]:
+    return [Text.assemble(("warning ", "bold yellow"), w) for w in warnings]
 
 
 def breakdown_table(est: Estimate, notes: bool = True, title: str | None = None) -> Table:
@@ -149,7 +178,8 @@ def recommendation_text(rec: Recommendation) -> Text:
     c = rec.chosen
     return Text.assemble(
         f"> recommended ({rec.mode}): micro-batch {c.micro_batch} x accumulate {c.accumulate} = {c.effective_batch}, "
-        f"{human_bytes(c.peak)} total on the GPU ({c.utilisation:.0%}); largest micro-batch that fits: {rec.b_max}\n",
+        f"{human_bytes(c.peak)} total on the GPU ({c.utilisation:.0%}); largest micro-batch that fits: {rec.b_max} "
+        f"(at accumulation {rec.b_max_accumulate})\n",
         tier_text(rec),
     )
 

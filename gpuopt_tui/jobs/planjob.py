@@ -54,6 +54,7 @@ def _recommendation_json(rec: Recommendation) -> dict[str, Any]:
         "mode": rec.mode,
         "target_effective_batch": rec.target,
         "largest_micro_batch": rec.b_max,
+        "largest_micro_batch_accumulate": rec.b_max_accumulate,
         "budget_bytes": rec.budget.limit,
         "headroom": rec.headroom,  # share of the budget the search kept back for the tier's error
         "chosen": _candidate_json(rec.chosen),
@@ -94,6 +95,10 @@ def _measured_json(m: MeasuredPlan) -> dict[str, Any]:
 
 def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
     inputs = prepare(profile)
+    for r in inputs.values:
+        ctx.log(f"{r.label} = {r.text} ({r.source})")
+    for warning in inputs.warnings:
+        ctx.warn(warning)
     for note in inputs.notes:
         ctx.log(note)
     ctx.progress(0, 3, unit="steps", stage="estimate")
@@ -116,6 +121,9 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         "current": _estimate_json(current),
         "recommendation": _recommendation_json(rec),
         "notes": list(inputs.notes),
+        "layout": inputs.layout,
+        "values": [dataclasses.asdict(r) for r in inputs.values],
+        "warnings": list(inputs.warnings),
         "measured": _measured_json(measured) if measured is not None else None,
     }
     out = ctx.results_dir / "plan.json"

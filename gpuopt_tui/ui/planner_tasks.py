@@ -16,7 +16,15 @@ from rich.text import Text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.plan_files import SavedPlan, config_files, read_saved_plan, restorable
-from gpuopt_tui.core.plan_report import breakdown_bar, breakdown_table, candidate_bar, header_lines, probes_text
+from gpuopt_tui.core.plan_report import (
+    breakdown_bar,
+    breakdown_table,
+    candidate_bar,
+    header_lines,
+    layout_line,
+    probes_text,
+    values_table,
+)
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import session, yamledit
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
@@ -73,11 +81,16 @@ def closed_form(profile: PlanProfile, base: Path) -> ClosedForm:
     est = session.estimate_current(inputs)
     plan = TierPlan(
         head=Text(f"{CLOSED_FORM} of {inputs.model.label}, peak at {est.phase}", style="bold"),
-        details=header_lines(inputs),
+        details=[
+            *header_lines(inputs),
+            *([line] if (line := layout_line(inputs)) else []),
+            values_table(inputs.values),
+        ],
         rec=session.recommend_closed_form(inputs),
         current=breakdown_bar(est, inputs.gpu.total, inputs.budget.margin, "current setup"),
         breakdown=breakdown_table(est, notes=False, title="current setup, component by component"),
         notes=inputs.notes,
+        warnings=inputs.warnings,
     )
     return ClosedForm(plan, config_line(profile), bool(inputs.stages))
 
@@ -150,11 +163,13 @@ def measured_plan(run: PlanRun, saved: SavedPlan) -> TierPlan:
             Text(f"run {run.info.id} ({run.info.name}): peaks fitted to probes on the GPU (see its log)"),
             *probes,
             Text(f"budget {budget.margin:.0%} of {human_bytes(budget.gpu_total)} = {human_bytes(budget.limit)}"),
+            *([values_table(saved.values)] if saved.values else []),
         ],
         rec=rec,
         current=candidate_bar(rec.current, budget.gpu_total, budget.margin, "current setup") if rec.current else None,
         breakdown=None,
         notes=saved.notes,
+        warnings=saved.warnings,
     )
 
 

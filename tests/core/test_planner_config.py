@@ -13,7 +13,6 @@ import pytest
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import session, trainconfig, yamledit
 from gpuopt_tui.core.planner.compose import compose
-from gpuopt_tui.core.planner.estimate import TrainSetup
 from gpuopt_tui.core.planner.gpu import GpuMemory
 from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM
 from gpuopt_tui.core.profiles.plan import PlanProfile
@@ -115,7 +114,7 @@ def test_interpolations_are_read_but_never_written(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"interpolation.yaml: 'data_loader.batch_size' is an interpolation"):
         trainconfig.preview_edits(config.edits({"batch_size": 64}))
     with pytest.raises(UserError, match="an interpolation the planner cannot resolve"):
-        config.setup(TrainSetup())
+        config.typed("accumulate")
 
 
 def test_key_overrides_are_validated() -> None:
@@ -129,10 +128,25 @@ def test_key_overrides_are_validated() -> None:
 def test_lightning_config_sets_the_training_step(tmp_path: Path) -> None:
     path = tmp_path / "lightning.yaml"
     shutil.copy(CORPUS / "lightning.yaml", path)
-    setup, notes = trainconfig.read(path).setup(TrainSetup())
-    assert (setup.micro_batch, setup.accumulate, setup.n_positives, setup.n_negatives) == (4, 16, 16, 8)
-    assert (setup.precision, setup.seq_len, setup.n_gpus, setup.gradient_checkpointing) == ("bf16-mixed", 128, 1, True)
-    assert setup.sequences_per_example == 25 and setup.effective_batch == 64 and notes == []
+    config = trainconfig.read(path)
+    assert config.layout.name == "lightning" and not config.unread
+    values = {role: config.typed(role)[0] for role in trainconfig.ROLES}
+    assert values == {
+        "model": None,  # model.encoder is not a key the planner reads a model from
+        "batch_size": 4,
+        "accumulate": 16,
+        "seq_len": 128,
+        "precision": "bf16-mixed",
+        "trainable": "lora",
+        "lora_rank": 8,
+        "lora_targets": ("query", "value"),
+        "gradient_checkpointing": True,
+        "devices": 1,
+        "zero_stage": None,
+        "n_positives": 16,
+        "n_negatives": 8,
+    }
+    assert config.require("accumulate").where == f"{path}:29"
 
 
 def _profile(**plan: object) -> PlanProfile:

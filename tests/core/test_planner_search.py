@@ -17,6 +17,7 @@ from gpuopt_tui.core.planner.search import (
     candidates,
     closed_form,
     largest_batch,
+    largest_batch_for,
     max_samples,
     recommend,
 )
@@ -62,10 +63,10 @@ def test_candidates_are_distinct_and_report_memory() -> None:
     setup = TrainSetup(micro_batch=4, accumulate=16)
     budget = Budget(24 * GIB, 0.85)
     peak = linear(2 * GIB, 200 * 1024**2)
-    b_max = largest_batch(peak, setup, budget.limit)
-    found = candidates(peak, setup, budget, 64, b_max)
+    b_max = largest_batch_for(peak, setup, budget.limit, 64)
+    found = candidates(peak, setup, budget, 64, b_max, budget.limit)
     assert len({(c.micro_batch, c.accumulate) for c in found}) == len(found)
-    assert all(c.fits and c.peak == peak(setup.with_batch(c.micro_batch)) for c in found)
+    assert all(c.fits and c.peak == peak(setup.with_batch(c.micro_batch, c.accumulate)) for c in found)
     assert all(c.utilisation == c.peak / budget.gpu_total for c in found)
     assert found[0].label == "exact effective batch" and found[0].effective_batch == 64
 

@@ -37,6 +37,12 @@ class Source:
     layer: Layer
     key: str  # the key inside layer.path
     value: Any
+    line: int | None = None  # 1-based line of the key in layer.path
+
+    @property
+    def where(self) -> str:
+        """`path:line` as printed next to a value read from the file."""
+        return f"{self.layer.path}:{self.line}" if self.line else str(self.layer.path)
 
 
 class Composition:
@@ -66,7 +72,22 @@ class Composition:
             if inner.split(".")[0] == "defaults" and isinstance(data, dict) and isinstance(data.get("defaults"), list):
                 continue
             if yamledit.has_key(data, inner):
-                return Source(layer, inner, yamledit.lookup(data, inner, layer.path))
+                return Source(layer, inner, yamledit.lookup(data, inner, layer.path), _line(data, inner))
+        return None
+
+    def has_key(self, key: str) -> bool:
+        return self.source(key) is not None
+
+
+def _line(data: Any, key: str) -> int | None:
+    """The 1-based line where dotted `key` is written (ruamel's round-trip positions), if known."""
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    try:
+        return int(node.lc.key(last)[0]) + 1
+    except (AttributeError, KeyError, TypeError):
         return None
 
 

@@ -7,7 +7,6 @@ closed-form estimate, or a line fitted to probes), so the same search serves bot
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -49,20 +48,53 @@ def closed_form(spec: ModelSpec, overheads: Overheads | None = None) -> PeakMode
 
 
 def largest_batch(peak: PeakModel, setup: TrainSetup, limit: int, upper: int = MAX_BATCH) -> int:
-    """The largest micro-batch whose peak stays within `limit` (0 if one does not fit); peak grows with b."""
+    """The largest micro-batch whose peak stays within `limit` at the setup's accumulation (0 if one does not
+    fit); peak grows with b."""
     if peak(setup.with_batch(1)) > limit:
         return 0
-    lo, hi = 1, 2
-    while hi <= upper and peak(setup.with_batch(hi)) <= limit:
-        lo, hi = hi, hi * 2
+    return _largest(lambda b: peak(setup.with_batch(b)) <= limit, 1, upper)
+
+
+def _largest(fits: Callable[[int], bool], lo: int, upper: int) -> int:
+    """The largest b in [lo, upper] with fits(b), given fits(lo) and fits falling from true to false once."""
+    hi = lo + 1
+    while hi <= upper and fits(hi):
+        lo, hi = hi, hi + 2 * (hi - lo)
     hi = min(hi, upper + 1)
-    while hi - lo > 1:  # peak(lo) fits, peak(hi) does not (or hi is past the upper bound)
+    while hi - lo > 1:  # fits(lo), not fits(hi) (or hi is past the upper bound)
         mid = (lo + hi) // 2
-        if peak(setup.with_batch(mid)) <= limit:
+        if fits(mid):
             lo = mid
         else:
             hi = mid
     return lo
+
+
+def accumulate_for(micro: int, target: int, n_gpus: int = 1) -> int:
+    """The accumulation a micro-batch gets for an effective batch of `target`: the nearest whole number of steps
+    (halves round up), at least 1. Integer arithmetic: floor(target / (micro x n) + 1/2)."""
+    step = micro * n_gpus
+    return max(1, (2 * target + step) // (2 * step))
+
+
+def largest_batch_for(peak: PeakModel, setup: TrainSetup, limit: int, target: int, upper: int = MAX_BATCH) -> int:
+    """The largest micro-batch whose peak stays within `limit` at the accumulation it gets for `target`
+    (`accumulate_for`), 0 if none. The peak may depend on the accumulation (gradients kept between micro-batches),
+    so the micro-batches are searched in runs of equal accumulation, the largest micro-batches first."""
+    n = setup.n_gpus
+    hi = upper
+    while hi >= 1:
+        acc = accumulate_for(hi, target, n)
+        # the smallest micro-batch with this accumulation: target / (b n) < acc + 1/2
+        lo = min(hi, (2 * target) // (n * (2 * acc + 1)) + 1)
+
+        def fits(b: int, acc: int = acc) -> bool:
+            return peak(setup.with_batch(b, acc)) <= limit
+
+        if fits(lo):
+            return _largest(fits, lo, hi)
+        hi = lo - 1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -78,11 +110,19 @@ class Accumulation:
         return self.effective / self.target - 1 if self.target else 0.0
 
 
-def accumulation(b_max: int, target: int, n_gpus: int = 1, mode: str = "exact") -> Accumulation:
-    """Micro-batch and accumulate_grad_batches for an effective batch of `target` over `n_gpus`.
+def accumulation(
+    b_max: int,
+    target: int,
+    n_gpus: int = 1,
+    mode: str = "exact",
+    fits: Callable[[int, int], bool] = lambda micro, accumulate: True,
+) -> Accumulation:
+    """Micro-batch and accumulate_grad_batches for an effective batch of `target` over `n_gpus`, where `b_max` is
+    the largest micro-batch that fits at the accumulation it gets (`largest_batch_for`).
 
-    exact: the largest divisor of target / n_gpus that fits, so that the effective batch is the target;
-    approx: the largest micro-batch that fits, and the accumulation closest to the target (deviation shown).
+    exact: the largest divisor of target / n_gpus that fits at its accumulation (`fits(micro, accumulate)`), so
+    that the effective batch is the target; approx: the largest micro-batch that fits, and the accumulation
+    closest to the target (deviation shown).
     """
     if mode not in ACCUMULATION_MODES:
         raise UserError(f'accumulation mode "{mode}": expected exact or approx')
@@ -97,16 +137,13 @@ def accumulation(b_max: int, target: int, n_gpus: int = 1, mode: str = "exact") 
                 "use approx mode or another target"
             )
         per_gpu = target // n_gpus
-        micro = max(d for d in _divisors(per_gpu) if d <= b_max)
+        micro = max((d for d in _divisors(per_gpu) if d <= b_max and fits(d, per_gpu // d)), default=0)
+        if micro == 0:
+            raise UserError(f"no micro-batch dividing {per_gpu} fits with the accumulation it needs; use approx mode")
         return Accumulation(micro, per_gpu // micro, target, target)
     micro = min(b_max, -(-target // n_gpus))
-    accumulate = _nearest(target / (micro * n_gpus))
+    accumulate = accumulate_for(micro, target, n_gpus)
     return Accumulation(micro, accumulate, micro * accumulate * n_gpus, target)
-
-
-def _nearest(x: float) -> int:
-    """The nearest whole number of accumulation steps (halves round up), at least 1."""
-    return max(1, math.floor(x + 0.5))
 
 
 def _divisors(n: int) -> list[int]:
@@ -125,10 +162,12 @@ class Candidate:
     deviation: float  # effective batch relative to the target
     peak: int  # bytes on the GPU, context included
     utilisation: float  # peak / GPU memory
-    fits: bool  # peak within margin x GPU memory
+    fits: bool  # peak within what the search plans for (margin x GPU memory, less the headroom kept back)
 
 
-def candidate(label: str, peak: PeakModel, setup: TrainSetup, budget: Budget, target: int) -> Candidate:
+def candidate(label: str, peak: PeakModel, setup: TrainSetup, budget: Budget, target: int, limit: int) -> Candidate:
+    """One configuration evaluated once, at its own micro-batch and accumulation; it fits when its peak is within
+    `limit`, the share of the budget the search plans for."""
     bytes_ = peak(setup)
     effective = setup.effective_batch
     return Candidate(
@@ -139,35 +178,46 @@ def candidate(label: str, peak: PeakModel, setup: TrainSetup, budget: Budget, ta
         deviation=effective / target - 1 if target else 0.0,
         peak=bytes_,
         utilisation=bytes_ / budget.gpu_total,
-        fits=bytes_ <= budget.limit,
+        fits=bytes_ <= limit,
     )
 
 
-def candidates(peak: PeakModel, setup: TrainSetup, budget: Budget, target: int, b_max: int) -> tuple[Candidate, ...]:
-    """Configurations worth comparing: the exact target, the closest to it, the largest micro-batch, a power of
-    two, and half the largest (headroom)."""
+def candidates(
+    peak: PeakModel, setup: TrainSetup, budget: Budget, target: int, b_max: int, limit: int, mode: str = "exact"
+) -> tuple[Candidate, ...]:
+    """Configurations worth comparing, each at the accumulation it gets for `target`: the exact target, the closest
+    to it, the largest micro-batch (`b_max`, from `largest_batch_for` at the same `limit`), the largest power of
+    two that fits, and half the largest (headroom)."""
     n = setup.n_gpus
 
-    def accumulate_for(micro: int) -> int:
-        return _nearest(target / (micro * n))
+    def at(micro: int, acc: int | None = None) -> TrainSetup:
+        return setup.with_batch(micro, accumulate_for(micro, target, n) if acc is None else acc)
 
-    options: list[tuple[str, int, int]] = []
+    def fits(micro: int, acc: int) -> bool:
+        return peak(setup.with_batch(micro, acc)) <= limit
+
+    options: list[tuple[str, TrainSetup]] = []
     if target % n == 0:
-        exact = accumulation(b_max, target, n, "exact")
-        options.append(("exact effective batch", exact.micro_batch, exact.accumulate))
+        try:
+            exact = accumulation(b_max, target, n, "exact", fits)
+            options.append(("exact effective batch", at(exact.micro_batch, exact.accumulate)))
+        except UserError:
+            if mode == "exact":
+                raise
     approx = accumulation(b_max, target, n, "approx")
-    options.append(("closest to the target", approx.micro_batch, approx.accumulate))
-    options.append(("largest micro-batch", b_max, accumulate_for(b_max)))
+    options.append(("closest to the target", at(approx.micro_batch, approx.accumulate)))
+    options.append(("largest micro-batch", at(b_max)))
     pow2 = 1 << (b_max.bit_length() - 1)
-    options.append(("power of two", pow2, accumulate_for(pow2)))
-    half = max(1, b_max // 2)
-    options.append(("half the largest (headroom)", half, accumulate_for(half)))
+    while pow2 > 1 and peak(at(pow2)) > limit:
+        pow2 //= 2
+    options.append(("power of two", at(pow2)))
+    options.append(("half the largest (headroom)", at(max(1, b_max // 2))))
     seen: set[tuple[int, int]] = set()
     out = []
-    for label, micro, acc in options:
-        if (micro, acc) not in seen:
-            seen.add((micro, acc))
-            out.append(candidate(label, peak, setup.with_batch(micro, acc), budget, target))
+    for label, s in options:
+        if (s.micro_batch, s.accumulate) not in seen:
+            seen.add((s.micro_batch, s.accumulate))
+            out.append(candidate(label, peak, s, budget, target, limit))
     return tuple(out)
 
 
@@ -222,13 +272,19 @@ class Recommendation:
     budget: Budget
     target: int
     mode: str
-    b_max: int  # largest micro-batch that fits every stage
+    b_max: int  # largest micro-batch that fits every stage, at the accumulation it gets for the target
     chosen: Candidate
     candidates: tuple[Candidate, ...]
     current: Candidate | None
     stages: tuple[StagePlan, ...]
     tier: str
     headroom: float = 0.0  # share of the budget the search kept back for the peak model's error
+    b_max_accumulate: int = 1  # the accumulation b_max was evaluated at
+
+    @property
+    def limit(self) -> int:
+        """What the search planned for, and what every row's `fits` is judged against."""
+        return self.budget.search_limit(self.headroom)
 
 
 def recommend(
@@ -251,7 +307,7 @@ def recommend(
     room = budget.search_limit(headroom)
     stage_setups = [dataclasses.replace(setup, n_positives=s.n_positives, n_negatives=s.n_negatives) for s in stages]
     setups = stage_setups or [setup]
-    limits = [largest_batch(peak, s, room) for s in setups]
+    limits = [largest_batch_for(peak, s, room, target) for s in setups]
     b_max = min(limits)
     binding = setups[limits.index(b_max)]  # the most demanding stage sets the micro-batch
     if b_max < 1:
@@ -262,16 +318,18 @@ def recommend(
             f"{budget.gpu_total / 1024**3:.1f} GiB{kept}; try gradient checkpointing, LoRA, a frozen encoder, mixed "
             "precision or a shorter sequence"
         )
-    acc = accumulation(b_max, target, setup.n_gpus, mode)
+    acc = accumulation(
+        b_max, target, setup.n_gpus, mode, lambda micro, accumulate: peak(binding.with_batch(micro, accumulate)) <= room
+    )
     chosen_setup = binding.with_batch(acc.micro_batch, acc.accumulate)
-    chosen = candidate(f"recommended ({mode})", peak, chosen_setup, budget, target)
+    chosen = candidate(f"recommended ({mode})", peak, chosen_setup, budget, target, room)
     plans = tuple(
         StagePlan(
             stage=stage,
             b_max=limit,
             peak=(p := peak(s.with_batch(acc.micro_batch, acc.accumulate))),
             utilisation=p / budget.gpu_total,
-            max_positives=(m := max_samples(peak, s.with_batch(acc.micro_batch), room))[0],
+            max_positives=(m := max_samples(peak, s.with_batch(acc.micro_batch, acc.accumulate), room))[0],
             max_negatives=m[1],
         )
         for stage, s, limit in zip(stages, stage_setups, limits)
@@ -281,9 +339,10 @@ def recommend(
         target=target,
         mode=mode,
         b_max=b_max,
+        b_max_accumulate=accumulate_for(b_max, target, setup.n_gpus),
         chosen=chosen,
-        candidates=candidates(peak, binding, budget, target, b_max),
-        current=candidate("current", peak, binding, budget, target),
+        candidates=candidates(peak, binding, budget, target, b_max, room, mode),
+        current=candidate("current", peak, binding, budget, target, room),
         stages=plans,
         tier=tier,
         headroom=headroom,

@@ -27,10 +27,11 @@ from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
-from gpuopt_tui.core.planner import trainconfig
+from gpuopt_tui.core.planner import modelfind, trainconfig
 from gpuopt_tui.core.planner.estimate import Estimate, TrainSetup, estimate
 from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, spec_from_config
+from gpuopt_tui.core.planner.resolve import CONFIG, DEFAULT, PROFILE, Origins, Resolved, resolve_setup_roles, warnings
 from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
     MEASURED_HEADROOM,
@@ -47,7 +48,23 @@ from gpuopt_tui.core.profiles.common import ModelSection
 from gpuopt_tui.core.profiles.plan import PlanProfile
 
 DEFAULT_SEQ_LEN = 128
-DEFAULT_MICRO_BATCH = 8
+# The planner's defaults, for values set nowhere (a warning says so for the memory-relevant ones)
+DEFAULTS: dict[str, Any] = {
+    "micro_batch": 8,
+    "accumulate": 1,
+    "precision": "bf16-mixed",
+    "trainable": "all",
+    "lora_rank": 8,
+    "gradient_checkpointing": False,
+    "n_gpus": 1,
+    "zero_stage": 0,
+    "n_positives": 0,
+    "n_negatives": 0,
+}
+# LoRA's usual targets per architecture: the attention query and value projections
+LORA_TARGETS = {"bert": ("query", "value"), "roberta": ("query", "value"), "distilbert": ("q_lin", "v_lin")}
+LORA_TARGETS_DECODER = ("q_proj", "v_proj")
+LORA_TARGETS_GPT2 = ("c_attn",)
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,9 @@ class PlanInputs:
     stages: tuple[StageFile, ...]
     target: int  # effective batch to keep
     notes: tuple[str, ...]
+    values: tuple[Resolved, ...] = ()  # the model and every setup value, each with its source
+    warnings: tuple[str, ...] = ()  # memory-relevant values that only a default sets
+    layout: str = ""  # the training config's framework layout, as detected
 
 
 def model_source(model: ModelSection) -> ModelSource:
@@ -145,46 +165,43 @@ def measuring_gpu(device: str) -> gpu_memory.GpuMemory:
     return found
 
 
-def prepare(profile: PlanProfile, gpu: gpu_memory.GpuMemory | None = None) -> PlanInputs:
+def prepare(
+    profile: PlanProfile, gpu: gpu_memory.GpuMemory | None = None, origins: Origins | None = None
+) -> PlanInputs:
     """Everything a plan needs, read and checked: UserError for any problem the user can fix. `gpu` replaces
-    the profile's GPU memory (gpu_memory_gb, or NVML detection)."""
+    the profile's GPU memory (gpu_memory_gb, or NVML detection). Every value is resolved once, command line >
+    training config > profile > default (`origins` says which values the command line set; without it the
+    profile's values are the profile's)."""
     p = profile.plan
-    source = model_source(profile.model)
-    task = p.task if p.task != "auto" else source.task
-    spec = spec_from_config(source.config, source.label, task)
-    base = TrainSetup(
-        optimizer=p.optimizer,
-        trainable=p.trainable,
-        lora_rank=p.lora_rank,
-        lora_targets=tuple(p.lora_targets),
-        seq_len=min(DEFAULT_SEQ_LEN, spec.max_positions),
-        micro_batch=DEFAULT_MICRO_BATCH,
-        zero_stage=p.zero_stage,
-        loop=p.loop,
-    )
-    notes: list[str] = []
+    origins = origins or Origins(profile=f"profile {profile.name}")
     config = None
+    notes: list[str] = []
     if p.config:
         config = trainconfig.read(Path(p.config).expanduser(), trainconfig.parse_keys(p.keys), p.overrides)
-        base, config_notes = config.setup(base)
-        notes += config_notes
-    explicit = {
-        "precision": p.precision,
-        "gradient_checkpointing": p.gradient_checkpointing,
-        "seq_len": p.seq_len,
-        "micro_batch": p.micro_batch,
-        "n_positives": p.n_positives,
-        "n_negatives": p.n_negatives,
-        "n_gpus": p.n_gpus,
-    }
-    setup = dataclasses.replace(base, **{k: v for k, v in explicit.items() if v != "auto"})
+        notes += [
+            f"{s.where}: {s.file_key} = {s.value!r} is not a value the planner models for {role}; ignored"
+            for role, s in config.unread.items()
+        ]
+    source, model = model_source_resolved(profile, config, origins)
+    task = p.task if p.task != "auto" else source.task
+    spec = spec_from_config(source.config, source.label, task)
+    resolved = resolve_setup_roles(p, config, origins, partial_default(spec))
+    values = {name: r.value for name, r in resolved.items()}
+    setup = TrainSetup(optimizer=p.optimizer, loop=p.loop, **values)
+    notes += [f"{r.label} {r.text} ({r.source}): {r.note}" for r in resolved.values() if r.note]
     if setup.seq_len > spec.max_positions and spec.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
         notes.append(f"sequence length {setup.seq_len} exceeds the model's {spec.max_positions} positions")
     setup.check()
+    if setup.trainable == "lora":
+        try:
+            spec.lora_linears(setup.lora_targets)
+        except UserError as e:
+            raise UserError(f"{e} (LoRA targets from {resolved['lora_targets'].source})") from None
     stages = tuple(_stage(Path(s).expanduser(), p.keys) for s in p.stages)
     memory = gpu or gpu_memory.resolve(
         None if p.gpu_memory_gb == "auto" else float(p.gpu_memory_gb), device_index(profile.run.device)
     )
+    every = (model, *(r for r in resolved.values() if _shown(r, setup)))
     return PlanInputs(
         profile=profile,
         model=source,
@@ -196,7 +213,68 @@ def prepare(profile: PlanProfile, gpu: gpu_memory.GpuMemory | None = None) -> Pl
         stages=stages,
         target=p.effective_batch or setup.effective_batch,
         notes=tuple(notes),
+        values=every,
+        warnings=tuple(model_warning(model) + warnings(resolved)),
+        layout=config.layout.label if config is not None else "",
     )
+
+
+def _shown(r: Resolved, setup: TrainSetup) -> bool:
+    """LoRA's values only when LoRA trains; samples per anchor only when something sets them."""
+    if r.role in ("lora_rank", "lora_targets"):
+        return setup.trainable == "lora"
+    return r.role not in ("n_positives", "n_negatives") or r.origin != DEFAULT
+
+
+def partial_default(spec: ModelSpec) -> Callable[[str], Any]:
+    """The planner's default of a setup value for this model."""
+
+    def default(name: str) -> Any:
+        if name == "seq_len":
+            return min(DEFAULT_SEQ_LEN, spec.max_positions)
+        if name == "lora_targets":
+            if spec.model_type == "gpt2":
+                return LORA_TARGETS_GPT2
+            return LORA_TARGETS.get(spec.model_type, LORA_TARGETS_DECODER)
+        return DEFAULTS[name]
+
+    return default
+
+
+def model_source_resolved(
+    profile: PlanProfile, config: trainconfig.TrainingConfig | None, origins: Origins
+) -> tuple[ModelSource, Resolved]:
+    """The model to plan for: --model, else the one the config names (found locally, or UserError: never the demo
+    model instead), else the profile's."""
+    flag = origins.flags.get("model")
+    if flag:
+        source = model_source(profile.model)
+        return source, Resolved("model", "model", source.label, flag, "command line")
+    name, setting = config.typed("model") if config is not None else (None, None)
+    if setting is not None:
+        bases = list(dict.fromkeys([setting.path.parent.resolve(), Path.cwd()]))
+        found = modelfind.require(name, bases, f"{setting.where}: {setting.file_key}")
+        config_json, _ = load_config(found)
+        overridden = () if profile.model.adapter == "demo" else (f"{_profile_model(profile)} ({origins.profile})",)
+        label = name if str(found.parent) == name else f"{name} ({found.parent})"
+        return ModelSource(config_json, label), Resolved("model", "model", label, setting.where, CONFIG, overridden)
+    source = model_source(profile.model)
+    origin = PROFILE if origins.profile else DEFAULT
+    return source, Resolved("model", "model", source.label, origins.profile or "default", origin)
+
+
+def _profile_model(profile: PlanProfile) -> str:
+    m = profile.model
+    return m.path if m.adapter == "hf" else m.factory
+
+
+def model_warning(model: Resolved) -> list[str]:
+    if model.origin in (CONFIG, "command line") or not model.value.startswith("demo "):
+        return []
+    return [
+        f"planning the {model.value} model ({model.source}): the config names no model; name it there "
+        "(e.g. model_name_or_path) or give --model DIR"
+    ]
 
 
 def _stage(path: Path, keys: list[str]) -> StageFile:

@@ -1,9 +1,9 @@
-"""A training YAML config as the planner reads and writes it: roles (batch size, accumulation, ...) found at
-configurable dotted keys, in the file of a composed config whose value wins."""
+"""A training YAML config as the planner reads and writes it: roles (batch size, accumulation, model, LoRA, ...)
+found at the keys of the framework layout detected (`layouts`), in the file of a composed config whose value
+wins, each with the file and line it was read from."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,62 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner import yamledit
-from gpuopt_tui.core.planner.compose import Composition, compose
-from gpuopt_tui.core.planner.estimate import TrainSetup
+from gpuopt_tui.core.planner import layouts, yamledit
+from gpuopt_tui.core.planner.compose import Composition, Source, compose
+from gpuopt_tui.core.planner.estimate import PRECISIONS, TRAINABLE
 
-# Where each role is looked for, first match wins (Lightning + Hydra layouts, then flat ones).
-DEFAULT_KEYS: dict[str, tuple[str, ...]] = {
-    "batch_size": (
-        "data_loader.batch_size",
-        "data.batch_size",
-        "datamodule.batch_size",
-        "dataloader.batch_size",
-        "training.batch_size",
-        "train.batch_size",
-        "batch_size",
-    ),
-    "accumulate": (
-        "training.trainer.accumulate_grad_batches",
-        "trainer.accumulate_grad_batches",
-        "training.accumulate_grad_batches",
-        "accumulate_grad_batches",
-        "training.gradient_accumulation_steps",
-        "gradient_accumulation_steps",
-    ),
-    "n_positives": ("data.n_positives", "data_loader.n_positives", "training.n_positives", "n_positives"),
-    "n_negatives": ("data.n_negatives", "data_loader.n_negatives", "training.n_negatives", "n_negatives"),
-    "precision": ("training.trainer.precision", "trainer.precision", "training.precision", "precision"),
-    "seq_len": (
-        "data.max_length",
-        "data_loader.max_length",
-        "data.max_seq_length",
-        "model.max_length",
-        "tokenizer.max_length",
-        "max_length",
-        "max_seq_length",
-    ),
-    "devices": ("training.trainer.devices", "trainer.devices"),
-    "gradient_checkpointing": (
-        "model.gradient_checkpointing",
-        "training.gradient_checkpointing",
-        "gradient_checkpointing",
-    ),
-}
-ROLES = tuple(DEFAULT_KEYS)
+ROLES = (
+    "model",
+    "batch_size",
+    "accumulate",
+    "seq_len",
+    "precision",
+    "trainable",
+    "lora_rank",
+    "lora_targets",
+    "gradient_checkpointing",
+    "devices",
+    "zero_stage",
+    "n_positives",
+    "n_negatives",
+)
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
-# Lightning precision names -> the planner's
-PRECISION_NAMES = {
-    "32": "fp32",
-    "32-true": "fp32",
-    "fp32": "fp32",
-    "bf16": "bf16-mixed",
-    "bf16-mixed": "bf16-mixed",
-    "16": "fp16-mixed",
-    "16-mixed": "fp16-mixed",
-    "fp16": "fp16-mixed",
-    "fp16-mixed": "fp16-mixed",
-}
 
 
 def parse_keys(items: Sequence[str]) -> dict[str, str]:
@@ -76,8 +40,8 @@ def parse_keys(items: Sequence[str]) -> dict[str, str]:
         role, sep, key = item.partition("=")
         role, key = role.strip(), key.strip()
         if not sep or not key:
-            raise UserError(f'key "{item}": expected role=dotted.key, e.g. batch_size=data.train.batch_size')
-        if role not in DEFAULT_KEYS:
+            raise UserError(f'key "{item}": expected role=dotted.key, e.g. batch_size=data.train.bs')
+        if role not in ROLES:
             raise UserError(f'key "{item}": unknown role "{role}" (roles: {", ".join(ROLES)})')
         out[role] = key
     return out
@@ -87,9 +51,17 @@ def parse_keys(items: Sequence[str]) -> dict[str, str]:
 class Setting:
     role: str
     key: str  # in the composed config
-    value: Any
+    value: Any  # as written (a plain `${ref}` resolved)
     path: Path  # the file whose value wins
     file_key: str  # the key inside that file
+    line: int | None = None
+    meaning: Any = None  # what the value means for the role (`bf16: true` -> "bf16-mixed")
+    note: str = ""  # an approximation the plan makes for this value
+
+    @property
+    def where(self) -> str:
+        """`file:line`, as printed next to the value."""
+        return f"{self.path}:{self.line}" if self.line else str(self.path)
 
 
 @dataclass(frozen=True)
@@ -98,6 +70,8 @@ class TrainingConfig:
     composition: Composition
     settings: Mapping[str, Setting]
     keys: Mapping[str, tuple[str, ...]]  # the keys each role was looked for at
+    layout: layouts.Layout
+    unread: Mapping[str, Setting]  # roles unset although a key of theirs holds a value the planner cannot use
 
     def get(self, role: str) -> Setting | None:
         return self.settings.get(role)
@@ -111,39 +85,13 @@ class TrainingConfig:
             )
         return found
 
-    def setup(self, base: TrainSetup) -> tuple[TrainSetup, list[str]]:
-        """`base` with the values this config sets (batch, accumulation, samples per anchor, ...), and notes."""
-        notes: list[str] = []
-        values: dict[str, Any] = {}
-        for role, field in (
-            ("batch_size", "micro_batch"),
-            ("accumulate", "accumulate"),
-            ("n_positives", "n_positives"),
-            ("n_negatives", "n_negatives"),
-            ("seq_len", "seq_len"),
-        ):
-            s = self.settings.get(role)
-            if s is not None:
-                values[field] = _count(s, minimum=0 if role.startswith("n_") else 1)
-        s = self.settings.get("precision")
-        if s is not None:
-            name = PRECISION_NAMES.get(str(s.value).lower())
-            if name is None:
-                notes.append(f"precision {s.value!r} ({s.path}) is not modelled; planning for {base.precision}")
-            else:
-                values["precision"] = name
-        s = self.settings.get("devices")
-        if s is not None:
-            if isinstance(s.value, list):
-                values["n_gpus"] = max(1, len(s.value))
-            elif isinstance(s.value, int) and not isinstance(s.value, bool) and s.value > 0:
-                values["n_gpus"] = s.value
-            else:
-                notes.append(f"devices = {s.value!r} ({s.path}): planning for {base.n_gpus} GPU(s)")
-        s = self.settings.get("gradient_checkpointing")
-        if s is not None and isinstance(s.value, bool):
-            values["gradient_checkpointing"] = s.value
-        return dataclasses.replace(base, **values), notes
+    def typed(self, role: str) -> tuple[Any, Setting] | tuple[None, None]:
+        """The planner's value of `role` from this config and its setting, or (None, None) when the config does not
+        set it. UserError for a value that cannot be what the role needs."""
+        s = self.settings.get(role)
+        if s is None:
+            return None, None
+        return _typed(s), s
 
     def edits(self, values: Mapping[str, yamledit.Scalar]) -> list[tuple[Path, yamledit.ValueEdit]]:
         """The edits that set each role to its value, in the file where the role's value wins."""
@@ -167,31 +115,80 @@ def preview_edits(edits: Sequence[tuple[Path, yamledit.ValueEdit]]) -> list[yaml
     return [yamledit.preview(path, list(file_edits.values())) for path, file_edits in by_file.values()]
 
 
-def _count(s: Setting, minimum: int) -> int:
-    v = s.value
+def _typed(s: Setting) -> Any:
+    v = s.meaning
     if isinstance(v, str) and "${" in v:
-        raise UserError(f"{s.path}: '{s.file_key}' = {v}: an interpolation the planner cannot resolve")
+        raise UserError(f"{s.where}: '{s.file_key}' = {v}: an interpolation the planner cannot resolve")
+    role = s.role
+    if role in ("batch_size", "accumulate", "seq_len", "lora_rank"):
+        return _count(s, v, 1)
+    if role in ("n_positives", "n_negatives"):
+        return _count(s, v, 0)
+    if role == "zero_stage":
+        if _count(s, v, 0) > 3:
+            raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected a ZeRO stage 0, 1, 2 or 3")
+        return v
+    if role == "devices":
+        if isinstance(v, list) and v:
+            return len(v)
+        if isinstance(v, str) and re.fullmatch(r"\d+(,\d+)*,?", v.strip()) and "," in v:
+            return len([d for d in v.split(",") if d.strip()])
+        return _count(s, int(v) if isinstance(v, str) and v.strip().isdigit() else v, 1, "a number or list of GPUs")
+    if role == "gradient_checkpointing":
+        if not isinstance(v, bool):
+            raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected true or false")
+        return v
+    if role in ("precision", "trainable"):
+        allowed = PRECISIONS if role == "precision" else TRAINABLE
+        if v not in allowed:  # a value the layout's translation does not know
+            raise UserError(f"{s.where}: '{s.file_key}' = {s.value!r}: the planner models {', '.join(allowed)}")
+        return v
+    if role == "lora_targets":
+        items = v.split(",") if isinstance(v, str) else v
+        if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+            raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected a list of module names")
+        names = tuple(t.strip() for t in items if t.strip())
+        return ("all-linear",) if names in (("all",), ("all-linear",)) else names
+    if not isinstance(v, str) or not v.strip():  # model
+        raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected a model path or Hugging Face repository id")
+    return v.strip()
+
+
+def _count(s: Setting, v: Any, minimum: int, what: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        what = "a positive integer" if minimum else "0 or a positive integer"
-        raise UserError(f"{s.path}: '{s.file_key}' = {v!r}, expected {what}")
+        what = what or ("a positive integer" if minimum else "0 or a positive integer")
+        raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected {what}")
     return int(v)
 
 
 def read(path: Path, keys: Mapping[str, str] | None = None, overrides: Sequence[str] = ()) -> TrainingConfig:
-    """Read a training config (composing Hydra-style defaults lists) and find every role's value.
-
-    `keys` names a role's key explicitly (then only that key is looked at); `overrides` are group choices."""
+    """Read a training config (composing Hydra-style defaults lists), detect its framework's layout and find every
+    role's value. `keys` names a role's key explicitly (then only that key is looked at); `overrides` are group
+    choices."""
     composition = compose(Path(path), overrides)
-    wanted = {role: ((keys or {})[role],) if role in (keys or {}) else DEFAULT_KEYS[role] for role in ROLES}
-    settings = {}
+    layout = layouts.detect(composition.has_key)
+    given = keys or {}
+    wanted = {role: (layouts.Key(given[role]),) if role in given else layout.candidates(role) for role in ROLES}
+    settings: dict[str, Setting] = {}
+    unread: dict[str, Setting] = {}
     for role, candidates in wanted.items():
         for key in candidates:
-            source = composition.source(key)
-            if source is not None:
-                value = _resolve(composition, source.value)
-                settings[role] = Setting(role, key, value, source.layer.path, source.key)
+            source = composition.source(key.path)
+            if source is None:
+                continue
+            value = _resolve(composition, source.value)
+            decides, meaning = key.translate(value)
+            if decides:
+                settings[role] = _setting(role, key, source, value, meaning)
+                unread.pop(role, None)
                 break
-    return TrainingConfig(Path(path), composition, settings, wanted)
+            unread.setdefault(role, _setting(role, key, source, value, None))
+    tried = {role: tuple(k.path for k in candidates) for role, candidates in wanted.items()}
+    return TrainingConfig(Path(path), composition, settings, tried, layout, unread)
+
+
+def _setting(role: str, key: layouts.Key, source: Source, value: Any, meaning: Any) -> Setting:
+    return Setting(role, key.path, value, source.layer.path, source.key, source.line, meaning, key.note)
 
 
 def _resolve(composition: Composition, value: Any, depth: int = 5) -> Any:

@@ -6,9 +6,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from gpuopt_tui.core.profiles.common import ModelSection, ProfileBase, RunSection
-from gpuopt_tui.core.profiles.schema import Failure, opt, section
+from gpuopt_tui.core.profiles.schema import opt, section
 
-ROLES_HELP = "batch_size, accumulate, n_positives, n_negatives, precision, seq_len, devices, gradient_checkpointing"
+# A value set in the training config wins over the profile's; the command line wins over both.
+_AUTO = "the training config's value wins over this one; auto:"
+ROLES_HELP = (
+    "model, batch_size, accumulate, seq_len, precision, trainable, lora_rank, lora_targets, gradient_checkpointing, "
+    "devices, zero_stage, n_positives, n_negatives"
+)
 
 
 @dataclass
@@ -24,28 +29,32 @@ class PlanSection:
     )
     precision: str = opt(
         "auto",
-        "Training precision (auto: the config's trainer precision, else bf16-mixed)",
+        f"Training precision ({_AUTO} bf16-mixed)",
         choices=("auto", "fp32", "bf16-mixed", "fp16-mixed"),
     )
     optimizer: str = opt("adamw", "Optimizer (sets state size)", choices=("adamw", "sgd", "adam8bit"))
-    trainable: str = opt("all", "What trains", choices=("all", "frozen_encoder", "lora"))
-    lora_rank: int = opt(8, "LoRA rank (trainable = lora)", min=1)
-    lora_targets: list[str] = opt(["query", "value"], "Linear layers adapted by LoRA, by name (or all-linear)")
-    gradient_checkpointing: bool | Literal["auto"] = opt(
-        "auto", "Recompute activations in the backward pass (auto: the config's setting, else off)"
+    trainable: str = opt("auto", f"What trains ({_AUTO} all)", choices=("auto", "all", "frozen_encoder", "lora"))
+    lora_rank: int | Literal["auto"] = opt("auto", f"LoRA rank, trainable = lora ({_AUTO} 8)", min=1)
+    lora_targets: list[str] = opt(
+        [],
+        "LoRA's linear layers, by name or all-linear (the training config's win; empty: attention query, value)",
     )
-    seq_len: int | Literal["auto"] = opt("auto", "Sequence length, worst case (auto: the config's, else 128)", min=1)
-    micro_batch: int | Literal["auto"] = opt("auto", "Micro-batch to show (auto: the config's, else 8)", min=1)
+    gradient_checkpointing: bool | Literal["auto"] = opt(
+        "auto", f"Recompute activations in the backward pass ({_AUTO} off)"
+    )
+    seq_len: int | Literal["auto"] = opt("auto", f"Sequence length, worst case ({_AUTO} 128)", min=1)
+    micro_batch: int | Literal["auto"] = opt("auto", f"Micro-batch to show ({_AUTO} 8)", min=1)
+    accumulate: int | Literal["auto"] = opt("auto", f"Gradient accumulation steps ({_AUTO} 1)", min=1)
     effective_batch: int = opt(0, "Effective batch to keep via accumulation (0 = keep the config's)", min=0)
     accumulation: str = opt(
         "exact",
         "exact: a micro-batch dividing the effective batch; approx: the largest micro-batch, deviation shown",
         choices=("exact", "approx"),
     )
-    n_positives: int | Literal["auto"] = opt("auto", "Positive samples per anchor (auto: the config's, else 0)", min=0)
-    n_negatives: int | Literal["auto"] = opt("auto", "Negative samples per anchor (auto: the config's, else 0)", min=0)
-    n_gpus: int | Literal["auto"] = opt("auto", "GPUs (data parallel; auto: the config's devices, else 1)", min=1)
-    zero_stage: int = opt(0, "ZeRO stage for the estimate", min=0, max=3)
+    n_positives: int | Literal["auto"] = opt("auto", f"Positive samples per anchor ({_AUTO} 0)", min=0)
+    n_negatives: int | Literal["auto"] = opt("auto", f"Negative samples per anchor ({_AUTO} 0)", min=0)
+    n_gpus: int | Literal["auto"] = opt("auto", f"GPUs, data parallel ({_AUTO} 1)", min=1)
+    zero_stage: int | Literal["auto"] = opt("auto", f"ZeRO stage for the estimate ({_AUTO} 0)", min=0, max=3)
     loop: str = opt(
         "lightning",
         "When gradients are freed: lightning (between forward and backward) or plain (before the forward)",
@@ -54,10 +63,6 @@ class PlanSection:
     margin: float = opt(0.85, "Plan for at most this share of GPU memory", min=0.1, max=0.99)
     gpu_memory_gb: float | Literal["auto"] = opt("auto", 'GPU memory in GB, or "auto" (NVML)', min=0.1)
     measure: bool = opt(False, "Measure with probes on the GPU instead of estimating only")
-
-    def check(self, fail: Failure) -> None:
-        if self.trainable == "lora" and not self.lora_targets:
-            fail("lora_targets", "trainable = lora needs at least one target layer name")
 
 
 @dataclass

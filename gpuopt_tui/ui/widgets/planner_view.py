@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -34,11 +34,12 @@ class TierPlan:
     """What a tier found, ready to show."""
 
     head: Text  # the tier's label
-    details: Sequence[Text]  # what was planned: model, setup, budget, where the figures come from
+    details: Sequence[RenderableType]  # what was planned: model, setup, budget, each value and its source
     rec: Recommendation
     current: MemoryBar | None  # the setup as configured (by component for the closed form)
     breakdown: Table | None  # the closed form's components
     notes: Sequence[str] = ()
+    warnings: Sequence[str] = ()  # memory-relevant values only a default sets
 
 
 def bars(plan: TierPlan) -> Group:
@@ -86,13 +87,13 @@ class PlanView(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static(self._message, classes="plan-head")
+        yield Static("", classes="plan-notes plan-section")  # warnings first: values only a default sets
         yield Static("", classes="plan-bars plan-section")
         yield Static("", classes="plan-recommendation plan-section")
         yield DataTable(cursor_type="row", classes="plan-candidates")
         yield Static("", classes="plan-stages plan-section")
         yield Static("", classes="plan-details plan-section")
         yield Static("", classes="plan-breakdown plan-section")
-        yield Static("", classes="plan-notes plan-section")
 
     def on_mount(self) -> None:
         self._show_parts(False)
@@ -139,8 +140,9 @@ class PlanView(VerticalScroll):
         breakdown.display = plan.breakdown is not None
         breakdown.update(plan.breakdown or "")
         notes = self.query_one(".plan-notes", Static)
-        notes.display = bool(plan.notes)
-        notes.update(Content("\n").join(Content(f"note: {n}") for n in plan.notes))
+        lines = [Content(f"warning: {w}") for w in plan.warnings] + [Content(f"note: {n}") for n in plan.notes]
+        notes.display = bool(lines)
+        notes.update(Content("\n").join(lines))
 
     @property
     def selected(self) -> Candidate | None:
