@@ -4,16 +4,19 @@ candidates and stages, the diff previewed in a dialog, writing with a backup (or
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console, RenderableType
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input, TabbedContent
+from textual.widgets import DataTable, Input, Select, TabbedContent
 
 import gpuopt_tui.app as app_module
 from gpuopt_tui.app import GpuOptApp, make_app
@@ -83,7 +86,20 @@ gpu_memory_gb = 24.0
 """,
         encoding="utf-8",
     )
-    return {"config": config, "profile": profile, "backup": yamledit.backup_path(config)}
+    return {"config": config, "profile": profile, "backup": yamledit.backup_path(config), "model": model}
+
+
+def wide_text(renderables: Sequence[RenderableType]) -> str:
+    """Rendered on a console wide enough that no path folds."""
+    console = Console(width=400, record=True, file=io.StringIO())
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def one_space(text: str) -> str:
+    """Runs of three or more spaces (table padding) as two."""
+    return re.sub(r" {3,}", "  ", text)
 
 
 def plan_profile(path: Path) -> PlanProfile:
@@ -129,7 +145,7 @@ async def test_estimate_is_labelled_adds_up_shows_candidates_and_stages_and_foll
     rec = session.recommend_closed_form(inputs)
     assert sum(c.bytes for c in est.components if c.in_peak) == est.total
     app = make_app(screen="planner")
-    async with app.run_test(size=(120, 100)) as pilot:
+    async with app.run_test(size=(120, 140)) as pilot:
         view = await estimated(pilot)
         text = screen_text(app)
         lines = text.splitlines()
@@ -166,12 +182,19 @@ async def test_estimate_is_labelled_adds_up_shows_candidates_and_stages_and_foll
         for stage in rec.stages:
             row = next(line for line in lines if Path(stage.stage.name).name in line)
             assert f" {stage.stage.n_positives} " in row and f"{stage.max_positives} + {stage.max_negatives}" in row
-        # an edit of the form is estimated again
+        # every value with its source: the config's line, the profile's, and what the config's values override
+        assert "read as Lightning + Hydra" in text
+        values = wide_text(view.plan.details)
+        assert f"sequence length  128  {work['config']}:17" in one_space(values)
+        assert f"model  {work['model']}/config.json  profile demo-plan" in one_space(values)
+        # an edit of the form is estimated again; a value the config sets still wins over the form's (the profile's)
         first = view.plan
         planner(app).query_one("#field-plan--seq_len", Input).value = "64"
-        await wait_for(pilot, lambda: view.plan is not first)
+        planner(app).query_one("#field-plan--optimizer", Select).value = "sgd"
+        await wait_for(pilot, lambda: view.plan is not first and "sgd" in view.plan.details[1].plain)
         assert view.plan is not None
-        assert "seq 64," in view.plan.details[1].plain
+        assert "setup bf16-mixed, sgd" in view.plan.details[1].plain and "seq 128," in view.plan.details[1].plain
+        assert "64 (profile demo-plan)" in wide_text(view.plan.details)
 
 
 async def test_preview_cancel_refusals_apply_and_undo(work: dict[str, Path]) -> None:

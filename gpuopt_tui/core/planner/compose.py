@@ -39,11 +39,6 @@ class Source:
     value: Any
     line: int | None = None  # 1-based line of the key in layer.path
 
-    @property
-    def where(self) -> str:
-        """`path:line` as printed next to a value read from the file."""
-        return f"{self.layer.path}:{self.line}" if self.line else str(self.layer.path)
-
 
 class Composition:
     """The layers of a composed config, in merge order (later layers win)."""

@@ -60,8 +60,15 @@ class Setting:
 
     @property
     def where(self) -> str:
-        """`file:line`, as printed next to the value."""
-        return f"{self.path}:{self.line}" if self.line else str(self.path)
+        """`file:line` as printed next to the value (the file relative to the working directory when inside it)."""
+        return f"{display_path(self.path)}:{self.line}" if self.line else str(display_path(self.path))
+
+
+def display_path(path: Path) -> Path:
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return path
 
 
 @dataclass(frozen=True)
