@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import TrainSetup
@@ -13,6 +15,7 @@ from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
     Budget,
     Stage,
+    accumulate_for,
     accumulation,
     candidates,
     closed_form,
@@ -128,3 +131,74 @@ def test_headroom_keeps_part_of_the_budget_back_for_the_peak_model() -> None:
     assert (kept.headroom, full.headroom) == (CLOSED_FORM_HEADROOM, 0.0)
     with pytest.raises(UserError, match="less 5% kept for the estimate's error"):
         recommend(linear(int(0.84 * GIB), 0), setup, Budget(GIB, 0.85), headroom=CLOSED_FORM_HEADROOM)
+
+
+def _peak_model(base: int, per_sequence: int, kept: int):
+    """A peak that grows with the sequences and is higher while accumulating (gradients kept between steps)."""
+    return lambda setup: base + per_sequence * setup.sequences + (kept if setup.accumulate > 1 else 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    base=st.integers(0, 2_000),
+    per_sequence=st.integers(1, 60),
+    kept=st.integers(0, 3_000),
+    limit=st.integers(1_000, 60_000),
+    target=st.integers(1, 600),
+    n_gpus=st.sampled_from([1, 2, 4]),
+    micro=st.integers(1, 64),
+    accumulate=st.integers(1, 16),
+    headroom=st.sampled_from([0.0, 0.05]),
+    mode=st.sampled_from(["exact", "approx"]),
+)
+def test_the_candidate_table_agrees_with_itself(
+    base: int,
+    per_sequence: int,
+    kept: int,
+    limit: int,
+    target: int,
+    n_gpus: int,
+    micro: int,
+    accumulate: int,
+    headroom: float,
+    mode: str,
+) -> None:
+    """Every row is one evaluation at the micro-batch and accumulation it shows, judged against the limit the search
+    planned for; the largest micro-batch is a row that fits, and one more does not fit at the accumulation it would
+    get; the recommendation is a row that fits."""
+    peak = _peak_model(base, per_sequence, kept)
+    setup = TrainSetup(micro_batch=micro, accumulate=accumulate, n_gpus=n_gpus)
+    budget = Budget(limit, 1.0)
+    try:
+        rec = recommend(peak, setup, budget, target=target, mode=mode, headroom=headroom)
+    except UserError:  # nothing fits, or no exact split: then no table to check
+        return
+    room = rec.limit
+    assert room == budget.search_limit(headroom)
+    rows = [rec.chosen, *rec.candidates, *([rec.current] if rec.current else [])]
+    for row in rows:
+        assert row.peak == peak(setup.with_batch(row.micro_batch, row.accumulate))
+        assert row.fits == (row.peak <= room)
+        assert row.effective_batch == row.micro_batch * row.accumulate * n_gpus
+    assert rec.chosen.fits and (mode == "approx" or rec.chosen.effective_batch == target)
+    assert rec.b_max_accumulate == accumulate_for(rec.b_max, target, n_gpus)
+    largest = [c for c in rec.candidates if (c.micro_batch, c.accumulate) == (rec.b_max, rec.b_max_accumulate)]
+    assert len(largest) == 1 and largest[0].fits
+    beyond = rec.b_max + 1
+    assert peak(setup.with_batch(beyond, accumulate_for(beyond, target, n_gpus))) > room
+    for row in rec.candidates:  # rows at the accumulation the target gives them never pass the largest
+        if row.fits and row.accumulate == accumulate_for(row.micro_batch, target, n_gpus):
+            assert row.micro_batch <= rec.b_max
+
+
+def test_the_largest_batch_is_found_at_the_accumulation_it_gets() -> None:
+    """Gradients kept while accumulating cost 1000. For a target of 64, micro-batches 43 and up get accumulation 1,
+    26-42 accumulation 2. A 10000 limit allows (10000 - 1000) / 100 = 90 at accumulation 1; a 5000 limit allows 40
+    at accumulation 1 (below 43: those get 2) and (5000 - 2000) / 100 = 30 at accumulation 2, not 40."""
+    peak = _peak_model(1_000, 100, 1_000)
+    setup = TrainSetup(micro_batch=8, accumulate=8)
+    rec = recommend(peak, setup, Budget(10_000, 1.0), target=64, mode="approx")
+    assert (rec.b_max, rec.b_max_accumulate) == (90, 1)
+    tight = recommend(peak, setup, Budget(5_000, 1.0), target=64, mode="approx")
+    assert (tight.b_max, tight.b_max_accumulate) == (30, 2)
+    assert (tight.chosen.micro_batch, tight.chosen.accumulate, tight.chosen.peak) == (30, 2, 5_000)

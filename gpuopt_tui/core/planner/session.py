@@ -246,11 +246,12 @@ def model_source_resolved(
 ) -> tuple[ModelSource, Resolved]:
     """The model to plan for: --model, else the one the config names (found locally, or UserError: never the demo
     model instead), else the profile's."""
+    name, setting = config.typed("model") if config is not None else (None, None)
     flag = origins.flags.get("model")
     if flag:
         source = model_source(profile.model)
-        return source, Resolved("model", "model", source.label, flag, "command line")
-    name, setting = config.typed("model") if config is not None else (None, None)
+        lost = (f"{name} ({setting.where})",) if setting is not None else ()
+        return source, Resolved("model", "model", source.label, flag, "command line", lost)
     if setting is not None:
         bases = list(dict.fromkeys([setting.path.parent.resolve(), Path.cwd()]))
         found = modelfind.require(name, bases, f"{setting.where}: {setting.file_key}")
