@@ -161,8 +161,13 @@ def run(args: argparse.Namespace) -> int:
         source.close()
 
 
-def _no_gpu(snapshot: Snapshot) -> int:
-    print(f"gpuopt-tui gpu: {snapshot.message or 'no GPU to show'}", file=sys.stderr)
+def _no_gpu_message(source: TelemetrySource, snapshot: Snapshot) -> str:
+    message = snapshot.message or "no GPU to show"
+    return f"{source.label}: {message}" if isinstance(source, ReplaySource) else message
+
+
+def _no_gpu(source: TelemetrySource, snapshot: Snapshot) -> int:
+    print(f"gpuopt-tui gpu: {_no_gpu_message(source, snapshot)}", file=sys.stderr)
     return 1
 
 
@@ -188,7 +193,8 @@ def _once_json(args: argparse.Namespace) -> int:
         return 1
     data = finite_or_none(snapshot.to_dict())
     if not snapshot.has_gpus:
-        data["error"] = data.pop("message", "no GPU to show")
+        data.pop("message", None)
+        data["error"] = _no_gpu_message(source, snapshot)
     print(json.dumps(data, indent=2, allow_nan=False))
     if not snapshot.has_gpus:
         return 1
@@ -210,7 +216,7 @@ def finite_or_none(value: Any) -> Any:
 def _once(source: TelemetrySource, args: argparse.Namespace) -> int:
     snapshot = source.poll()
     if not snapshot.has_gpus:
-        return _no_gpu(snapshot)
+        return _no_gpu(source, snapshot)
     if args.csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
@@ -378,7 +384,7 @@ def _log(source: TelemetrySource, args: argparse.Namespace) -> int:
     samples = _samples(source, args)
     first = next(samples)
     if not first.has_gpus:
-        return _no_gpu(first)
+        return _no_gpu(source, first)
     _notes(first)
     rows = 0
     with _open_log(args.log) as out:
@@ -398,7 +404,7 @@ def _record(source: TelemetrySource, args: argparse.Namespace) -> int:
     samples = _samples(source, args)
     first = next(samples)
     if not first.has_gpus:
-        return _no_gpu(first)
+        return _no_gpu(source, first)
     _notes(first)
     header: dict[str, Any] = {"interval": args.interval, "created": round(first.time, 3)}
     if isinstance(source, NvmlSource):
