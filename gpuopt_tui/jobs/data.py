@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.json_line import JsonLineError, parse_json_line
 from gpuopt_tui.core.profiles.common import DataSection
 
 if TYPE_CHECKING:
@@ -165,13 +165,9 @@ def read_jsonl(path: Path) -> list[Row]:
             continue
         where = f"{path}:{number}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg})") from None
-        except ValueError as exc:  # e.g. an integer of thousands of digits
+            record = parse_json_line(line)
+        except JsonLineError as exc:
             raise UserError(f"{where}: not valid JSON ({exc})") from None
-        except RecursionError:
-            raise UserError(f"{where}: not valid JSON (nested too deeply)") from None
         if not isinstance(record, dict):
             raise UserError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
         rows.append((where, record))

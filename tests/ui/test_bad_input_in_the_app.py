@@ -56,3 +56,28 @@ async def test_broken_profiles_are_listed_in_the_palette_and_say_why(user_profil
         await pilot.press(*"bad-toml")
         await wait_for(pilot, lambda: "Run profile [red]bad-toml (broken)" in screen_text(app))
         assert app.is_running
+
+
+ODD_TRACE = HEADER + b"".join(
+    line + b"\n"
+    for line in (
+        b'{"t": 9, "gpus": [{"index": 0, "name": "\\u001b[31mH100\\u0007", "power_draw": NaN, "power_limit": '
+        b'Infinity, "memory_used": 1, "memory_total": 0, "util_sm": 9999}], "processes": [{"pid": 1, "gpu_index": 7, '
+        b'"command": "\\u001b[2Jx", "user": "[bold]u"}], "notes": ["\\u001b]0;n\\u0007"]}',
+        b'{"t": 3, "gpus": [{"index": 0, "lost": true}, {"index": 0}]}',
+        b'{"t": 3, "gpus": []}',
+    )
+)
+
+
+async def test_a_trace_with_odd_but_valid_values_is_shown(tmp_path: Path) -> None:
+    """NaN power, escapes in names, a process on a GPU the sample lacks, a clock going back, a GPU index twice."""
+    trace = tmp_path / "odd.jsonl"
+    trace.write_bytes(ODD_TRACE)
+    app = make_app(replay=trace, screen="gpu")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "?[31mH100?" in screen_text(app))
+        for key in ("down", "]", "[", "1", "enter", "d", "g"):
+            await pilot.press(key)
+        await wait_for(pilot, lambda: "LOST" in screen_text(app))  # the next sample, recorded "earlier"
+        assert app.is_running and not notifications(app)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.json_line import JsonLineError, parse_json_line
 from gpuopt_tui.core.telemetry.snapshot import Snapshot
 from gpuopt_tui.core.telemetry.trace_fields import FieldError, shown, snapshot_from_json
 
@@ -60,8 +61,8 @@ def read_trace(path: Path) -> Trace:
             trace.snapshots.append(_snapshot(path, number, _parse(path, number, line)))
     if lines and cut_off.strip():
         try:
-            data = json.loads(cut_off)
-        except (ValueError, RecursionError):
+            data = parse_json_line(cut_off)
+        except JsonLineError:
             data = None  # a recording cut off mid-line: the samples before it stand
         if data is not None:
             trace.snapshots.append(_snapshot(path, len(lines) + 1, data))
@@ -72,13 +73,9 @@ def read_trace(path: Path) -> Trace:
 
 def _parse(path: Path, number: int, line: str) -> Any:
     try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path}: line {number}: invalid JSON ({error.msg})") from None
-    except ValueError as error:  # e.g. an integer of thousands of digits
+        return parse_json_line(line)
+    except JsonLineError as error:
         raise UserError(f"{path}: line {number}: invalid JSON ({error})") from None
-    except RecursionError:
-        raise UserError(f"{path}: line {number}: invalid JSON (nested too deeply)") from None
 
 
 def _snapshot(path: Path, number: int, data: Any) -> Snapshot:
