@@ -17,14 +17,18 @@ from typing import TYPE_CHECKING, ClassVar
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.content import Content
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import list_profiles, load_profile
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, engine_available, start_run
+from gpuopt_tui.core.telemetry.backend import NoGpuSource
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
@@ -58,24 +62,29 @@ class GpuOptCommands(Provider):
         for screen in SCREENS:
             yield f"Go to {screen.label}", partial(app.action_show, screen.name), screen.help
         for entry in list_profiles():
-            if entry.error or entry.kind not in KIND_SCREENS or not engine_available(entry.kind):
-                continue
-            help_text = f"start a {entry.kind} run" + (f": {entry.description}" if entry.description else "")
-            yield f"Run profile {entry.name}", partial(app.run_profile_file, entry.path), help_text
+            name = f"Run profile {safe_text(entry.name)}"
+            if entry.error:  # listed, so that a profile the user expects to see is not silently missing
+                report = partial(app.report_error, entry.error, title=f"Profile {entry.name} is broken")
+                yield f"{name} (broken)", report, safe_text(entry.error)
+            elif entry.kind in KIND_SCREENS and engine_available(entry.kind):
+                description = f": {safe_text(entry.description)}" if entry.description else ""
+                yield name, partial(app.run_profile_file, entry.path), f"start a {entry.kind} run{description}"
 
     async def startup(self) -> None:
         self._cached = list(self._commands())
 
     async def discover(self) -> Hits:
         for name, callback, help_text in self._cached:
-            yield DiscoveryHit(name, callback, help=help_text)
+            yield DiscoveryHit(escape(name), callback, text=name, help=escape(help_text))
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for name, callback, help_text in self._cached:
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+                # highlight() reads its text as markup: a profile name with brackets is shown plain instead
+                shown = matcher.highlight(name) if "[" not in name else Content(name)
+                yield Hit(score, shown, callback, text=name, help=escape(help_text))
 
 
 class GpuOptApp(App[int]):
@@ -161,7 +170,11 @@ class GpuOptApp(App[int]):
     def gpu_telemetry(self) -> GpuTelemetry:
         """The telemetry source and history shared by the GPU panel and the GPU screen, opened on first use."""
         if self._telemetry is None:
-            self._telemetry = GpuTelemetry.open(self.replay, self.active_run_pids)
+            try:
+                self._telemetry = GpuTelemetry.open(self.replay, self.active_run_pids)
+            except UserError as error:  # an unreadable trace: the GPU views say why, everything else works
+                self.report_error(str(error), title="GPU trace not shown")
+                self._telemetry = GpuTelemetry(NoGpuSource(f"trace not shown: {error}"))
         return self._telemetry
 
     def active_run_pids(self) -> dict[int, str]:
@@ -226,7 +239,7 @@ class GpuOptApp(App[int]):
         if now - self._recent_errors.get(message, -ERROR_REPEAT_S) < ERROR_REPEAT_S:
             return
         self._recent_errors[message] = now
-        self.notify(message, title=title, severity="error", timeout=10, markup=False)
+        self.notify(safe_text(message), title=safe_text(title), severity="error", timeout=10, markup=False)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """Every worker runs with exit_on_error=False and ends here when it fails."""

@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from gpuopt_tui import __version__
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.paths import log_dir
 
 COMMAND_MODULES = ("run", "runs", "show", "attach", "cancel", "resume", "profiles", "gpu", "plan", "cache", "join")
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = getattr(args, "handler", None)
         return handler(args) if handler else run_tui(args)
     except UserError as e:
-        print(f"gpuopt-tui: error: {e}", file=sys.stderr)
+        print(f"gpuopt-tui: error: {safe_text(e)}", file=sys.stderr)  # messages may quote files' contents
         return 1
     except KeyboardInterrupt:
         return 130
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         path = _crash_log(e)
         where = f"; details in {path}" if path else ""
-        print(f"gpuopt-tui: internal error: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        print(f"gpuopt-tui: internal error: {type(e).__name__}: {safe_text(e)}{where}", file=sys.stderr)
         return 1
 
 

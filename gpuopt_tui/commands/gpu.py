@@ -6,6 +6,7 @@ import argparse
 import csv
 import itertools
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -65,8 +66,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--record", type=Path, metavar="FILE", help="record live NVML samples to a JSONL trace (for --replay)"
     )
     output = parser.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="with --once: print the sample as JSON")
-    output.add_argument("--csv", action="store_true", help="with --once: print CSV rows (the --log columns)")
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="with --once: print the sample as JSON (N/A and NaN as null); when there is none (no GPU, an unreadable "
+        'trace) print {"error": "..."} instead and exit 1',
+    )
+    output.add_argument(
+        "--csv", action="store_true", help="with --once: print CSV rows (the --log columns; NaN as an empty field)"
+    )
     parser.add_argument(
         "--interval",
         type=float,
@@ -98,6 +106,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
+    for option in ("interval", "duration", "speed", "pcie_interval"):
+        value = getattr(args, option)
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"--{option.replace('_', '-')} must be a finite number (got {value:g})")
     if args.interval < MIN_INTERVAL_S:
         raise UserError(f"--interval must be at least {MIN_INTERVAL_S} s (got {args.interval:g})")
     if (args.json or args.csv) and not args.once:
@@ -136,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     if not (args.once or args.log or args.record):
         return _monitor(args)
+    if args.once and args.json:
+        return _once_json(args)
     source = _source(args, headless=True)
     try:
         if args.once:
@@ -147,8 +161,13 @@ def run(args: argparse.Namespace) -> int:
         source.close()
 
 
-def _no_gpu(snapshot: Snapshot) -> int:
-    print(f"gpuopt-tui gpu: {snapshot.message or 'no GPU to show'}", file=sys.stderr)
+def _no_gpu_message(source: TelemetrySource, snapshot: Snapshot) -> str:
+    message = snapshot.message or "no GPU to show"
+    return f"{source.label}: {message}" if isinstance(source, ReplaySource) else message
+
+
+def _no_gpu(source: TelemetrySource, snapshot: Snapshot) -> int:
+    print(f"gpuopt-tui gpu: {_no_gpu_message(source, snapshot)}", file=sys.stderr)
     return 1
 
 
@@ -160,13 +179,45 @@ def _notes(snapshot: Snapshot) -> None:
 # --- --once -----------------------------------------------------------------------------------------------
 
 
+def _once_json(args: argparse.Namespace) -> int:
+    """One sample as JSON; a script reading stdout gets a JSON object in every case: {"error": ...} and exit
+    status 1 when there is no sample (no GPU, an unreadable trace)."""
+    try:
+        source = _source(args, headless=True)
+        try:
+            snapshot = source.poll()
+        finally:
+            source.close()
+    except UserError as error:
+        print(json.dumps({"error": str(error)}, indent=2))
+        return 1
+    data = finite_or_none(snapshot.to_dict())
+    if not snapshot.has_gpus:
+        data.pop("message", None)
+        data["error"] = _no_gpu_message(source, snapshot)
+    print(json.dumps(data, indent=2, allow_nan=False))
+    if not snapshot.has_gpus:
+        return 1
+    _notes(snapshot)
+    return 0
+
+
+def finite_or_none(value: Any) -> Any:
+    """`value` with every NaN or infinity (at any depth) as None, so that the JSON is valid."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
 def _once(source: TelemetrySource, args: argparse.Namespace) -> int:
     snapshot = source.poll()
     if not snapshot.has_gpus:
-        return _no_gpu(snapshot)
-    if args.json:
-        print(json.dumps(snapshot.to_dict(), indent=2))
-    elif args.csv:
+        return _no_gpu(source, snapshot)
+    if args.csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
         writer.writerows(csv_row(snapshot.time, gpu) for gpu in snapshot.gpus)
@@ -244,7 +295,7 @@ def _value(value: Any) -> str:
     if isinstance(value, bool):
         return "Enabled" if value else "Disabled"
     if isinstance(value, float):
-        return f"{value:.2f}"
+        return f"{value:.2f}" if math.isfinite(value) else ""
     return str(value)
 
 
@@ -333,7 +384,7 @@ def _log(source: TelemetrySource, args: argparse.Namespace) -> int:
     samples = _samples(source, args)
     first = next(samples)
     if not first.has_gpus:
-        return _no_gpu(first)
+        return _no_gpu(source, first)
     _notes(first)
     rows = 0
     with _open_log(args.log) as out:
@@ -353,7 +404,7 @@ def _record(source: TelemetrySource, args: argparse.Namespace) -> int:
     samples = _samples(source, args)
     first = next(samples)
     if not first.has_gpus:
-        return _no_gpu(first)
+        return _no_gpu(source, first)
     _notes(first)
     header: dict[str, Any] = {"interval": args.interval, "created": round(first.time, 3)}
     if isinstance(source, NvmlSource):

@@ -6,12 +6,15 @@ import argparse
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpuopt_tui.commands import add_overrides_option
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.profiles.io import find_profile, list_profiles, load_profile, profile_to_toml
 from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import describe
+from gpuopt_tui.core.runs import resolve_paths
 
 NAME = "profiles"
 HELP = "list profiles, show one resolved, validate files, or list a kind's keys"
@@ -20,7 +23,12 @@ HELP = "list profiles, show one resolved, validate files, or list a kind's keys"
 def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--show", metavar="PROFILE", help="print a profile with every default filled in")
-    group.add_argument("--validate", nargs="+", metavar="FILE", help="check profile files; exit 1 if any is invalid")
+    group.add_argument(
+        "--validate",
+        nargs="+",
+        metavar="FILE",
+        help="check profile files, and that the files and directories they name exist; exit 1 if any is invalid",
+    )
     group.add_argument("--keys", choices=sorted(PROFILE_CLASSES), help="list every key of a run kind with its help")
     add_overrides_option(parser, "with --show: apply overrides first")
 
@@ -34,11 +42,13 @@ def run(args: argparse.Namespace) -> int:
         bad = 0
         for name in args.validate:
             try:
-                profile = load_profile(find_profile(name))
-                out.print(f"[green]ok[/] {name} ({profile.kind})")
+                path = find_profile(name)
+                profile = load_profile(path)
+                resolve_paths(profile, path.parent.resolve(), str(path))  # a run would need them to exist
+                out.print(Text.assemble(("ok", "green"), f" {safe_text(name)} ({profile.kind})"), soft_wrap=True)
             except UserError as e:
                 bad += 1
-                out.print(f"[red]invalid[/] {e}", markup=True)
+                out.print(Text.assemble(("invalid", "red"), f" {safe_text(e)}"), soft_wrap=True)
         return 1 if bad else 0
     if args.keys:
         table = Table(box=None, header_style="bold")
@@ -54,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     table = Table(box=None, header_style="bold")
     for col in ("name", "kind", "where", "description"):
         table.add_column(col, overflow="fold")
-    for e in list_profiles():
+    for e in list_profiles():  # names, descriptions and errors come from files: plain text, never markup
         where = "shipped" if e.shipped else str(e.path)
-        desc = f"[red]{e.error}[/]" if e.error else e.description
-        table.add_row(e.name, e.kind, where, desc)
+        desc = Text(safe_text(e.error), style="red") if e.error else Text(safe_text(e.description))
+        table.add_row(*(Text(safe_text(cell)) for cell in (e.name, e.kind, where)), desc)
     out.print(table)
     return 0

@@ -8,7 +8,8 @@ that no compute is spent on all-padding columns.
 from __future__ import annotations
 
 import csv
-import json
+import io
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.json_line import JsonLineError, parse_json_line
 from gpuopt_tui.core.profiles.common import DataSection
 
 if TYPE_CHECKING:
@@ -154,16 +157,17 @@ def cut_texts_note(ds: TextDataset, data: DataSection, adapter: Adapter) -> str 
 
 
 def read_jsonl(path: Path) -> list[Row]:
-    lines = _read_text(path).splitlines()
+    # lines end at "\n" only: a JSON string may hold other line separators (U+2028, form feed)
+    lines = _read_text(path).split("\n")
     rows: list[Row] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg})") from exc
+            record = parse_json_line(line)
+        except JsonLineError as exc:
+            raise UserError(f"{where}: not valid JSON ({exc})") from None
         if not isinstance(record, dict):
             raise UserError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
         rows.append((where, record))
@@ -171,12 +175,17 @@ def read_jsonl(path: Path) -> list[Row]:
 
 
 def read_csv(path: Path) -> list[Row]:
-    text = _read_text(path)
-    reader = csv.DictReader(text.splitlines())
-    if not reader.fieldnames:
-        raise UserError(f"{path}: empty CSV file (expected a header line)")
-    # line numbers count the header as line 1
-    return [(f"{path}:{reader.line_num}", dict(record)) for record in reader]
+    # newline="": a quoted field may span lines; line numbers count the header as line 1
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    rows: list[Row] = []
+    try:
+        if not reader.fieldnames:
+            raise UserError(f"{path}: empty CSV file (expected a header line)")
+        for record in reader:
+            rows.append((f"{path}:{reader.line_num}", dict(record)))
+    except csv.Error as exc:
+        raise UserError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
+    return rows
 
 
 def _read_text(path: Path) -> str:
@@ -192,8 +201,15 @@ def field_value(row: Row, key: str) -> Any:
     """The value of `key` in a row; UserError naming the file, line and key when it is missing."""
     where, record = row
     if key not in record or record[key] is None:
-        raise UserError(f'{where}: missing key "{key}" (have: {", ".join(map(str, record)) or "none"})')
+        have = ", ".join(shown_text(k) for k in record if k is not None) or "none"
+        raise UserError(f'{where}: missing key "{key}" (have: {shown_text(have, 200)})')
     return record[key]
+
+
+def shown_text(value: Any, limit: int = 60) -> str:
+    """Text from a data file, for a message: control characters as '?', cut to `limit` characters."""
+    text = safe_text(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def read_labels(rows: Sequence[Row], key: str, num_labels: int) -> Tensor | None:
@@ -207,12 +223,13 @@ def read_labels(rows: Sequence[Row], key: str, num_labels: int) -> Tensor | None
     labels = []
     for where, record in rows:
         value = record[key]
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,18}\s*", value):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UserError(f'{where}: label "{key}" must be an integer class index, got {record[key]!r}')
+            got = shown_text(repr(record[key]))
+            raise UserError(f'{where}: label "{key}" must be an integer class index, got {got}')
         if not 0 <= value < num_labels:
-            raise UserError(f'{where}: label "{key}" = {value} is outside 0..{num_labels - 1}')
+            raise UserError(f'{where}: label "{key}" = {shown_text(value)} is outside 0..{num_labels - 1}')
         labels.append(value)
     return torch.tensor(labels, dtype=torch.long)
 

@@ -99,9 +99,7 @@ def test_bad_options_are_user_errors(argv: list[str], message: str) -> None:
         gpu.run(parse(*argv))
 
 
-@pytest.mark.parametrize(
-    "argv", [["--once"], ["--once", "--json"], ["--log", "{dir}/g.csv"], ["--record", "{dir}/t.jsonl"]]
-)
+@pytest.mark.parametrize("argv", [["--once"], ["--log", "{dir}/g.csv"], ["--record", "{dir}/t.jsonl"]])
 def test_no_driver_is_one_line_and_exit_1(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,6 +109,64 @@ def test_no_driver_is_one_line_and_exit_1(
     assert code == 1 and out == ""
     assert err == f"gpuopt-tui gpu: {message}\n"
     assert list(tmp_path.iterdir()) == []  # no empty log or trace left behind
+
+
+def test_no_driver_with_json_is_a_json_error_and_exit_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = "no NVIDIA driver found (libnvidia-ml.so.1 is not installed)"
+    monkeypatch.setattr(gpu, "open_source", lambda *a, **k: NoGpuSource(message))
+    code, out, err = run(capsys, "--once", "--json")
+    data = json.loads(out)
+    assert code == 1 and err == ""
+    assert data["error"] == message and data["gpus"] == [] and "message" not in data
+
+
+def test_an_unreadable_trace_with_json_is_a_json_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"format": "gpuopt-tui-gpu-trace", "version": 1}\n{"t": 1, "gpus": [5]}\n')
+    code, out, _ = run(capsys, "--once", "--json", "--replay", str(trace))
+    assert code == 1
+    assert json.loads(out) == {
+        "error": f"{trace}: line 2: not a GPU sample: field 'gpus[0]': expected an object, got 5"
+    }
+
+
+NAN_TRACE = (
+    '{"format": "gpuopt-tui-gpu-trace", "version": 1}\n'
+    '{"t": 5, "gpus": [{"index": 0, "name": "\\u001b[31mred\\u001b]0;title\\u0007", "power_draw": NaN, '
+    '"power_limit": Infinity}], "processes": [{"pid": 7, "gpu_index": 0, "command": "\\u001b[2Jpython"}]}\n'
+)
+
+
+def test_nan_in_a_trace_is_null_in_json_and_empty_in_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(NAN_TRACE)
+    code, out, _ = run(capsys, "--once", "--json", "--replay", str(trace))
+    assert code == 0 and "NaN" not in out and "Infinity" not in out
+    data = json.loads(out)
+    assert data["gpus"][0]["power_draw"] is None and data["gpus"][0]["power_limit"] is None
+    code, out, _ = run(capsys, "--once", "--csv", "--replay", str(trace))
+    row = next(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and row["power.draw [W]"] == "" and row["power.limit [W]"] == ""
+
+
+@pytest.mark.parametrize("output", [[], ["--csv"], ["--json"]])
+def test_escape_sequences_in_a_trace_never_reach_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], output: list[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(NAN_TRACE)
+    code, out, err = run(capsys, "--once", "--replay", str(trace), *output)
+    assert code == 0 and "\x1b" not in out + err and "\x07" not in out + err
+    assert "?[31mred?]0;title?" in out  # shown, with the control characters as '?'
+
+
+@pytest.mark.parametrize("option", ["--interval", "--speed", "--pcie-interval"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_non_finite_numbers_are_refused(option: str, value: str) -> None:
+    with pytest.raises(UserError, match=f"{option} must be a finite number"):
+        gpu.run(parse("--once", option, value))
 
 
 def test_the_installed_command_without_a_driver(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_unknown_fields_from_a_newer_version_are_ignored(tmp_path: Path) -> None
         ('{"format": "something-else"}\n', "line 1: expected a header"),
         ('{"format": "gpuopt-tui-gpu-trace", "version": 99}\n', "version 99 is not supported"),
         ('{"format": "gpuopt-tui-gpu-trace", "version": 1}\n', "holds no samples"),
-        ('{"format": "gpuopt-tui-gpu-trace", "version": 1}\n{"gpus": []}\n', "line 2: not a snapshot"),
+        ('{"format": "gpuopt-tui-gpu-trace", "version": 1}\n{"gpus": []}\n', "line 2: not a GPU sample: field 't'"),
         ('{"format": "gpuopt-tui-gpu-trace", "version": 1}\n{"t": 1, "gpus": [{"index": 0}]}\n{bad\n', "line 3"),
     ],
 )
@@ -174,3 +174,90 @@ def test_redaction_hides_users_and_home_directories() -> None:
     ]
     later = redact(Snapshot(time=2.0, processes=processes[1:2]))
     assert later.processes[0].user == "user2"  # the same name keeps its alias across samples
+
+
+HEADER = '{"format": "gpuopt-tui-gpu-trace", "version": 1}\n'
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ('{"t": 1, "gpus": [5]}', r"line 2: not a GPU sample: field 'gpus\[0\]': expected an object, got 5"),
+        ('{"t": 1, "gpus": {"index": 0}}', "field 'gpus': expected a list"),
+        ('{"t": 1, "gpus": [{"name": "x"}]}', r"field 'gpus\[0\]\.index': missing"),
+        ('{"t": 1, "gpus": [{"index": "0"}]}', r"field 'gpus\[0\]\.index': expected a whole number .*, got \"0\""),
+        ('{"t": 1, "gpus": [{"index": 0, "memory_used": -1}]}', r"'gpus\[0\]\.memory_used': expected a whole"),
+        ('{"t": 1, "gpus": [{"index": 0, "memory_used": 1e400}]}', r"'gpus\[0\]\.memory_used'"),
+        ('{"t": 1, "gpus": [{"index": 0, "memory_total": 99999999999999999999999}]}', "memory_total"),
+        ('{"t": 1, "gpus": [{"index": 0, "name": 5}]}', r"'gpus\[0\]\.name': expected a string, got 5"),
+        ('{"t": 1, "gpus": [{"index": 0, "lost": "no"}]}', r"'gpus\[0\]\.lost': expected true or false"),
+        ('{"t": 1, "gpus": [{"index": 0, "power_draw": "300"}]}', r"'gpus\[0\]\.power_draw': expected a number"),
+        ('{"t": 1, "processes": [{"pid": 1}]}', r"'processes\[0\]\.gpu_index': missing"),
+        ('{"t": 1, "processes": [{"pid": true, "gpu_index": 0}]}', r"'processes\[0\]\.pid'"),
+        ('{"t": NaN}', "field 't': expected a unix time"),
+        ('{"t": 1e300}', "field 't': expected a unix time"),
+        ('{"t": "yesterday"}', "field 't': expected a unix time"),
+        ('{"t": 1, "message": ["x"]}', "field 'message': expected a string"),
+        ('{"t": 1, "notes": "x"}', "field 'notes': expected a list"),
+        ('{"t": 1, "notes": [1]}', r"field 'notes\[0\]': expected a string"),
+        ("[1, 2]", r"field '\(line\)': expected an object"),
+        ("[" * 100_000 + "]" * 100_000, "line 2: invalid JSON"),
+        ('{"t": ' + "1" * 5000 + "}", "line 2: invalid JSON"),
+    ],
+)
+def test_every_field_is_checked_and_named(tmp_path: Path, sample: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(HEADER + sample + "\n")
+    with pytest.raises(UserError, match=message) as error:
+        read_trace(path)
+    assert str(error.value).startswith(f"{path}: line 2: ")
+    assert len(str(error.value)) < len(str(path)) + 200  # a value is quoted, never a whole line
+
+
+def test_a_binary_file_is_not_a_trace(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(HEADER.encode() + b"\xff\xfe\x00garbage\n")
+    with pytest.raises(UserError, match=r"not a GPU trace \(byte 49 is not UTF-8 text\)"):
+        read_trace(path)
+
+
+def test_text_from_a_trace_has_its_control_characters_shown_as_question_marks(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    sample = {
+        "t": 1,
+        "gpus": [{"index": 0, "name": "\x1b[31mH100\x07", "uuid": "GPU-\x9b1m"}],
+        "processes": [{"pid": 3, "gpu_index": 0, "user": "\x1b]0;x", "command": "run\x1b[2J", "run_id": "\x00r"}],
+        "message": "\x1bc",
+        "notes": ["\x1b[5m"],
+    }
+    path.write_text(HEADER + json.dumps(sample) + "\n")
+    (snap,) = read_trace(path).snapshots
+    assert (snap.gpus[0].name, snap.gpus[0].uuid) == ("?[31mH100?", "GPU-?1m")
+    process = snap.processes[0]
+    assert (process.user, process.command, process.run_id) == ("?]0;x", "run?[2J", "?r")
+    assert (snap.message, snap.notes) == ("?c", ("?[5m",))
+
+
+def test_a_complete_last_line_without_a_newline_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(HEADER + '{"t": 1}\n{"t": 2}')
+    assert [s.time for s in read_trace(path).snapshots] == [1.0, 2.0]
+
+
+def test_a_line_separator_inside_a_string_does_not_split_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(HEADER + '{"t": 1, "gpus": [{"index": 0, "name": "a\u2028b\u0085c"}]}\n', encoding="utf-8")
+    assert read_trace(path).snapshots[0].gpus[0].name == "a\u2028b?c"
+
+
+@pytest.mark.parametrize("times", [[5, 5, 5], [9, 3, 7], [1]])
+def test_the_replay_source_plays_samples_whose_clock_stood_still_or_went_back(tmp_path: Path, times) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(HEADER + "".join(json.dumps({"t": t, "gpus": [{"index": i}]}) + "\n" for i, t in enumerate(times)))
+    now = [0.0]
+    source = ReplaySource(path, speed=1.0, clock=lambda: now[0])
+    seen = []
+    for step in range(2 * len(times)):
+        now[0] = float(step)
+        seen.append(source.poll().gpus[0].index)
+    assert seen == list(range(len(times))) * 2

@@ -49,8 +49,9 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
 
 
 def read_text(path: Path) -> str:
+    """The file's text; a UTF-8 byte order mark (some Windows editors write one) is dropped."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise UserError(f"{path}: no such profile file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -93,38 +94,60 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], items: Iterable[str], source: str = "--set") -> dict[str, Any]:
-    """Apply `--set` overrides to raw profile data. A key without a section is accepted when unambiguous."""
+    """Apply `--set` overrides to raw profile data (read from `source`). A key without a section is accepted
+    when unambiguous."""
+    _apply_overrides(data, items, source)
+    return data
+
+
+def _apply_overrides(data: dict[str, Any], items: Iterable[str], source: str) -> dict[str, str]:
+    """apply_overrides; returns each full key set -> its `--set key=value`, to blame for a bad value."""
     cls = profile_class(data, source)
     types = {f.key: f.type_name for f in describe(cls)}
     keys = list(types)
+    applied: dict[str, str] = {}
     for item in items:
         key, value = parse_override(item)
+        blame = f"--set {item.strip()}"
         if key not in keys and key != "kind":
             matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
             if len(matches) != 1:
                 close = difflib.get_close_matches(key, keys, n=3)
                 why = f"ambiguous ({', '.join(matches)})" if matches else "no such key"
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ProfileError(source, key, f"{why}{hint}")
+                raise ProfileError(blame, key, f"{why}{hint}")
             key = matches[0]
         if types.get(key) == "str" and not isinstance(value, str):
             value = item.partition("=")[2].strip()  # e.g. target=1: the text as typed, not the number
         node = data
         *parents, leaf = key.split(".")
-        for part in parents:
+        for depth, part in enumerate(parents, 1):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                where = ".".join(parents[:depth])
+                raise ProfileError(source, where, f"expected a table (for {blame}), got a value")
         node[leaf] = value
-    return data
+        applied[key] = blame
+    return applied
 
 
 def load_profile(path: Path, overrides: Iterable[str] = ()) -> ProfileBase:
-    """Load, override and validate a profile file."""
+    """Load, override and validate a profile file. An error in a value given with `--set` names the `--set`."""
     source = str(path)
     data = parse_toml(read_text(path), source)
-    overrides = list(overrides)
-    if overrides:
-        apply_overrides(data, overrides)
-    return profile_from_data(data, source)
+    applied = _apply_overrides(data, overrides, source)
+    try:
+        return profile_from_data(data, source)
+    except ProfileError as error:
+        blame = next((b for key, b in applied.items() if _within(error.key, key)), None)
+        if blame is None:
+            raise
+        raise ProfileError(blame, error.key, error.detail) from None
+
+
+def _within(key: str, overridden: str) -> bool:
+    """Whether an error at `key` is about the value at `overridden` (itself, an item or a key inside it)."""
+    return key == overridden or key.startswith((f"{overridden}.", f"{overridden}["))
 
 
 def profile_to_toml(profile: ProfileBase) -> str:
@@ -148,7 +171,7 @@ def _update(node: Any, values: Mapping[str, Any]) -> None:
 def save_profile(profile: ProfileBase, path: Path) -> None:
     """Write `profile` to `path`; when the file exists its comments and layout are kept."""
     try:
-        original = path.read_text(encoding="utf-8") if path.exists() else ""
+        original = path.read_text(encoding="utf-8-sig") if path.exists() else ""
         doc = tomlkit.parse(original) if original else tomlkit.document()
     except (OSError, tomlkit.exceptions.ParseError) as e:
         raise UserError(f"{path}: cannot update the existing file ({e})") from None
@@ -192,7 +215,7 @@ def list_profiles() -> list[ProfileEntry]:
             seen.add(path.stem)
             try:
                 data = parse_toml(read_text(path), str(path))
-                kind = str(data.get("kind", "?"))
+                kind = profile_class(data, str(path)).kind
                 entries.append(ProfileEntry(path.stem, path, kind, str(data.get("description", "")), shipped))
             except UserError as e:
                 entries.append(ProfileEntry(path.stem, path, "?", "", shipped, error=str(e)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 
 from gpuopt_tui.core.errors import ProfileError
+from gpuopt_tui.core.format import safe_text
 
 AUTO = "auto"
 
@@ -99,10 +101,12 @@ _EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "
 
 
 def _describe_value(value: Any) -> str:
+    """A value from a profile or `--set`, for a message: control characters as '?', long text cut."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"'
+        text = safe_text(value)
+        return f'"{text}"' if len(text) <= 60 else f'"{text[:59]}…"'
     if isinstance(value, Mapping):
         return "a table"
     if isinstance(value, list):
@@ -165,6 +169,8 @@ def _coerce(value: Any, shape: _Shape, meta: Mapping[str, Any], source: str, key
         fail(f"expected {_EXPECTED[base]}{auto_hint}, got {_describe_value(value)}")
     if base is float:
         value = float(value)
+        if not math.isfinite(value):  # nan and inf are valid TOML, and compare false with every bound
+            fail(f"expected a finite number{auto_hint}, got {value}")
     choices = meta.get("choices")
     if choices and value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=1)

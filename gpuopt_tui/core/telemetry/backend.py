@@ -7,6 +7,7 @@ no GPUs and a one-line `message`. Polls may come from a worker thread; NvmlSourc
 from __future__ import annotations
 
 import bisect
+import itertools
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.telemetry.nvml import Nvml, NvmlUnavailable, load_binding
 from gpuopt_tui.core.telemetry.procinfo import HostProcess, host_process
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
@@ -185,11 +187,15 @@ class ReplaySource:
         self._clock = clock
         self._started: float | None = None
         self._step = 0
-        self.label = f"replay of {self.trace.path.name}"
-        frames = self.trace.snapshots
-        gap = frames[1].time - frames[0].time if len(frames) > 1 else 1.0
-        self._period = self.trace.duration + gap  # one pass, plus one sample gap before it starts again
-        self._offsets = [f.time - frames[0].time for f in frames]
+        self.label = f"replay of {safe_text(self.trace.path.name)}"
+        times = [f.time for f in self.trace.snapshots]
+        if all(b > a for a, b in itertools.pairwise(times)):
+            self._offsets = [t - times[0] for t in times]
+            # one pass, plus one sample gap before it starts again
+            self._period = self._offsets[-1] + (times[1] - times[0] if len(times) > 1 else 1.0)
+        else:  # the clock stood still or went back (an edited trace, a clock change): a second a sample
+            self._offsets = [float(i) for i in range(len(times))]
+            self._period = float(len(times))
 
     def poll(self) -> Snapshot:
         frames = self.trace.snapshots

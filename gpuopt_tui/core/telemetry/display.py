@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from gpuopt_tui.core.telemetry.snapshot import GpuSample
 
 NA = "N/A"
@@ -28,9 +30,9 @@ def temperature(value: int | None) -> str:
 
 
 def power(draw: float | None, limit: float | None) -> str:
-    if draw is None:
+    if draw is None or not math.isfinite(draw):
         return NA
-    return f"{draw:.0f}/{limit:.0f}W" if limit is not None else f"{draw:.0f}W"
+    return f"{draw:.0f}/{limit:.0f}W" if limit is not None and math.isfinite(limit) else f"{draw:.0f}W"
 
 
 def clock(value: int | None) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import safe_text
 
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
 
@@ -47,10 +48,11 @@ def _command(pid: int) -> str | None:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
+    # any user can name a process anything, escape sequences included: shown with safe_text
     if raw.strip(b"\0"):
-        return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+        return safe_text(raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace"))
     try:
-        return "[" + Path(f"/proc/{pid}/comm").read_text().strip() + "]"
+        return "[" + safe_text(Path(f"/proc/{pid}/comm").read_text(errors="replace").strip()) + "]"
     except OSError:
         return None
 

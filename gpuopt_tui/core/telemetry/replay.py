@@ -2,7 +2,7 @@
 
 Header: {"format": "gpuopt-tui-gpu-trace", "version": 1, "interval": S, "host": ..., "driver": ..., ...}.
 A recorder writes and flushes one line per poll, so a trace cut short (Ctrl-C, a lost SSH session) is still
-readable; a half-written last line is skipped.
+readable; a half-written last line is skipped. Every field of every sample is checked (trace_fields).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.json_line import JsonLineError, parse_json_line
 from gpuopt_tui.core.telemetry.snapshot import Snapshot
+from gpuopt_tui.core.telemetry.trace_fields import FieldError, shown, snapshot_from_json
 
 TRACE_FORMAT = "gpuopt-tui-gpu-trace"
 TRACE_VERSION = 1
@@ -34,29 +36,36 @@ class Trace:
 
 
 def read_trace(path: Path) -> Trace:
-    """Load a trace; UserError naming the file and line for anything that is not one."""
+    """Load a trace; UserError naming the file, line and field for anything that is not one."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        text = path.read_bytes().decode("utf-8")
     except OSError as error:
         raise UserError(f"{path}: cannot read trace ({error.strerror or error})") from None
-    if not lines:
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path}: not a GPU trace (byte {error.start} is not UTF-8 text)") from None
+    # split on newlines only: a JSON string may hold other line separators (U+2028, form feed)
+    lines = text.split("\n")
+    cut_off = lines.pop()  # "" when the file ends with a newline; else a last line the recorder never finished
+    if not any(line.strip() for line in lines) and not cut_off.strip():
         raise UserError(f"{path}: empty file, expected a GPU trace (JSONL with a '{TRACE_FORMAT}' header)")
-    header = _parse(path, 1, lines[0])
+    header = _parse(path, 1, lines[0] if lines else cut_off)
     if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
         raise UserError(f"{path}: line 1: expected a header with format '{TRACE_FORMAT}'")
     if header.get("version") != TRACE_VERSION:
-        raise UserError(f"{path}: trace version {header.get('version')!r} is not supported (expected {TRACE_VERSION})")
+        raise UserError(
+            f"{path}: line 1: trace version {shown(header.get('version'))} is not supported (expected {TRACE_VERSION})"
+        )
     trace = Trace(path, header)
     for number, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        if number == len(lines) and not line.endswith("\n"):
-            break  # a recording cut off mid-line
-        data = _parse(path, number, line)
+        if line.strip():
+            trace.snapshots.append(_snapshot(path, number, _parse(path, number, line)))
+    if lines and cut_off.strip():
         try:
-            trace.snapshots.append(Snapshot.from_dict(data))
-        except (KeyError, TypeError, ValueError) as error:
-            raise UserError(f"{path}: line {number}: not a snapshot ({error})") from None
+            data = parse_json_line(cut_off)
+        except JsonLineError:
+            data = None  # a recording cut off mid-line: the samples before it stand
+        if data is not None:
+            trace.snapshots.append(_snapshot(path, len(lines) + 1, data))
     if not trace.snapshots:
         raise UserError(f"{path}: the trace holds no samples")
     return trace
@@ -64,9 +73,16 @@ def read_trace(path: Path) -> Trace:
 
 def _parse(path: Path, number: int, line: str) -> Any:
     try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path}: line {number}: invalid JSON ({error.msg})") from None
+        return parse_json_line(line)
+    except JsonLineError as error:
+        raise UserError(f"{path}: line {number}: invalid JSON ({error})") from None
+
+
+def _snapshot(path: Path, number: int, data: Any) -> Snapshot:
+    try:
+        return snapshot_from_json(data)
+    except FieldError as error:
+        raise UserError(f"{path}: line {number}: not a GPU sample: {error}") from None
 
 
 def replay(trace: Trace, speed: float | None = 1.0, sleep: Callable[[float], None] = time.sleep) -> Iterator[Snapshot]:

@@ -2,11 +2,12 @@
 
 Every measured field is optional: None means N/A (the card or driver does not report it, or the call failed).
 Units: bytes for memory, percent for utilisation and fan, degrees Celsius, watts, MHz, KiB/s for PCIe.
+Traces are read back, every field checked, by `trace_fields.snapshot_from_json`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -40,10 +41,6 @@ class GpuSample:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GpuSample:
-        return cls(**_known(cls, data))
-
 
 @dataclass(frozen=True)
 class ProcessSample:
@@ -56,10 +53,6 @@ class ProcessSample:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProcessSample:
-        return cls(**_known(cls, data))
 
 
 @dataclass(frozen=True)
@@ -85,19 +78,3 @@ class Snapshot:
         if self.notes:
             data["notes"] = list(self.notes)
         return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Snapshot:
-        return cls(
-            time=float(data["t"]),
-            gpus=tuple(GpuSample.from_dict(g) for g in data.get("gpus", ())),
-            processes=tuple(ProcessSample.from_dict(p) for p in data.get("processes", ())),
-            message=str(data.get("message", "")),
-            notes=tuple(str(n) for n in data.get("notes", ())),
-        )
-
-
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """Keep the keys `cls` knows, so traces written by a newer version with extra fields still load."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}

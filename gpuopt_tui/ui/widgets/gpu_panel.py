@@ -87,8 +87,8 @@ def gpu_line(gpu: GpuSample, width: int) -> Text:
 
 def _shown_fields(gpu: GpuSample) -> tuple[object, ...]:
     """What a GPU line shows, rounded as shown: a new sample that shows the same is not redrawn."""
-    power = None if gpu.power_draw is None else round(gpu.power_draw)
-    return (gpu.index, gpu.name, gpu.lost, display.memory(gpu), gpu.util_sm, gpu.temperature, power, gpu.power_limit)
+    power = display.power(gpu.power_draw, gpu.power_limit)
+    return (gpu.index, gpu.name, gpu.lost, display.memory(gpu), gpu.util_sm, gpu.temperature, power)
 
 
 class GpuRow(Widget):
