@@ -68,8 +68,8 @@ _DICT_FIELDS = frozenset({"summary"})
 CHUNK_BYTES = 1 << 20  # events files are read a block at a time: memory stays bounded whatever their size
 MAX_LINE_BYTES = 4 << 20  # a longer "line" is damage, not an event
 SKIM_OVER_BYTES = 8 << 20  # a skimming reader with more than this to read ...
-KEEP_TAIL_BYTES = 2 << 20  # ... parses every line of only the last this many bytes
-_PROGRESS_LINE = re.compile(rb'\{"t": [-0-9.eE+]+, "type": "progress"')  # as EventWriter writes one
+KEEP_TAIL_BYTES = 256 << 10  # ... parses every line of only the last this many bytes (minutes of progress)
+_TYPE_NOT_PROGRESS = re.compile(rb'"type"\s*:\s*"(?!progress")')
 
 
 def _is_number(value: object) -> bool:
@@ -101,8 +101,8 @@ class EventTail:
     """Incremental reader of an events file: call `read()` repeatedly to get new events.
 
     A `skim`ming reader (one that folds events into a status) facing a large backlog (a long run's file read
-    for the first time) skips the progress events before the last KEEP_TAIL_BYTES without parsing them: only
-    the latest progress matters to it, and every other event is still read. `error` says why the file could not
+    for the first time) skips the progress events before the last KEEP_TAIL_BYTES without parsing them (and
+    lines that name no type): only the latest progress matters to it, and every other event is still read. `error` says why the file could not
     be read ("" when it could, or does not exist yet).
     """
 
@@ -126,7 +126,9 @@ class EventTail:
                     data = partial + block
                     end = data.rfind(b"\n") + 1
                     if end:
-                        self._parse(data[:end], new, skim=self.offset < skim_before)
+                        cut = data.rfind(b"\n", 0, max(0, skim_before - self.offset)) + 1  # whole lines skimmed
+                        self._parse(data[:cut], new, skim=True)
+                        self._parse(data[cut:end], new, skim=False)
                         self.offset += end
                         partial = data[end:]
                     else:
@@ -144,22 +146,34 @@ class EventTail:
         return new
 
     def _parse(self, lines: bytes, new: list[dict[str, Any]], skim: bool) -> None:
-        for raw in lines.splitlines():
-            if not raw.strip() or (skim and _PROGRESS_LINE.match(raw)):
-                continue
-            try:
-                event = json.loads(raw)
-            except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                self.corrupt_lines += 1
-                continue
-            if isinstance(event, dict) and isinstance(event.get("type"), str):
-                new.append(clean_event(event))
-            else:
-                self.corrupt_lines += 1
+        """Parse whole lines; skimming, only those whose type is not "progress" (found without parsing)."""
+        if not skim:
+            for raw in lines.splitlines():
+                self._parse_line(raw, new)
+            return
+        end = 0
+        for match in _TYPE_NOT_PROGRESS.finditer(lines):
+            if match.start() >= end:  # the first "type" of a line
+                start = lines.rfind(b"\n", 0, match.start()) + 1
+                end = lines.find(b"\n", match.end())
+                self._parse_line(lines[start:end], new)
+
+    def _parse_line(self, raw: bytes, new: list[dict[str, Any]]) -> None:
+        if not raw.strip():
+            return
+        try:
+            event = json.loads(raw)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            self.corrupt_lines += 1
+            return
+        if isinstance(event, dict) and isinstance(event.get("type"), str):
+            new.append(clean_event(event))
+        else:
+            self.corrupt_lines += 1
 
 
-def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """All complete events of a file and the number of corrupt lines skipped."""
-    tail = EventTail(path)
+def read_events(path: Path, skim: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """All complete events of a file (see EventTail for `skim`) and the number of corrupt lines skipped."""
+    tail = EventTail(path, skim=skim)
     tail.read()
     return tail.events, tail.corrupt_lines

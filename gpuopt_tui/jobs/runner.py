@@ -83,7 +83,7 @@ EXIT_CODES = {"finished": 0, "failed": 1, "cancelled": 130}
 
 def run(run_dir: Path) -> int:
     events = EventWriter(run_dir / "events.jsonl")
-    previous, _ = read_events(run_dir / "events.jsonl")
+    previous, _ = read_events(run_dir / "events.jsonl", skim=True)  # only its `started` events count
     attempt = 1 + sum(1 for e in previous if e["type"] == "started")
     ctx = JobContext(run_dir, events, cache_dir(), memory_fields=None)
     on_stop_signals(ctx.request_cancel)
