@@ -102,8 +102,8 @@ class EventTail:
 
     A `skim`ming reader (one that folds events into a status) facing a large backlog (a long run's file read
     for the first time) skips the progress events before the last KEEP_TAIL_BYTES without parsing them (and
-    lines that name no type): only the latest progress matters to it, and every other event is still read. `error` says why the file could not
-    be read ("" when it could, or does not exist yet).
+    lines that name no type): only the latest progress matters to it, and every other event is still read.
+    `error` says why the file could not be read ("" when it could, or does not exist yet).
     """
 
     path: Path
