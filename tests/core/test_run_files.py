@@ -239,7 +239,9 @@ def test_partial_writes_are_not_results_and_stale_ones_are_removed(
 DiskUsage = namedtuple("DiskUsage", "total used free")
 
 
-def test_a_crash_with_an_empty_log_says_what_may_have_happened(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crash_with_an_empty_log_says_what_may_have_happened(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
     (run_dir / "pid.json").write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
     (run_dir / "log.txt").write_text("")
