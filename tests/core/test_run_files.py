@@ -9,6 +9,7 @@ import shutil
 import tracemalloc
 from collections import namedtuple
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -291,3 +292,28 @@ def test_find_run_takes_an_exact_id_before_a_prefix(runs_root: Path) -> None:
     assert find_run(first.name) == first
     with pytest.raises(UserError, match="ambiguous"):
         find_run(first.name[:-1])
+
+
+@pytest.mark.parametrize("damage", ["deleted", "meta damaged"])
+def test_attach_stops_when_the_run_directory_goes(
+    damage: str, runs_root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
+    (run_dir / "pid.json").write_text(json.dumps({"pid": os.getpid(), "attempt": 1}))  # a live process: running
+    EventWriter(run_dir / "events.jsonl").emit("started", attempt=1)
+    polls: list[float] = []
+
+    def poll(seconds: float) -> None:  # instead of waiting between polls: the directory goes after the first
+        polls.append(seconds)
+        assert len(polls) < 20, "still following a run whose directory is gone"
+        if damage == "deleted":
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            (run_dir / "meta.json").write_text("{")
+
+    monkeypatch.setattr("gpuopt_tui.commands.follow.time", SimpleNamespace(sleep=poll))
+    code, output = gpuopt(capsys, "attach", run_dir.name)
+    assert code == 1 and len(polls) == 1
+    expected = "was deleted; stopped following" if damage == "deleted" else "meta.json is not valid JSON"
+    assert expected in output
+    assert_clean(output)
