@@ -139,7 +139,7 @@ class EventTail:
                         partial = b""
             self.error = ""
         except FileNotFoundError:
-            pass
+            self.error = ""  # not written yet
         except OSError as e:
             self.error = f"cannot read {self.path.name} ({e.strerror or e})"
         self.events.extend(new)

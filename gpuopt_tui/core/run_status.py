@@ -300,7 +300,7 @@ class RunWatcher:
             info.status = last["type"]
             info.message = last.get("message", "")
             info.ended = last.get("t")
-        elif alive or (not record and time.time() - info.created < 10):
+        elif alive or (not record and 0 <= time.time() - info.created < 10):  # just created: not launched yet
             info.status = "running" if last is not None else "starting"
         else:
             info.status = "crashed"
