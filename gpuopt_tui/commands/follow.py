@@ -12,8 +12,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
-from gpuopt_tui.core.format import human_bytes, human_duration
-from gpuopt_tui.core.runs import RunWatcher, cancel_run, combined_progress, log_tail
+from gpuopt_tui.core.format import human_bytes, human_duration, safe_text
+from gpuopt_tui.core.run_files import log_tail
+from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress
+from gpuopt_tui.core.runs import cancel_run
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)
@@ -38,9 +40,9 @@ def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
         console.print(f"[green]finished[/] {run_dir.name}")
         for key, value in (event.get("summary") or {}).items():
             if isinstance(value, float):
-                console.print(f"  {key}: {value:.4g}")
+                console.print(f"  {safe_text(key)}: {value:.4g}", markup=False)
             elif not isinstance(value, (dict, list)):
-                console.print(f"  {key}: {value}", markup=False)
+                console.print(f"  {safe_text(key)}: {safe_text(value)}", markup=False)
         console.print(f"  results: {run_dir / 'results'}")
         return 0
     if kind == "cancelled":
@@ -56,9 +58,22 @@ def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
     return 1
 
 
+def _gone(info: RunInfo) -> int | None:
+    """The exit code when the run can no longer be followed (its directory deleted or damaged), else None."""
+    if info.status == "missing":
+        console.print(
+            f"[red]gone[/] {info.id}: its run directory {escape(str(info.dir))} was deleted; stopped following"
+        )
+        return 1
+    if info.status == "damaged":
+        console.print(f"[red]damaged[/] {info.id}: {escape(info.message)}; stopped following")
+        return 1
+    return None
+
+
 def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach)."""
-    tail = EventTail(run_dir / "events.jsonl")
+    tail = EventTail(run_dir / "events.jsonl", skim=True)
     watcher = RunWatcher(run_dir.parent)
     interrupted = False
     previous = signal.getsignal(signal.SIGINT)
@@ -94,7 +109,9 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                     etype = event["type"]
                     if etype == "started":
                         outcome, ranks = None, {}
-                        progress.update(task, stats=f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
+                        progress.update(
+                            task, stats=escape(f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
+                        )
                     elif etype == "progress":
                         if "rank" in event:
                             ranks[event["rank"]] = event
@@ -102,10 +119,10 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                         label = event.get("stage") or run_dir.name
                         progress.update(
                             task,
-                            description=label,
+                            description=escape(str(label)),
                             completed=event.get("done", 0),
                             total=event.get("total"),
-                            stats=_stats(event),
+                            stats=escape(_stats(event)),
                         )
                     elif etype in ("log", "warning"):
                         style = "yellow" if etype == "warning" else "dim"
@@ -118,6 +135,10 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                     elif etype in TERMINAL_TYPES:
                         outcome = event
                 info = watcher.info(run_dir)
+                gone = _gone(info)
+                if gone is not None:
+                    progress.stop()
+                    return gone
                 if outcome is not None and not info.active:
                     progress.stop()
                     code = print_outcome(run_dir, outcome)

@@ -16,6 +16,7 @@ from gpuopt_tui.commands.follow import console
 from gpuopt_tui.core.distributed import scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_processes import NEUTRAL_CWD
 from gpuopt_tui.core.runs import find_run
 
 NAME = "join"
@@ -29,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.run).expanduser()
-    run_dir = path.resolve() if (path / "meta.json").is_file() else find_run(args.run)
+    run_dir = (path if (path / "meta.json").is_file() else find_run(args.run)).resolve()
     profile = load_profile(run_dir / "profile.toml")
     scale = scale_of(profile.run)
     if scale.nodes < 2:
@@ -42,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console.print(f"joining run {run_dir.name} ({scale.describe()}): {shown}")
     try:
-        return subprocess.call(cmd, env=env)
+        return subprocess.call(cmd, env=env, cwd=NEUTRAL_CWD)  # nothing in this directory is imported
     except KeyboardInterrupt:
         return 130

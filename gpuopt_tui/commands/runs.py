@@ -7,61 +7,79 @@ import json
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpuopt_tui.core.format import human_duration, human_time
-from gpuopt_tui.core.runs import RunWatcher
+from gpuopt_tui.core.run_status import RunWatcher
+from gpuopt_tui.core.runs import unreadable_runs_dir
 
 NAME = "runs"
-HELP = "list runs (running, finished, failed, cancelled, crashed)"
+HELP = "list runs (running, finished, failed, cancelled, crashed, damaged)"
 STATUS_STYLE = {
     "running": "cyan",
     "starting": "cyan",
     "finished": "green",
     "failed": "red",
     "crashed": "red",
+    "damaged": "red",
     "cancelled": "yellow",
     "missing": "red",
 }
 
 
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of runs, 0 for all; got {text!r}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per run, for scripts")
-    parser.add_argument("--limit", type=int, default=50, help="show at most this many (newest first)")
+    parser.add_argument("--limit", type=_limit, default=50, help="show at most this many, newest first (0: all)")
 
 
 def run(args: argparse.Namespace) -> int:
     watcher = RunWatcher()
-    infos = watcher.refresh()[: args.limit]
+    try:
+        infos = watcher.refresh()
+    except OSError as e:
+        raise unreadable_runs_dir(watcher.root, e) from None
+    shown = infos[: args.limit] if args.limit else infos
     if args.json:
-        for i in infos:
-            print(
-                json.dumps(
-                    {
-                        "id": i.id,
-                        "kind": i.kind,
-                        "name": i.name,
-                        "status": i.status,
-                        "pid": i.pid,
-                        "created": i.created,
-                        "done": i.progress.get("done"),
-                        "total": i.progress.get("total"),
-                        "message": i.message,
-                        "dir": str(i.dir),
-                    }
-                )
-            )
+        for i in shown:
+            record = {
+                "id": i.id,
+                "kind": i.kind,
+                "name": i.name,
+                "status": i.status,
+                "pid": i.pid,
+                "created": i.created,
+                "done": i.progress.get("done"),
+                "total": i.progress.get("total"),
+                "message": i.message,
+                "dir": str(i.dir),
+            }
+            print(json.dumps(record))
         return 0
     if not infos:
-        Console().print(f"no runs yet in {watcher.root}. Start one with: gpuopt-tui run demo-attribution")
+        Console().print(f"no runs yet in {watcher.root}. Start one with: gpuopt-tui run demo-attribution", markup=False)
         return 0
     table = Table(box=None, header_style="bold")
     for col in ("id", "kind", "name", "status", "progress", "eta", "created", "message"):
         table.add_column(col, overflow="fold")
-    for i in infos:
+    for i in shown:
         frac = i.fraction
         prog = f"{i.progress.get('done')}/{i.progress.get('total')} ({frac:.0%})" if frac is not None else ""
         eta = human_duration(i.progress.get("eta")) if i.active and i.progress.get("eta") else ""
-        style = STATUS_STYLE.get(i.status, "")
-        table.add_row(i.id, i.kind, i.name, f"[{style}]{i.status}[/]", prog, eta, human_time(i.created), i.message[:80])
+        cells = (i.id, i.kind, i.name, prog, eta, human_time(i.created), i.message[:80])
+        row = [Text(c) for c in cells]
+        row.insert(3, Text(i.status, style=STATUS_STYLE.get(i.status, "")))
+        table.add_row(*row)
     Console().print(table)
+    if len(shown) < len(infos):
+        Console().print(f"{len(infos) - len(shown)} older run(s) not shown (--limit 0 shows all)")
     return 0

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
+from rich.markup import escape
 
-from gpuopt_tui.core.format import human_time
-from gpuopt_tui.core.runs import RunInfo, RunWatcher, find_run, log_tail
+from gpuopt_tui.core.format import human_time, safe_text
+from gpuopt_tui.core.run_files import log_tail, result_files
+from gpuopt_tui.core.run_status import RunInfo, RunWatcher
+from gpuopt_tui.core.runs import find_run
 
 NAME = "show"
 HELP = "show one run: status, message, progress, the tail of its log and its result files"
@@ -22,23 +25,24 @@ def run(args: argparse.Namespace) -> int:
     run_dir = find_run(args.run_id)
     info = RunWatcher(run_dir.parent).info(run_dir)
     out = Console(highlight=False)
-    out.print(f"[bold]{info.id}[/]  {info.kind}  '{info.name}'  status: [bold]{info.status}[/]")
+    out.print(f"[bold]{info.id}[/]  {escape(info.kind)}  '{escape(info.name)}'  status: [bold]{info.status}[/]")
     out.print(f"  created {human_time(info.created)}   attempt {info.attempt}   pid {info.pid or '-'}")
-    out.print(f"  directory {info.dir}")
+    out.print(f"  directory {info.dir}", markup=False)
     if info.message:
         out.print(f"  message: {info.message}", markup=False)
     if info.progress:
+        progress = info.progress
         out.print(
-            f"  progress: {info.progress.get('done')}/{info.progress.get('total')} {info.progress.get('unit', '')}"
+            f"  progress: {progress.get('done')}/{progress.get('total')} {progress.get('unit', '')}", markup=False
         )
     _print_ranks(out, info)
     if info.corrupt_lines:
         out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in events.jsonl were skipped[/]")
-    results = sorted(p for p in (run_dir / "results").glob("*") if p.is_file())
+    results = result_files(run_dir)
     if results:
         out.print("  results:")
         for p in results:
-            out.print(f"    {p}")
+            out.print(f"    {safe_text(p)}", markup=False)
     tail = log_tail(run_dir, args.lines)
     if tail:
         out.print(f"  last {len(tail)} lines of log.txt:")

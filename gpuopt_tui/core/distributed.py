@@ -9,13 +9,14 @@ directory, so it must be on a filesystem they share.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
+
+from gpuopt_tui.core.run_processes import job_env
 
 Failure = Callable[[str, str], NoReturn]  # as in profiles.schema: (key, message), raises
 
@@ -94,7 +95,7 @@ def torchrun_command(run_dir: Path, scale: Scale, python: str = sys.executable) 
 
 
 def torchrun_env(scale: Scale, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base, PYTHONUNBUFFERED="1")
+    env = job_env(base)
     if scale.visible:
         env["CUDA_VISIBLE_DEVICES"] = scale.visible
     return env

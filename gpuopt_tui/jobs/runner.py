@@ -13,7 +13,6 @@ from which the outcome is decided.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import shutil
 import signal
@@ -27,10 +26,11 @@ from typing import Any
 
 from gpuopt_tui.core.distributed import Scale, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
+from gpuopt_tui.core.events import EventWriter, clean_event, read_events
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_files import read_object
 from gpuopt_tui.core.runs import ENGINE_MODULES
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
@@ -83,7 +83,7 @@ EXIT_CODES = {"finished": 0, "failed": 1, "cancelled": 130}
 
 def run(run_dir: Path) -> int:
     events = EventWriter(run_dir / "events.jsonl")
-    previous, _ = read_events(run_dir / "events.jsonl")
+    previous, _ = read_events(run_dir / "events.jsonl", skim=True)  # only its `started` events count
     attempt = 1 + sum(1 for e in previous if e["type"] == "started")
     ctx = JobContext(run_dir, events, cache_dir(), memory_fields=None)
     on_stop_signals(ctx.request_cancel)
@@ -141,12 +141,13 @@ def rank_reports(run_dir: Path) -> Path:
 
 
 def _read_reports(folder: Path) -> list[dict[str, Any]]:
+    """The ranks' reports; one that cannot be read or is not an event counts as missing (torchrun's exit code
+    decides)."""
     found = []
     for path in sorted(folder.glob("*.json")):
-        try:
-            found.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            continue  # a report that cannot be read counts as missing: torchrun's exit code decides
+        report, _ = read_object(path)
+        if report is not None and isinstance(report.get("type"), str):
+            found.append(clean_event(report))
     return found
 
 
@@ -154,7 +155,7 @@ def outcome_of_ranks(events: list[dict[str, Any]], code: int, cancel_requested: 
     """The run's outcome from its workers' reports (their rank_* events) and torchrun's exit code."""
     failures = [e for e in events if e["type"] == "rank_failed"]
     if failures:
-        first = min(failures, key=lambda e: e["t"])
+        first = min(failures, key=lambda e: e.get("t", 0.0))
         where = f"rank {first.get('rank')} on {first.get('host', '?')}"
         message = f"{where}: {first.get('message', '')}; finished shards are kept for resume"
         return "failed", {"message": message, "rank": first.get("rank")}

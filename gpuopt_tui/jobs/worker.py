@@ -21,7 +21,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.runs import proc_start_time
+from gpuopt_tui.core.run_processes import proc_start_time
 from gpuopt_tui.jobs.collective import init_from_torchrun, shutdown
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.runner import EXIT_CODES, execute, on_stop_signals, rank_reports

@@ -16,12 +16,12 @@ from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
+from gpuopt_tui.core.run_processes import pid_alive
 from gpuopt_tui.core.runs import (
     RunWatcher,
     cancel_run,
     create_run,
     find_run,
-    pid_alive,
     resolve_paths,
     resume_run,
 )
@@ -39,8 +39,10 @@ def make_run(runs_root: Path, **data: object) -> Path:
     return create_run(profile, source=runs_root.parent / "profiles" / "demo.toml", root=runs_root)
 
 
-def sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+def sleeper(run_dir: Path | None = None) -> subprocess.Popen[bytes]:
+    """A process in its own session; started with `run_dir` as its argument, it passes as that run's process."""
+    args = [str(run_dir)] if run_dir else []
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], start_new_session=True)
 
 
 def set_pid(run_dir: Path, proc: subprocess.Popen[bytes] | None, attempt: int = 1) -> None:
@@ -127,7 +129,7 @@ def test_deleted_and_corrupt_runs_are_reported_not_raised(runs_root: Path) -> No
 
 def test_cancel_signals_the_process_group(runs_root: Path) -> None:
     run_dir = make_run(runs_root)
-    proc = sleeper()
+    proc = sleeper(run_dir)
     set_pid(run_dir, proc)
     EventWriter(run_dir / "events.jsonl").emit("started", pid=proc.pid, attempt=1)
     cancel_run(run_dir)
@@ -187,7 +189,8 @@ def test_meta_is_parsed_again_only_when_the_file_changes(runs_root: Path) -> Non
     os.utime(meta_path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert watcher.refresh()[0].name == "other"
     meta_path.write_text("{not json")
-    assert watcher.refresh()[0].status == "missing"
+    damaged = watcher.refresh()[0]
+    assert damaged.status == "damaged" and damaged.message.startswith("meta.json is not valid JSON")
 
 
 def test_started_is_the_start_of_the_current_attempt(runs_root: Path) -> None:
@@ -230,7 +233,7 @@ def test_finished_runs_are_listed_without_looking_up_their_process(
     writer.emit("started", attempt=1)
     writer.emit("finished", summary={"n": 1})
     looked_up: list[int] = []
-    monkeypatch.setattr("gpuopt_tui.core.runs.pid_alive", lambda pid, start=None: looked_up.append(pid) or False)
+    monkeypatch.setattr("gpuopt_tui.core.run_status.pid_alive", lambda pid, start=None: looked_up.append(pid) or False)
     watcher = RunWatcher(runs_root)
     assert [(i.status, i.summary) for i in watcher.refresh()] == [("finished", {"n": 1})]
     assert looked_up == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,10 +58,12 @@ def make_run(root: Path, *events: tuple[str, dict[str, object]], log: str = "") 
 
 @pytest.fixture
 def live_run(runs_root: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
-    """A run directory whose recorded process is alive: a `sleep` in its own session stands in for the job,
-    so signals sent by the app can be observed without an engine."""
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    run_dir = make_run(runs_root, ("started", {"pid": proc.pid, "attempt": 1}))
+    """A run directory whose recorded process is alive: a sleeping process in its own session, started with the
+    run directory as its argument as the job is (so that it passes as the run's), stands in for the job, so
+    signals sent by the app can be observed without an engine."""
+    run_dir = make_run(runs_root)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir)], start_new_session=True)
+    EventWriter(run_dir / "events.jsonl").emit("started", pid=proc.pid, attempt=1)
     atomic_write_text(run_dir / "pid.json", f'{{"pid": {proc.pid}, "attempt": 1}}')
     yield run_dir, proc
     if proc.poll() is None:

@@ -3,6 +3,7 @@ vanished runs give clear messages, and cancel / resume / delete ask first and ke
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -75,6 +76,23 @@ async def test_corrupt_events_are_skipped_and_counted(runs_root: Path) -> None:
         assert table_cell(app, run_dir.name, "status") == "crashed"  # no process behind it
         assert table_cell(app, run_dir.name, "progress") == "3/10 (30%)"
         assert "1 unreadable line(s) in events.jsonl were skipped" in widget_text(app, "#detail-progress")
+
+
+async def test_damaged_runs_are_listed_with_the_reason_beside_the_others(runs_root: Path) -> None:
+    good = make_run(runs_root, ("started", {"pid": 1, "attempt": 1}), ("finished", {"summary": {}}))
+    far = make_run(runs_root, ("started", {"pid": 1, "attempt": 1}), ("finished", {"summary": {}}))
+    bad = make_run(runs_root)
+    for run_dir, created in ((bad, None), (far, 1e300)):
+        meta = json.loads((run_dir / "meta.json").read_text())
+        (run_dir / "meta.json").write_text(json.dumps({**meta, "created": created}))
+    app = make_app(screen="runs")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_for(pilot, lambda: all(app.runs.get(r.name) for r in (good, far, bad)))
+        await pilot.pause()
+        assert [table_cell(app, r.name, "status") for r in (good, far, bad)] == ["finished", "finished", "damaged"]
+        assert table_cell(app, far.name, "created") == "?"
+        assert table_cell(app, bad.name, "message").startswith("meta.json: 'created' is null")
+        assert not notifications(app)
 
 
 async def test_run_directory_deleted_while_listed(runs_root: Path) -> None:

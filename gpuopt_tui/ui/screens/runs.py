@@ -88,7 +88,7 @@ class RunsScreen(AppScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         info = self.selected
         if action == "cancel":
-            return info is not None and info.active
+            return info is not None and (info.active or bool(info.orphans))
         if action == "resume":
             return info is not None and info.status in RESUMABLE
         if action in ("delete", "log"):
@@ -98,7 +98,7 @@ class RunsScreen(AppScreen):
     def _existing(self) -> RunInfo | None:
         """The selected run, if its directory is still there (another process may have deleted it)."""
         info = self.selected
-        if info is not None and not (info.dir / "meta.json").is_file():
+        if info is not None and not (info.dir / "meta.json").exists():
             self.gapp.report_error(f"run {info.id} no longer exists: {info.dir} was deleted", title="Run gone")
             self.gapp.poller.poll_now()
             return None

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Log, Static
 
-from gpuopt_tui.core.runs import log_tail
+from gpuopt_tui.core.run_files import log_tail
 
 FOLLOW_INTERVAL_S = 1.0
 

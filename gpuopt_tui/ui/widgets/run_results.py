@@ -16,6 +16,7 @@ from textual.content import Content
 from textual.widgets import Static, Tabs
 
 from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.run_files import is_partial_write
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.widgets.log_view import LogView
 
@@ -40,7 +41,7 @@ def result_files(run_dir: Path) -> list[tuple[str, int]]:
     found: list[tuple[str, int]] = []
     try:
         for path in sorted(root.rglob("*")):
-            if path.is_file():
+            if path.is_file() and not is_partial_write(path):
                 found.append((str(path.relative_to(root)), path.stat().st_size))
                 if len(found) >= MAX_FILES:
                     break

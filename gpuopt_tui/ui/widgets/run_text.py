@@ -17,6 +17,7 @@ STATUS_COLOR = {
     "finished": "$success",
     "failed": "$error",
     "crashed": "$error",
+    "damaged": "$error",
     "missing": "$error",
     "cancelled": "$warning",
 }
