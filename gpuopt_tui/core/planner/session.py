@@ -7,7 +7,7 @@ rec, plan = recommend_preferred(inputs)        # measured when this machine has 
 patches = planned_patches(inputs, rec)         # previews with diffs; yamledit.apply(patches) writes them
 
 The closed-form search keeps `search.CLOSED_FORM_HEADROOM` of the budget back for the estimate's error; a measured
-recommendation is confirmed by a probe at its batch and keeps `search.MEASURED_HEADROOM` back for a long run's drift.
+recommendation is confirmed by a probe at its batch and keeps back the drift its probes measured (its `headroom`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure,
 from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, spec_from_config
 from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
-    MEASURED_HEADROOM,
     Budget,
     PeakModel,
     Recommendation,
@@ -238,7 +237,7 @@ def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda messa
 
 
 def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
-    return _recommend(inputs, plan.peak_model(), "measured", MEASURED_HEADROOM)
+    return _recommend(inputs, plan.peak_model(), "measured", plan.headroom)
 
 
 def measurable_here(inputs: PlanInputs) -> bool:

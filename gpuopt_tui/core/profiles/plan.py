@@ -48,8 +48,9 @@ class PlanSection:
     zero_stage: int = opt(0, "ZeRO stage for the estimate", min=0, max=3)
     loop: str = opt(
         "lightning",
-        "When gradients are freed: lightning (between forward and backward) or plain (before the forward)",
-        choices=("lightning", "plain"),
+        "The training loop probes run and the estimate follows: hf (the HF Trainer: zero_grad after the step, "
+        "gradient clipping), lightning (zero_grad between forward and backward) or plain (zero_grad after the step)",
+        choices=("hf", "lightning", "plain"),
     )
     margin: float = opt(0.85, "Plan for at most this share of GPU memory", min=0.1, max=0.99)
     gpu_memory_gb: float | Literal["auto"] = opt("auto", 'GPU memory in GB, or "auto" (NVML)', min=0.1)
