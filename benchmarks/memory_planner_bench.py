@@ -1,13 +1,16 @@
 """Memory planner accuracy on a real GPU: predicted against measured peak memory of training steps.
 
-Each case (BERT-base and GPT-2 small; full fine-tune, LoRA, frozen encoder, contrastive samples per anchor;
-gradient checkpointing on and off; bf16 autocast and fp32) has four parts, each with its own fresh probe
-processes, so that one part of one case can run alone under a time limit and the JSON files be merged afterwards:
-- accuracy: measured truth, a probe at the case's batch (fresh process, 3 steps): footprint = torch's peak
-  reserved memory + the memory outside torch (CUDA context and kernels: total - free - reserved), and torch's
-  peak allocated (tensors alone); the closed form, `estimate(...).total`, no GPU involved; the measured tier's
-  line through probes at 1/2 and 3/4 of the batch (not the truth probe), extrapolated; accelerate's
-  estimate-memory figure (largest of its training components, batch 1) when accelerate imports.
+Each case (Qwen2-0.5B, Llama-1B- and Mistral-shaped decoders at sequence length 1024, BERT-base and GPT-2 small;
+full fine-tune, LoRA, frozen encoder, contrastive samples per anchor; gradient checkpointing on and off; bf16
+autocast and fp32) runs the same plain HF loop (`model(input_ids, labels=...)`, backward, step,
+`zero_grad(set_to_none=True)`) and has four parts, each with its own fresh probe processes, so that one part of one
+case can run alone under a time limit and the JSON files be merged afterwards:
+- accuracy: measured truth, the loop at the case's batch for --steps steps in a fresh process: footprint =
+  torch's peak reserved memory over all steps + the memory outside torch (CUDA context and kernels: total - free
+  - reserved), and torch's peak allocated (tensors alone); the closed form, `estimate(...).total`, no GPU
+  involved; the measured tier's line through probes (3 warm-up + 5 measured steps) at 1/2 and 3/4 of the batch
+  (not the truth run), extrapolated; accelerate's estimate-memory figure (largest of its training components,
+  batch 1) when accelerate imports.
 - closed-form: the closed form's recommendation for the GPU's budget (--margin x its memory as NVML reports it;
   the planner's rule: the largest micro-batch under the budget less `CLOSED_FORM_HEADROOM`) runs --steps steps.
 - measured-plan: the measured tier as `gpuopt-tui plan --profile` runs it (probes from the closed-form guess, a
@@ -48,11 +51,17 @@ sys.path.insert(0, str(ROOT))
 from gpuopt_tui.core.planner import gpu as gpu_memory  # noqa: E402
 from gpuopt_tui.core.planner.estimate import GiB, MiB, Overheads, TrainSetup, estimate  # noqa: E402
 from gpuopt_tui.core.planner.fit import ProbeResult, fit_line, shrink  # noqa: E402
-from gpuopt_tui.core.planner.measure import ALLOC_CONF, measure, probe_request, run_probe  # noqa: E402
+from gpuopt_tui.core.planner.measure import (  # noqa: E402
+    ALLOC_CONF,
+    MEASURED_STEPS,
+    WARMUP_STEPS,
+    measure,
+    probe_request,
+    run_probe,
+)
 from gpuopt_tui.core.planner.model_spec import ModelSpec, spec_from_config  # noqa: E402
 from gpuopt_tui.core.planner.search import (  # noqa: E402
     CLOSED_FORM_HEADROOM,
-    MEASURED_HEADROOM,
     Budget,
     closed_form,
     largest_batch,
@@ -80,12 +89,50 @@ GPT2_SMALL = {
     "n_positions": 1024,
     "activation_function": "gelu_new",
 }
+DECODERS = {  # decoder shapes at 0.5-1.3B parameters (random weights)
+    "qwen2": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+    },
+    "llama": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+    },
+    "mistral": {
+        "model_type": "mistral",
+        "vocab_size": 32768,
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "intermediate_size": 5632,
+        "max_position_embeddings": 32768,
+        "sliding_window": None,
+    },
+}
+LOOP = "plain"  # the truth: model(input_ids, labels=...), backward, step, zero_grad(set_to_none=True)
+RUN_STEPS = 50
 # --quick: a pretend card with 8 MiB to spare beyond the fixed overheads and the closed form's headroom, so
 # recommended batches stay CPU-sized
 QUICK_GPU = int(
     (Overheads().context + Overheads().workspaces + Overheads().allocator + 8 * MiB) / 0.85 / (1 - CLOSED_FORM_HEADROOM)
 )
-QUICK_CASES = ("bert-lora-bf16", "gpt2-ckpt-bf16")
+QUICK_CASES = ("bert-lora-bf16", "gpt2-ckpt-bf16", "qwen2-lora", "llama-ckpt", "mistral-lora-ckpt")
 TINY = {  # --quick: the same families at test size
     "bert": {
         **BERT_BASE,
@@ -97,6 +144,20 @@ TINY = {  # --quick: the same families at test size
         "max_position_embeddings": 64,
     },
     "gpt2": {**GPT2_SMALL, "vocab_size": 200, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    **{
+        family: {
+            **config,
+            "vocab_size": 500,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        }
+        for family, config in DECODERS.items()
+    },
 }
 
 
@@ -109,7 +170,40 @@ class Case:
     what: str
 
 
+QV = ("q_proj", "v_proj")
+
+
+def _lm(micro_batch: int, **kw: Any) -> TrainSetup:
+    return TrainSetup(micro_batch=micro_batch, seq_len=1024, loop=LOOP, **kw)
+
+
 CASES = [
+    Case("qwen2-full", "qwen2", "causal_lm", _lm(4), "Qwen2-0.5B, full, bf16, s1024"),
+    Case(
+        "qwen2-lora",
+        "qwen2",
+        "causal_lm",
+        _lm(8, trainable="lora", lora_rank=16, lora_targets=QV),
+        "Qwen2-0.5B, LoRA r16 q/v, bf16, s1024",
+    ),
+    Case("qwen2-ckpt", "qwen2", "causal_lm", _lm(8, gradient_checkpointing=True), "Qwen2-0.5B, full, ckpt, s1024"),
+    Case("llama-full", "llama", "causal_lm", _lm(2), "Llama-1B shapes, full, bf16, s1024"),
+    Case("llama-ckpt", "llama", "causal_lm", _lm(4, gradient_checkpointing=True), "Llama-1B shapes, full, ckpt, s1024"),
+    Case(
+        "llama-lora",
+        "llama",
+        "causal_lm",
+        _lm(4, trainable="lora", lora_rank=16, lora_targets=QV),
+        "Llama-1B shapes, LoRA r16 q/v, bf16, s1024",
+    ),
+    Case("mistral-full", "mistral", "causal_lm", _lm(4), "Mistral shapes 1.1B, full, bf16, s1024"),
+    Case(
+        "mistral-lora-ckpt",
+        "mistral",
+        "causal_lm",
+        _lm(8, trainable="lora", lora_rank=16, lora_targets=("all-linear",), gradient_checkpointing=True),
+        "Mistral shapes 1.1B, LoRA r16 all-linear, ckpt, s1024",
+    ),
     Case("bert-full-bf16", "bert", "classification", TrainSetup(micro_batch=64), "BERT-base, full, bf16, s128"),
     Case(
         "bert-ckpt-bf16",
@@ -174,13 +268,14 @@ CASES = [
 def _config(case: Case, quick: bool) -> dict[str, Any]:
     if quick:
         return TINY[case.family]
-    return BERT_BASE if case.family == "bert" else GPT2_SMALL
+    return {"bert": BERT_BASE, "gpt2": GPT2_SMALL, **DECODERS}[case.family]
 
 
 def _setup(case: Case, quick: bool) -> TrainSetup:
+    setup = dataclasses.replace(case.setup, loop=LOOP)  # every case against the same plain HF loop
     if not quick:
-        return case.setup
-    return dataclasses.replace(case.setup, micro_batch=max(4, case.setup.micro_batch // 8), seq_len=16)
+        return setup
+    return dataclasses.replace(setup, micro_batch=max(4, setup.micro_batch // 8), seq_len=16)
 
 
 def accelerate_estimate(config: dict[str, Any], task: str, precision: str) -> int | str:
@@ -221,8 +316,8 @@ class Prober:
         self.device = "cpu" if args.quick else f"cuda:{args.gpu_index}"
         self.quick = args.quick
 
-    def request(self, setup: TrainSetup, steps: int) -> dict[str, Any]:
-        return probe_request(self.config, self.task, setup, self.device, steps=steps)
+    def request(self, setup: TrainSetup, steps: int, warmup: int = 0) -> dict[str, Any]:
+        return probe_request(self.config, self.task, setup, self.device, steps=steps, warmup=warmup)
 
     def run(self, request: Mapping[str, Any]) -> ProbeResult:
         result = run_probe(request, timeout=600)
@@ -253,16 +348,16 @@ def _gpu(args: argparse.Namespace) -> tuple[int, str]:
     return found.total, found.label
 
 
-def accuracy(case: Case, setup: TrainSetup, prober: Prober, row: dict[str, Any]) -> None:
+def accuracy(case: Case, setup: TrainSetup, prober: Prober, row: dict[str, Any], steps: int) -> None:
     b = setup.micro_batch
     print(f"[{case.name}] truth probe at b={b}", flush=True)
-    truth = prober.probe(setup, steps=3)
+    truth = prober.probe(setup, steps=steps)  # a plain run of the loop: its peak over all its steps
     row.update(batch=b, measured=truth.footprint, allocated=truth.max_allocated)
     row["context"] = truth.context
     row["closed_form"] = estimate(prober.spec, setup).total
     lo, mid = max(1, b // 2), max(2, 3 * b // 4)
     print(f"[{case.name}] fit probes at b={lo}, {mid}", flush=True)
-    points = [prober.probe(setup.with_batch(x), steps=3) for x in (lo, mid)]
+    points = [prober.run(prober.request(setup.with_batch(x), MEASURED_STEPS, WARMUP_STEPS)) for x in (lo, mid)]
     fit = fit_line([(p.sequences, p.max_reserved) for p in points])
     row["measured_tier"] = fit.predict(truth.sequences) + max(p.context for p in points)
     found = accelerate_estimate(prober.config, case.task, setup.precision)
@@ -295,7 +390,7 @@ def closed_form_batch(prober: Prober, setup: TrainSetup, budget: Budget) -> int:
 def measured_plan(case: Case, setup: TrainSetup, prober: Prober, budget: Budget) -> dict[str, Any]:
     """The planner's measured tier (`measure`, started from the closed-form guess) and its recommended batch."""
     plan = measure(
-        lambda b: prober.request(setup.with_batch(b), steps=2),
+        lambda b: prober.request(setup.with_batch(b), MEASURED_STEPS, WARMUP_STEPS),
         setup.sequences_per_example,
         budget,
         max(1, closed_form_batch(prober, setup, budget)),
@@ -305,8 +400,14 @@ def measured_plan(case: Case, setup: TrainSetup, prober: Prober, budget: Budget)
     chain = [plan.b_max]  # the confirmation starts at b_max and shrinks x0.9 down to the confirmed batch
     while chain[-1] > plan.micro_batch:
         chain.append(shrink(chain[-1]))
-    batch = largest_batch(plan.peak_model(), setup, budget.search_limit(MEASURED_HEADROOM))
-    return {"tier": "measured", "batch": batch, "probes": len(plan.probes), "shrinks": len(chain) - 1}
+    batch = largest_batch(plan.peak_model(), setup, budget.search_limit(plan.headroom))
+    return {
+        "tier": "measured",
+        "batch": batch,
+        "probes": len(plan.probes),
+        "shrinks": len(chain) - 1,
+        "headroom": plan.headroom,
+    }
 
 
 PARTS = ("accuracy", "closed-form", "measured-plan", "measured-run")
@@ -319,7 +420,7 @@ def _planned(case: Case, plan_files: Sequence[Path]) -> dict[str, Any]:
         for row in json.loads(path.read_text())["rows"]:
             for entry in row.get("recommended", ()) if row["case"] == case.name else ():
                 if entry["tier"] == "measured":
-                    return {k: entry[k] for k in ("tier", "batch", "probes", "shrinks")}
+                    return {k: entry[k] for k in ("tier", "batch", "probes", "shrinks", "headroom") if k in entry}
     raise SystemExit(f"[{case.name}] measured-run: no measured plan for this case in {', '.join(map(str, plan_files))}")
 
 
@@ -333,7 +434,7 @@ def run_case(case: Case, args: argparse.Namespace, parts: Sequence[str]) -> dict
     for part in parts:
         started = time.perf_counter()
         if part == "accuracy":
-            accuracy(case, setup, prober, row)
+            accuracy(case, setup, prober, row, args.steps)
         elif part == "closed-form":
             entry = {"tier": "closed form", "batch": closed_form_batch(prober, setup, budget), "probes": 0}
             recommended["closed form"] = run_recommended(case, entry, setup, prober, budget, args.steps)
@@ -384,7 +485,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"- date: {meta['date']}",
         f"- card: {meta['card']}",
         f"- versions: {meta['versions']}",
-        f"- allocator: PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF}; loop: Lightning order (zero_grad before backward)",
+        f"- allocator: PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF}; loop: plain HF loop (model(input_ids, labels=...), backward, step, zero_grad(set_to_none=True))",
         f"- command: `{meta['command']}`",
         "",
         "Measured = torch peak reserved + memory outside torch (context, kernels) after the steps; tensors = torch"
@@ -420,8 +521,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             f"Closed form: its largest micro-batch under the budget less {CLOSED_FORM_HEADROOM:.0%} kept for its "
             "error. Measured: the measured tier's recommendation (probes from the closed-form guess, a line fit, a "
-            f"confirming probe that shrinks x0.9 while it does not fit; {MEASURED_HEADROOM:.0%} of the budget kept "
-            "back for a long run's drift). ok = no out-of-memory error, no allocator "
+            f"confirming probe that shrinks x0.9 while it does not fit; the probes' measured drift kept back). ok = no out-of-memory error, no allocator "
             "retries, peak 80-100% of the budget.",
             "",
             "| case | tier | batch | probes (x0.9 shrinks) | out of memory | allocator retries | peak GiB | "
@@ -497,7 +597,7 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the cases, one a line, and exit")
     parser.add_argument("--gpu-index", type=int, default=0)
     parser.add_argument("--margin", type=float, default=0.85)
-    parser.add_argument("--steps", type=int, default=20, help="steps each recommended batch must run")
+    parser.add_argument("--steps", type=int, default=RUN_STEPS, help="steps each recommended batch must run")
     parser.add_argument(
         "--quick", action="store_true", help="CPU, tiny models, memory simulated: checks the plumbing, not the numbers"
     )

@@ -36,8 +36,8 @@ from gpuopt_tui.core.plan_report import (
     warning_lines,
 )
 from gpuopt_tui.core.planner import session, yamledit
-from gpuopt_tui.core.planner.estimate import Estimate
-from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan
+from gpuopt_tui.core.planner.estimate import LOOPS, Estimate
+from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan, measure_setup
 from gpuopt_tui.core.planner.resolve import Origins
 from gpuopt_tui.core.planner.search import Recommendation
 from gpuopt_tui.core.profiles.io import (
@@ -150,7 +150,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     setup.add_argument("--negatives", type=int, metavar="N", help="n_negatives per anchor")
     setup.add_argument("--gpus", type=int, metavar="N", help="data-parallel GPUs")
     setup.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3))
-    setup.add_argument("--loop", choices=("lightning", "plain"), help="when gradients are freed (default lightning)")
+    setup.add_argument(
+        "--loop",
+        choices=LOOPS,
+        help="the training loop to plan and probe for: hf (Trainer), lightning or plain (default: the profile's)",
+    )
 
     budget = parser.add_argument_group("budget")
     budget.add_argument(
@@ -216,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
     _header(out, inputs)
     if show:
         _breakdown(out, session.estimate_current(inputs), inputs)
+        if args.profile:
+            _measured_current(out, inputs)
     if not search:
         return 0
     rec = _search(out, inputs, args.profile or profile.plan.measure)
@@ -269,6 +275,25 @@ def _breakdown(out: Console, est: Estimate, inputs: session.PlanInputs) -> None:
     out.print(
         f"the current setup uses {est.total / inputs.gpu.total:.0%} of the GPU, {verdict} the "
         f"{inputs.budget.margin:.0%} budget"
+    )
+
+
+def _measured_current(out: Console, inputs: session.PlanInputs) -> None:
+    """Probe the current setup on the GPU and print what it used beside the closed form's figure."""
+    gpu = session.measuring_gpu(inputs.profile.run.device)
+    setup = inputs.setup
+    out.print(Text.assemble(("measuring ", "bold"), f"the current setup on {gpu.label} ({setup.loop} loop)"))
+    device = f"cuda:{session.device_index(inputs.profile.run.device)}"
+    r = measure_setup(inputs.model.config, inputs.spec.task, setup, device)
+    if r.oom:
+        out.print(f"[red]measured: micro-batch {setup.micro_batch} runs out of GPU memory[/]")
+        return
+    closed = session.estimate_current(inputs).total
+    out.print(
+        f"measured: {human_bytes(r.footprint)} ({r.footprint / inputs.gpu.total:.0%} of the GPU; peak reserved "
+        f"{human_bytes(r.max_reserved)} + context {human_bytes(r.context)}) over {len(r.step_peaks)} steps; "
+        f"rose {human_bytes(r.drift)} after warm-up; {r.num_alloc_retries} allocator retries; "
+        f"closed form {closed / r.footprint - 1:+.1%}"
     )
 
 

@@ -116,6 +116,7 @@ def _probes(measured: Mapping[str, Any]) -> Probes:
             context=int(p["context"]),
             seconds=float(p["seconds"]),
             error=str(p["error"]),
+            drift=int(p.get("drift", 0)),  # plans saved before probes measured their drift have none
         )
         for p in measured["probes"]
     )

@@ -5,9 +5,10 @@
 
 The request (see core/planner/measure.py `probe_request`) holds the Hugging Face config, the task and the
 training setup. The model gets random weights (fp32 parameters; bf16/fp16 autocast for mixed precision), the
-batch is random tokens at the full sequence length, and the step follows the setup's loop: Lightning frees the
-previous gradients between forward and backward, a plain loop before the forward. One warm-up step (it creates
-the optimizer state), then the allocator cache is emptied, peak statistics are reset, and the measured steps run.
+batch is random tokens at the full sequence length, HF models compute their own loss from `labels=`, and the
+step follows the setup's loop (`training_step`). Warm-up steps (the first creates the optimizer state), then the
+measured steps, all as the user's loop runs them, without emptying the allocator's cache: the peak reserved memory
+of each step is kept, and `drift` is how far the measured steps' peak rose above the warm-up's.
 An out-of-memory error is a result (oom = true), not a crash. On the CPU, where torch keeps no memory statistics,
 `max_allocated` is the peak of live tensor bytes over the measured steps (`LiveTensors`).
 """
@@ -213,6 +214,46 @@ def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
     return bnb.optim.AdamW8bit(params, lr=1e-5)
 
 
+def training_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    loss_of: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    request: Mapping[str, Any],
+    amp_dtype: torch.dtype | None,
+    device: torch.device,
+) -> Callable[[], None]:
+    """One optimizer step as the request's loop runs it: "hf" (the Trainer: backward, clip gradient norms to 1,
+    step, zero_grad with set_to_none), "plain" (backward, step, zero_grad) or "lightning" (zero_grad between
+    the forward pass and backward, so the previous gradients live through the forward pass)."""
+    loop = request.get("loop", "lightning")
+    micro_steps = 2 if int(request.get("accumulate", 1)) > 1 else 1
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> None:
+        for i in range(micro_steps):
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = loss_of(batch)
+            if loop == "lightning" and i == 0:
+                optimizer.zero_grad(set_to_none=True)  # after training_step, before backward
+            (scaler.scale(loss) if scaler else loss).backward()
+            del loss
+        if loop == "hf":
+            if scaler:
+                scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if loop != "lightning":
+            optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def _is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
@@ -249,44 +290,28 @@ def probe(request: Mapping[str, Any]) -> dict[str, Any]:
         scaler = torch.amp.GradScaler("cuda") if cuda and amp_dtype is torch.float16 else None
         batch = make_batch(model, request, device)
         loss_of = loss_function(model, request)
-        plain = request.get("loop", "lightning") == "plain"
-        micro_steps = 2 if int(request.get("accumulate", 1)) > 1 else 1
-
-        def step() -> None:
-            if plain:
-                optimizer.zero_grad(set_to_none=True)
-            for i in range(micro_steps):
-                with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    loss = loss_of(batch)
-                if not plain and i == 0:
-                    optimizer.zero_grad(set_to_none=True)  # Lightning: after training_step, before backward
-                (scaler.scale(loss) if scaler else loss).backward()
-                del loss
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-
-        step()  # warm-up: creates the optimizer state
-        steps = int(request.get("steps", 2))
+        step = training_step(model, optimizer, scaler, loss_of, batch, request, amp_dtype, device)
+        warmup, steps = int(request.get("warmup", 1)), int(request.get("steps", 2))
         if not cuda:
+            for _ in range(warmup):
+                step()
             with LiveTensors(_step_tensors(model, optimizer, batch)) as live:
                 for _ in range(steps):
                     step()
             result["max_allocated"] = live.peak
         else:
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
             retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
-            for _ in range(steps):
+            peaks = []
+            for _ in range(warmup + steps):  # as the user's loop runs: no cache emptied between steps
+                torch.cuda.reset_peak_memory_stats(device)
                 step()
-            torch.cuda.synchronize(device)
-            stats = torch.cuda.memory_stats(device)
-            result["max_reserved"] = torch.cuda.max_memory_reserved(device)
-            result["max_allocated"] = torch.cuda.max_memory_allocated(device)
-            result["num_alloc_retries"] = stats.get("num_alloc_retries", 0) - retries
+                torch.cuda.synchronize(device)
+                peaks.append(torch.cuda.max_memory_reserved(device))
+                result["max_allocated"] = max(result.get("max_allocated", 0), torch.cuda.max_memory_allocated(device))
+            result["max_reserved"] = max(peaks)
+            result["step_peaks"] = peaks
+            result["drift"] = max(0, max(peaks[warmup:], default=0) - max(peaks[:warmup], default=peaks[0]))
+            result["num_alloc_retries"] = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries
             after, _ = _free_context(device)
             # kernels load lazily, so the context grows after init: keep the larger figure
             result["context"] = max(after, result["context_at_init"])

@@ -75,6 +75,8 @@ def _probe_json(r: ProbeResult) -> dict[str, Any]:
         "context": r.context,
         "seconds": r.seconds,
         "error": r.error,
+        "drift": r.drift,
+        "step_peaks": list(r.step_peaks),
     }
 
 

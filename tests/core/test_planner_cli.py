@@ -142,7 +142,8 @@ def test_on_the_gpu_planned_for_auto_and_apply_measure(
     assert "probe b=32: peak reserved" in text and "confirmed micro-batch 32:" in text
     assert "candidates (measured)" in text
     assert "> recommended (exact): micro-batch 32 x accumulate 2 = 64" in text
-    assert "measured; 1% of the budget kept back for a long run's drift above the probes" in text
+    # the stand-in's probes do not drift from step to step: the headroom comes from the drift, so none is kept
+    assert "measured: nothing kept back, the whole 20.4 GiB budget planned for" in text
     assert "kept back for its error" not in text
     code, out, err = plan(capsys, *common, "--apply", "--yes")
     assert code == 0, err

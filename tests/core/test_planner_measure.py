@@ -3,6 +3,7 @@ strategy against simulated GPUs (linear, curved, and with allocator retries near
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import stat
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner.estimate import TrainSetup
+from gpuopt_tui.core.planner.estimate import LOOPS, TrainSetup
+from gpuopt_tui.core.planner.layouts import LAYOUTS
 from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
-from gpuopt_tui.core.planner.measure import ALLOC_CONF, measure, probe_request, run_probe
+from gpuopt_tui.core.planner.measure import ALLOC_CONF, fits_budget, measure, probe_request, run_probe
 from gpuopt_tui.core.planner.search import Budget, recommend
 
 GIB = 1024**3
@@ -157,3 +159,34 @@ def test_run_probe_reports_a_crash_with_its_stderr(tmp_path: Path) -> None:
 def test_line_fit_is_a_plain_value() -> None:
     fit = LineFit(1.0, 2.0, ((1, 3),))
     assert fit.predict(10) == 21.0
+
+
+def test_drift_sets_the_headroom_and_the_confirmation_needs_room_for_it() -> None:
+    budget = Budget(24 * GIB, 0.85)
+
+    def drifting(request: Mapping[str, Any]) -> ProbeResult:
+        b = int(request["micro_batch"])
+        return ProbeResult(b, b, max_reserved=GIB + b * 50 * MIB, context=500 * MIB, drift=200 * MIB)
+
+    plan = measure(lambda b: probe_request({}, "causal_lm", TrainSetup(micro_batch=b)), 1, budget, 64, drifting)
+    assert plan.headroom == pytest.approx(200 * MIB / budget.limit)
+    assert plan.confirmed.footprint + 200 * MIB <= budget.limit
+    steady = ProbeResult(8, 8, max_reserved=budget.limit - 600 * MIB, context=500 * MIB)
+    assert fits_budget(steady, budget.limit)
+    assert not fits_budget(dataclasses.replace(steady, drift=200 * MIB), budget.limit)
+
+
+def test_each_framework_has_a_loop_and_requests_carry_it() -> None:
+    loops = {layout.name: layout.loop for layout in LAYOUTS}
+    assert {k: loops[k] for k in ("hf_trainer", "axolotl", "llama_factory", "torchtune", "lightning")} == {
+        "hf_trainer": "hf",
+        "axolotl": "hf",
+        "llama_factory": "hf",
+        "torchtune": "plain",
+        "lightning": "lightning",
+    }
+    assert all(loop is None or loop in LOOPS for loop in loops.values())
+    request = probe_request({}, "causal_lm", TrainSetup(loop="hf"))
+    assert (request["loop"], request["warmup"], request["steps"]) == ("hf", 3, 5)
+    with pytest.raises(UserError, match='loop "trainer"'):
+        TrainSetup(loop="trainer").check()

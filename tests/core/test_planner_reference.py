@@ -4,6 +4,8 @@ own model (LoRA, frozen encoder) measured in a child process."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,7 +15,7 @@ from gpuopt_tui.core.planner.activations import layer_inventory, saved_bytes_per
 from gpuopt_tui.core.planner.estimate import TrainSetup, estimate  # noqa: E402
 from gpuopt_tui.core.planner.measure import probe_request, run_probe  # noqa: E402
 from gpuopt_tui.core.planner.model_spec import spec_from_config  # noqa: E402
-from gpuopt_tui.jobs.memprobe import build_model  # noqa: E402
+from gpuopt_tui.jobs.memprobe import LiveTensors, add_lora, build_model  # noqa: E402
 
 H, F, V = 32, 64, 100
 CONFIGS = {
@@ -68,6 +70,16 @@ CONFIGS = {
         intermediate_size=F,
         max_position_embeddings=40,
     ),
+    "mistral": lambda L: transformers.MistralConfig(
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=F,
+        max_position_embeddings=40,
+        sliding_window=None,
+    ),
     "qwen3": lambda L: transformers.Qwen3Config(
         vocab_size=V,
         hidden_size=H,
@@ -92,6 +104,7 @@ TASKS = {
     "gpt2": ("classification", "causal_lm", "embedding"),
     "llama": ("classification", "causal_lm", "embedding"),
     "qwen2": ("causal_lm",),
+    "mistral": ("causal_lm",),
     "qwen3": ("causal_lm",),
 }
 
@@ -126,7 +139,7 @@ def _saved_bytes(model: torch.nn.Module, embeds: torch.Tensor) -> int:
 CPU_ONLY = {"gpt2": 2 * 4 * H}
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("weights_train", [True, False])
 def test_layer_inventory_matches_what_autograd_saves(family: str, weights_train: bool) -> None:
     """Per layer and token, fp32: the difference between a 3-layer and a 1-layer model, inputs requiring grad."""
@@ -144,6 +157,76 @@ def test_layer_inventory_matches_what_autograd_saves(family: str, weights_train:
     spec = spec_from_config(CONFIGS[family](1).to_dict(), family, "embedding")
     predicted = saved_bytes_per_token(layer_inventory(spec), spec, 4, False, lambda name: weights_train)
     assert measured == predicted + CPU_ONLY.get(family, 0)
+
+
+LORA_TARGETS = {
+    "bert": ("query", "value"),
+    "gpt2": ("c_attn",),
+    "llama": ("q_proj", "v_proj"),
+    "qwen2": ("q_proj", "v_proj"),
+    "mistral": ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj"),
+}
+
+
+def _layer_models(family: str, setup: TrainSetup) -> list[torch.nn.Module]:
+    """A 1-layer and a 3-layer model, trained as `setup` says (LoRA adapters through the probe's own module)."""
+    models = []
+    for layers in (1, 3):
+        config = CONFIGS[family](layers)
+        config._attn_implementation = "sdpa"
+        model = transformers.AutoModel.from_config(config).train()
+        if setup.trainable == "lora":
+            model.requires_grad_(False)
+            add_lora(model, list(setup.lora_targets), setup.lora_rank)
+        if setup.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        models.append(model)
+    return models
+
+
+@pytest.mark.parametrize("family", list(LORA_TARGETS))
+def test_lora_layers_keep_adapter_inputs_and_rank_intermediates(family: str) -> None:
+    """Per layer and token, fp32, LoRA: the frozen base keeps what gradients upstream need, each adapter its
+    input and its rank-r output; counted with saved-tensor hooks."""
+    torch.manual_seed(0)
+    setup = TrainSetup(trainable="lora", lora_targets=LORA_TARGETS[family], lora_rank=4, precision="fp32")
+    rows, length = 3, 16
+    small, large = _layer_models(family, setup)
+    embeds = torch.randn(rows, length, H, requires_grad=True)
+    measured = (_saved_bytes(large, embeds) - _saved_bytes(small, embeds)) / 2 / (rows * length)
+    spec = spec_from_config(CONFIGS[family](1).to_dict(), family, "embedding")
+    targets = {lin.name for lin in spec.lora_linears(setup.lora_targets)}
+    predicted = saved_bytes_per_token(layer_inventory(spec), spec, 4, False, lambda name: name in targets)
+    predicted += 4 * setup.lora_rank * len(spec.lora_linears(setup.lora_targets))
+    assert measured == predicted + CPU_ONLY.get(family, 0)
+
+
+def _kept_by_forward(model: torch.nn.Module, embeds: torch.Tensor) -> int:
+    """Bytes the forward pass leaves allocated (saved for backward, checkpoints, the output)."""
+    with LiveTensors([*model.parameters(), *model.buffers(), embeds]) as live:
+        before = live.live
+        out = model(inputs_embeds=embeds).last_hidden_state
+        kept = live.live - before
+    del out
+    return kept
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "qwen2", "mistral"])
+def test_checkpointing_keeps_each_layers_input(family: str) -> None:
+    """HF gradient checkpointing, fp32: each layer keeps only its input (the residual stream) through the forward
+    pass, what the estimate counts as the checkpointed activations (live tensors, 3 layers against 1)."""
+    torch.manual_seed(0)
+    rows, length = 3, 16
+    setup = TrainSetup(gradient_checkpointing=True, precision="fp32", micro_batch=rows, seq_len=length)
+    small, large = _layer_models(family, setup)
+    embeds = torch.randn(rows, length, H, requires_grad=True)
+    measured = (_kept_by_forward(large, embeds) - _kept_by_forward(small, embeds)) / 2
+    spec = spec_from_config(CONFIGS[family](1).to_dict(), family, "embedding")
+    per_layer = (
+        estimate(spec, setup).component("activations").bytes
+        - estimate(dataclasses.replace(spec, layers=0), setup).component("activations").bytes
+    )
+    assert measured == per_layer == 4 * H * rows * length
 
 
 @pytest.mark.parametrize(

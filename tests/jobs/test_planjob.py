@@ -97,7 +97,7 @@ def test_measured_plan_saves_the_gpu_probes_and_fit(
         reserved = GIB + b * 40 * MIB
         if reserved + 500 * MIB > 8 * GIB:
             return ProbeResult(b, b, oom=True)
-        return ProbeResult(b, b, max_reserved=reserved, max_allocated=reserved // 2, context=500 * MIB)
+        return ProbeResult(b, b, max_reserved=reserved, max_allocated=reserved // 2, context=500 * MIB, drift=b * MIB)
 
     def measure_here(inputs: session.PlanInputs, log: Callable[[str], None]) -> MeasuredPlan:
         request = lambda b: probe_request(inputs.model.config, inputs.spec.task, inputs.setup.with_batch(b))  # noqa: E731
@@ -127,8 +127,12 @@ def test_measured_plan_saves_the_gpu_probes_and_fit(
     assert plan["recommendation"]["tier"] == "measured"
     assert measured["confirmed_micro_batch"] <= measured["largest_micro_batch"]
     saved = read_saved_plan(tmp_path / "run")
-    assert saved.recommendation.tier == "measured" and saved.recommendation.headroom == 0.01
-    assert plan["recommendation"]["headroom"] == 0.01
+    # the headroom kept back is the largest drift a probe measured, as a share of the budget
+    drift = max(p["drift"] for p in probes)
+    assert drift == max(p["micro_batch"] for p in probes) * MIB
+    headroom = drift / int(0.85 * 8 * GIB)
+    assert saved.recommendation.tier == "measured" and saved.recommendation.headroom == pytest.approx(headroom)
+    assert plan["recommendation"]["headroom"] == pytest.approx(headroom)
     assert saved.probes is not None and saved.probes.confirmed == measured["confirmed_micro_batch"]
     assert [(r.micro_batch, r.oom, r.max_reserved) for r in saved.probes.results] == [
         (p["micro_batch"], p["oom"], p["peak_reserved"]) for p in probes

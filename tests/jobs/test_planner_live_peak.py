@@ -103,3 +103,44 @@ def test_frozen_encoder_forward_matches_the_live_peak(family: str, precision: st
 def test_training_steps_match_the_live_peak(setup: TrainSetup) -> None:
     live, closed = _peaks("bert", setup)
     assert closed == pytest.approx(live, rel=0.10)
+
+
+DECODERS = {
+    family: cls(
+        vocab_size=2000,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=192,
+        max_position_embeddings=64,
+        tie_word_embeddings=family == "qwen2",
+    )
+    for family, cls in (
+        ("llama", transformers.LlamaConfig),
+        ("qwen2", transformers.Qwen2Config),
+        ("mistral", transformers.MistralConfig),
+    )
+}
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+@pytest.mark.parametrize(
+    "setup",
+    [
+        TrainSetup(micro_batch=8, seq_len=64, loop="hf"),
+        TrainSetup(
+            micro_batch=8, seq_len=64, loop="plain", trainable="lora", lora_rank=16, lora_targets=("q_proj", "v_proj")
+        ),
+        TrainSetup(micro_batch=8, seq_len=64, loop="hf", gradient_checkpointing=True),
+    ],
+    ids=["full", "lora", "checkpointing"],
+)
+def test_decoder_lm_steps_match_the_live_peak(family: str, setup: TrainSetup) -> None:
+    """Causal LM steps under bf16 autocast with the model's own loss (`labels=`): the fp32 logits copies, the
+    adapters, the checkpoints and the gradients made during backward, against the live-tensor peak."""
+    config = DECODERS[family].to_dict()
+    result = probe(probe_request(config, "causal_lm", setup, device="cpu", steps=1, warmup=1))
+    assert not result.get("error"), result.get("error")
+    closed = estimate(spec_from_config(config, family, "causal_lm"), setup).allocated
+    assert closed == pytest.approx(result["max_allocated"], rel=0.03)

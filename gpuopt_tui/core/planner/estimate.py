@@ -13,8 +13,16 @@ Where each term comes from:
   gradient checkpointing keeps each layer's fp32 input and recomputes one layer at a time in the backward pass.
   Encoder batches are taken to be padded (their attention mask becomes a bias in every layer); decoders to be
   unpadded (causal attention without a mask).
-- Logits and loss: the LM head's logits in the compute dtype, the loss's fp32 copy and log-softmax output, and
-  in the backward pass two more fp32 logits-sized gradients (A*v + 12v bytes per token at the peak).
+- Logits and loss (HF models compute their own loss from `labels=`, upcasting the logits to fp32): in the forward
+  pass the 16-bit logits (held by the model's output), their fp32 copy and log_softmax's output; in the backward
+  pass, once the loop dropped the output, log_softmax's output, nll_loss's gradient and log_softmax's gradient
+  (12 B per token and vocabulary entry). Checked op by op against the live tensors of a CPU step (bf16 autocast).
+- LoRA: each adapter keeps the 16-bit input of its A matrix (the adapted linear's input) and its rank-r output;
+  the frozen base weights get no gradients, but their 16-bit copies are kept for the backward pass through them.
+- The backward pass makes gradients as it goes (previous ones are freed by the loop, unless accumulating): the
+  head's (a tied LM head's: the embedding matrix's) exist while the top layer runs backward with every activation
+  still kept; all but the lowest layer's and the embeddings' exist while the lowest layer runs backward (with
+  checkpointing: recomputed) and only its activations are left.
 - Working buffers of one layer in backward (gradients of its intermediates): approximated as two of its widest
   tensors plus two fp32 residual-stream tensors.
 - A frozen encoder's forward keeps nothing for backward, yet a layer's peak moment holds more than its two widest
@@ -24,18 +32,21 @@ Where each term comes from:
   widest + two residual tensors" made 6 (18 KB). `activations.no_grad_moments` lists the moments per
   architecture; they match the live-tensor peak of the probe's own step on the CPU.
 - The peak is the largest of the step's moments (a frozen encoder's forward, end of forward, start of backward,
-  recompute, end of backward, optimizer step), following Lightning's order: the previous step's gradients are
-  still allocated during the forward pass and are freed (set to None) just before backward, unless accumulating.
+  top and lowest layer's backward or recompute, end of backward, optimizer step), in the setup's loop: Lightning
+  frees the previous step's gradients just before backward, so they are allocated during the forward pass; the
+  HF Trainer and a plain loop free them after the step (or before the forward); accumulation keeps them.
 - CUDA context: outside torch's allocator; 768 MiB unless measured (759-767 MiB after the steps of the
   benchmark's probes on an H200 with torch 2.11 and CUDA 13, lazily loaded kernels included).
 - cuBLAS workspaces: 32 MiB per handle and stream on Hopper, one for the forward thread and one for autograd's.
 
-Three terms are calibrated, not derived. Two on a measured table (H200, torch 2.11, bf16 autocast, AdamW, SDPA, a
+Three terms are calibrated, not derived. Two on measured tables (H200, torch 2.11, bf16 autocast, AdamW, SDPA, a
 plain loop that zeroes gradients before the forward pass; peak reserved memory of BERT-base and GPT-2 small):
 - `Overheads.allocator`, 300 MiB of reserved-but-unallocated memory: the gap between the structural terms and
   the measured BERT-base full fine-tune rows; the same constant then fits that table's checkpointed row within 3%.
-- `LM_LOGITS_SLACK`, one more fp32 logits-sized buffer at the backward peak of an LM loss: the GPT-2 rows sit
-  3.8-4.5 x vocab bytes per token above the op-by-op count, in all three rows (with and without checkpointing).
+- `LM_RESERVED_SLACK`, reserved but unallocated memory around an LM loss, per token and vocabulary entry: 2 B when
+  the head is frozen (the freed 16-bit logits block, which the backward pass's fp32 blocks cannot reuse), 4 B when
+  it trains. GPT-2 small on an H100 (20 steps; reserved less allocated less `allocator`): 3.5 B full, 1.6 B LoRA;
+  Qwen2-0.5B at sequence length 1024 (micro-batch 8 assumed): 4.8 B full, 2.1 B LoRA.
 And `activations.NO_GRAD_HOLES`: the allocator's holes in a no-grad forward, which grow with the batch (BERT-base,
 frozen encoder, batch 28653 on an H200: 108.1 GiB reserved where the tensors counted here come to 79.6 GiB).
 Probes (the measured tier) replace all three.
@@ -56,13 +67,19 @@ GiB = 1024**3
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
 TRAINABLE = ("all", "frozen_encoder", "lora")
-LOOPS = ("lightning", "plain")
+# When a training loop frees gradients: "hf" (Trainer: zero_grad after the optimizer step, and it clips gradient
+# norms), "plain" (zero_grad before the forward or after the step), "lightning" (between forward and backward)
+LOOPS = ("hf", "lightning", "plain")
 # bytes of optimizer state per trainable parameter
 OPTIMIZER_STATE = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 2 * 4 / 2048}
 # bytes of temporaries per trainable parameter while the optimizer steps: the foreach AdamW builds one fp32
 # list (sqrt of the second moment); SGD momentum and bitsandbytes update in place
 OPTIMIZER_TEMP = {"adamw": 4.0, "sgd": 0.0, "adam8bit": 0.0}
-LM_LOGITS_SLACK = 1  # calibrated: extra fp32 logits-sized buffers at the backward peak, see the docstring
+# Reserved but unallocated bytes per token and vocabulary entry around an LM loss (calibrated, see the docstring):
+# the freed 16-bit logits leave a hole the fp32 blocks of the backward pass cannot use (2 B, derived); when the
+# head's weights train, their gradients split the freed logits blocks further (4 B, calibrated)
+LM_RESERVED_SLACK = {"head trains": 4, "head frozen": 2}
+LM_PHASES = ("end of forward", "start of backward")
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,7 @@ class TrainSetup:
     accumulate: int = 1
     n_gpus: int = 1
     zero_stage: int = 0
-    loop: str = "lightning"  # lightning: zero_grad between forward and backward; plain: before forward
+    loop: str = "lightning"  # one of LOOPS: lightning keeps the previous gradients through the forward pass
 
     @property
     def sequences_per_example(self) -> int:
@@ -228,6 +245,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
         return act.saved_bytes_per_token(entries, spec, a_bytes, autocast, trains, f32_bytes, setup.seq_len)
 
     layer = per_token(act.layer_inventory(spec, padded=not spec.decoder)) * tokens
+    if setup.trainable == "lora":
+        layer += _lora_rank_bytes(spec, setup, a_bytes) * tokens
     if grad_upstream:
         working = (2 * act.largest_tensor_bytes_per_token(spec, a_bytes) + 2 * f32_bytes * spec.hidden) * tokens
     else:
@@ -251,8 +270,12 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
     batch = _batch_bytes(spec, setup)
 
     base = weights + opt_state + master + buckets + batch
-    grads_in_backward = grads if setup.accumulate > 1 else 0
-    grads_in_forward = grads if setup.accumulate > 1 or setup.loop == "lightning" else 0
+    accumulating = setup.accumulate > 1
+    grads_in_backward = grads if accumulating else 0
+    grads_in_forward = grads if accumulating or setup.loop == "lightning" else 0
+    # the backward pass makes gradients as it goes: the head's first, the lowest layer's last
+    head_grads = 0 if accumulating else shard(_head_grad_params(spec, setup) * state_bytes, 2)
+    later_grads = 0 if accumulating else max(0, grads - shard(_layer_grad_params(spec, setup) * state_bytes, 2))
     # saved for backward, the 16-bit weight copies outlive autocast's cache (checkpointing saves none of them)
     cache_kept = grad_upstream and not setup.gradient_checkpointing
     cache_in_backward = cache if cache_kept else 0
@@ -267,15 +290,24 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
         phases["no-grad forward"] = base + grads_in_forward + working
         holes = int(act.no_grad_holes(spec) * f32_bytes * spec.hidden * tokens)
     elif setup.gradient_checkpointing:
-        phases["recompute in backward"] = base + grads_in_backward + saved + layer + working
+        phases["recompute of the top layer"] = base + grads_in_backward + head_grads + saved + layer + working
+        lowest = f32_bytes * spec.hidden * tokens  # the lowest layer's input, the only one still kept
+        phases["recompute of the lowest layer"] = base + grads_in_backward + later_grads + lowest + layer + working
     else:
-        phases["layer backward"] = base + grads_in_backward + cache_in_backward + saved + working
-    unallocated = {k: max(oh.allocator, holes) if k == "no-grad forward" else oh.allocator for k in phases}
+        top = base + grads_in_backward + head_grads + cache_in_backward + saved + working
+        phases["top layer backward"] = top
+        phases["lowest layer backward"] = base + grads_in_backward + later_grads + layer + working
+    lm_slack = _lm_reserved_slack(spec, setup)
+    unallocated = {
+        k: max(oh.allocator, holes) if k == "no-grad forward" else oh.allocator + (lm_slack if k in LM_PHASES else 0)
+        for k in phases
+    }
     phase = max(phases, key=lambda k: phases[k] + unallocated[k])
     allocated = int(max(phases.values()))
     reserved = int(phases[phase]) + unallocated[phase] + oh.workspaces
 
-    at_peak = _at_peak(phase, grad_upstream, setup.accumulate > 1, setup.loop == "lightning", cache_kept)
+    at_peak = _at_peak(phase, grad_upstream, accumulating, setup.loop == "lightning", cache_kept)
+    lowest = phase.startswith(("lowest", "recompute of the lowest"))
     pct = f"{100 / n:.0f}% of " if n > 1 else ""
     master_note = " (fp32: autocast's master copy)" if autocast else ""
     components = (
@@ -292,6 +324,20 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
             grads,
             "gradients" in at_peak,
             f"{p_t:,} trainable x {state_bytes} B{_sharded(zero, 2, pct)}",
+        ),
+        Component(
+            "head_gradients",
+            "Gradients of the head",
+            head_grads,
+            "head_gradients" in at_peak,
+            "made first in the backward pass (a tied LM head: the embedding matrix's gradient)",
+        ),
+        Component(
+            "later_gradients",
+            "Gradients of the layers above",
+            later_grads,
+            "later_gradients" in at_peak,
+            "all but the lowest layer's and the embeddings' gradients exist when the lowest layer runs backward",
         ),
         Component(
             "optimizer",
@@ -321,11 +367,20 @@ def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = N
             _activation_note(spec, setup, grad_upstream),
         ),
         Component(
+            "lowest_input",
+            "Lowest layer's input",
+            int(f32_bytes * spec.hidden * tokens) if setup.gradient_checkpointing and grad_upstream else 0,
+            "lowest_input" in at_peak,
+            "the only checkpoint left when the lowest layer is recomputed",
+        ),
+        Component(
             "recompute",
-            "One layer recomputed",
-            int(layer) if setup.gradient_checkpointing and grad_upstream else 0,
+            "One layer recomputed" if setup.gradient_checkpointing else "One layer's activations",
+            int(layer) if grad_upstream and (setup.gradient_checkpointing or lowest) else 0,
             "recompute" in at_peak,
-            "gradient checkpointing rebuilds one layer's activations at a time",
+            "gradient checkpointing rebuilds one layer's activations at a time"
+            if setup.gradient_checkpointing
+            else "what the lowest layer keeps, the last activations alive in the backward pass",
         ),
         Component(
             "logits",
@@ -387,8 +442,10 @@ def _at_peak(phase: str, grad_upstream: bool, accumulating: bool, lightning: boo
         "no-grad forward": forward_grads | {"working"},
         "end of forward": {"cast_cache", "activations", "logits"} | forward_grads,
         "start of backward": grads | cache | {"activations", "logits"},
-        "recompute in backward": grads | {"activations", "recompute", "working"},
-        "layer backward": grads | cache | {"activations", "working"},
+        "recompute of the top layer": grads | {"head_gradients", "activations", "recompute", "working"},
+        "recompute of the lowest layer": grads | {"later_gradients", "lowest_input", "recompute", "working"},
+        "top layer backward": grads | cache | {"head_gradients", "activations", "working"},
+        "lowest layer backward": grads | {"later_gradients", "recompute", "working"},
         "end of backward": {"gradients"} | ({"working"} if grad_upstream else set()),
         "optimizer step": {"gradients", "optimizer_temp"},
     }[phase]
@@ -403,12 +460,45 @@ def _logits(spec: ModelSpec, setup: TrainSetup, a_bytes: int) -> tuple[float, fl
     if spec.task in ("causal_lm", "masked_lm"):
         v, t = spec.vocab, setup.tokens
         upcast = 4 * v if a_bytes != 4 else 0  # the loss's .float() copy (freed after log_softmax)
-        return (a_bytes * v + upcast + 4 * v) * t, (a_bytes * v + (12 + 4 * LM_LOGITS_SLACK) * v) * t
+        # forward, inside the loss: the logits (held by the model's output), their fp32 copy, log_softmax's output;
+        # backward, once the loop dropped the output: log_softmax's output, nll_loss's gradient and log_softmax's
+        return (a_bytes * v + upcast + 4 * v) * t, 12.0 * v * t
     if spec.task == "embedding":
         # in-batch similarities of anchors against every sequence: scores, softmax and gradient in fp32
         s = setup.sequences
         return 8.0 * s * setup.micro_batch, 12.0 * s * setup.micro_batch
     return 0.0, 0.0
+
+
+def _lm_reserved_slack(spec: ModelSpec, setup: TrainSetup) -> int:
+    if spec.task not in ("causal_lm", "masked_lm"):
+        return 0
+    key = "head trains" if setup.trainable == "all" else "head frozen"
+    return LM_RESERVED_SLACK[key] * spec.vocab * setup.tokens
+
+
+def _head_grad_params(spec: ModelSpec, setup: TrainSetup) -> int:
+    """Trainable parameters whose gradients the backward pass makes before the layers': the head, the final norm
+    and, for a tied LM head, the embedding matrix."""
+    if setup.trainable == "all":
+        tied = spec.vocab * spec.hidden if spec.tied_embeddings and spec.task in ("causal_lm", "masked_lm") else 0
+        return spec.head_params + spec.final_params + tied
+    return spec.head_params if spec.task == "classification" else 0
+
+
+def _layer_grad_params(spec: ModelSpec, setup: TrainSetup) -> int:
+    """Trainable parameters whose gradients do not exist yet while the lowest layer runs backward."""
+    if setup.trainable == "all":
+        tied = spec.vocab * spec.hidden if spec.tied_embeddings and spec.task in ("causal_lm", "masked_lm") else 0
+        return spec.layer_params + spec.embedding_params - tied
+    if setup.trainable == "lora":
+        return spec.lora_params(setup.lora_rank, setup.lora_targets) // spec.layers
+    return 0
+
+
+def _lora_rank_bytes(spec: ModelSpec, setup: TrainSetup, a_bytes: int) -> int:
+    """Per token and layer: the rank-r intermediate each adapter keeps for its B matrix's gradient."""
+    return a_bytes * setup.lora_rank * len(spec.lora_linears(setup.lora_targets))
 
 
 def _batch_bytes(spec: ModelSpec, setup: TrainSetup) -> int:

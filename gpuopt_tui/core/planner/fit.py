@@ -36,6 +36,8 @@ class ProbeResult:
     device: str = ""
     seconds: float = 0.0
     error: str = ""  # a failure other than out-of-memory
+    drift: int = 0  # how far the measured steps' peak reserved rose above the warm-up steps'
+    step_peaks: tuple[int, ...] = ()  # peak reserved memory of each step, warm-up included
 
     @property
     def ok(self) -> bool:
@@ -52,6 +54,7 @@ class ProbeResult:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProbeResult:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        known["step_peaks"] = tuple(known.get("step_peaks", ()))
         return cls(**known)
 
 

@@ -42,6 +42,7 @@ class Layout:
     keys: Mapping[str, tuple[Key, ...]]
     sections: tuple[str, ...] = ("",)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # the framework's own defaults, by role
+    loop: str | None = None  # the training loop the framework runs (estimate.LOOPS); None: unknown
 
     def candidates(self, role: str) -> tuple[Key, ...]:
         """Every key of `role` under every section, the layout's own first, then the generic keys."""
@@ -164,6 +165,7 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout(
         name="axolotl",
         label="axolotl",
+        loop="hf",
         markers=("base_model", "micro_batch_size", "sequence_len"),
         keys={
             "model": _keys("base_model"),
@@ -191,6 +193,7 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout(
         name="llama_factory",
         label="LLaMA-Factory",
+        loop="hf",
         markers=("cutoff_len", "finetuning_type"),
         keys={
             "model": _keys("model_name_or_path"),
@@ -217,6 +220,7 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout(
         name="torchtune",
         label="torchtune",
+        loop="plain",
         markers=("model._component_", "tokenizer._component_", "checkpointer._component_"),
         keys={
             "model": _keys("checkpointer.checkpoint_dir"),
@@ -241,6 +245,7 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout(
         name="hf_trainer",
         label="HF Trainer (TrainingArguments)",
+        loop="hf",
         markers=("per_device_train_batch_size", "model_name_or_path", "output_dir"),
         sections=(
             "",
@@ -275,6 +280,7 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout(
         name="lightning",
         label="Lightning + Hydra",
+        loop="lightning",
         markers=("trainer.accumulate_grad_batches", "trainer.precision", "trainer.devices", "trainer.max_epochs"),
         sections=("", "training."),
         keys={},

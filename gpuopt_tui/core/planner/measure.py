@@ -4,6 +4,10 @@ A probe is `python -m gpuopt_tui.jobs.memprobe` with a JSON request on stdin; it
 Running each probe in its own process means an out-of-memory error cannot poison the next probe (or the UI),
 and the CUDA context is measured fresh every time.
 
+Each probe runs the user's loop (`TrainSetup.loop`: the HF Trainer's, Lightning's or a plain one) for
+`WARMUP_STEPS` + `MEASURED_STEPS` steps. The headroom a measured recommendation keeps back is the drift the
+probes saw (how far the peak rose after warm-up), and a confirming probe must fit with that drift on top.
+
 Plan: probe the closed-form guess and half of it (halving on out-of-memory), fit peak reserved against
 the sequences per micro-batch, compute b_max from the budget, re-probe when that is far beyond the probes, then
 confirm b_max with one more probe, shrinking x0.9 while it runs out of memory, the allocator had to retry, or
@@ -29,18 +33,27 @@ PROBE_MODULE = "gpuopt_tui.jobs.memprobe"
 # The allocator setting used by every probe; training runs should use the same one for the plan to hold.
 ALLOC_CONF = "expandable_segments:True"
 MAX_PROBES = 8
+# Each probe runs the loop for warm-up steps (the first creates the optimizer state) and measured steps; the peak
+# counts all of them, as a real run's does, and the measured steps' rise above the warm-up's is the drift
+WARMUP_STEPS = 3
+MEASURED_STEPS = 5
 FAR = 1.5  # re-probe when b_max is this many times the largest probed batch
 
 Probe = Callable[[Mapping[str, Any]], ProbeResult]
 
 
 def probe_request(
-    config: Mapping[str, Any], task: str, setup: TrainSetup, device: str = "cuda", steps: int = 2
+    config: Mapping[str, Any],
+    task: str,
+    setup: TrainSetup,
+    device: str = "cuda",
+    steps: int = MEASURED_STEPS,
+    warmup: int = WARMUP_STEPS,
 ) -> dict[str, Any]:
-    """The JSON request for one probe: the model's config, the task and the training setup."""
+    """The JSON request for one probe: the model's config, the task and the training setup (its `loop` included)."""
     fields = asdict(setup)
     fields["lora_targets"] = list(setup.lora_targets)
-    return {"config": dict(config), "task": task, "device": device, "steps": steps, **fields}
+    return {"config": dict(config), "task": task, "device": device, "steps": steps, "warmup": warmup, **fields}
 
 
 def probe_env() -> dict[str, str]:
@@ -73,8 +86,9 @@ def run_probe(request: Mapping[str, Any], timeout: float = 600.0, python: str = 
 
 
 def fits_budget(result: ProbeResult, limit: int) -> bool:
-    """A probe that ran without running out of memory, without allocator retries and within the limit."""
-    return result.ok and result.num_alloc_retries == 0 and result.footprint <= limit
+    """A probe that ran without running out of memory, without allocator retries and within the limit, with room
+    for its peak to rise again as much as it did across its measured steps."""
+    return result.ok and result.num_alloc_retries == 0 and result.footprint + result.drift <= limit
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,17 @@ class MeasuredPlan:
     confirmed: ProbeResult
     limit: int  # the budget the probes were judged against
     tier: str = "measured"
+
+    @property
+    def drift(self) -> int:
+        """The largest rise of a probe's peak across its measured steps (bytes)."""
+        return max((r.drift for r in self.probes if r.ok), default=0)
+
+    @property
+    def headroom(self) -> float:
+        """The share of the budget a search keeps back: the measured drift, as a run's peak may rise that much
+        again (none when no probe's peak rose after its warm-up)."""
+        return min(0.5, self.drift / self.limit) if self.limit else 0.0
 
     @property
     def ceiling(self) -> int | None:
@@ -188,6 +213,16 @@ def measure(
     )
 
 
+def measure_setup(
+    config: Mapping[str, Any], task: str, setup: TrainSetup, device: str, probe: Probe = run_probe
+) -> ProbeResult:
+    """One probe of `setup` as it is (what `plan --show --profile` reports); UserError when it fails."""
+    result = probe(probe_request(config, task, setup, device))
+    if result.error:
+        raise UserError(f"the probe at micro-batch {setup.micro_batch} failed: {result.error}")
+    return result
+
+
 def _context(results: list[ProbeResult]) -> int:
     return max((r.context for r in results if r.ok), default=0)
 
@@ -199,7 +234,8 @@ def _describe(r: ProbeResult, budget: Budget) -> str:
         return f"probe b={r.micro_batch}: out of memory"
     gib = 1024**3
     retries = f", {r.num_alloc_retries} allocator retries" if r.num_alloc_retries else ""
+    drift = f", rose {r.drift / gib:.2f} GiB after warm-up" if r.drift else ""
     return (
         f"probe b={r.micro_batch}: peak reserved {r.max_reserved / gib:.2f} GiB + context {r.context / gib:.2f} "
-        f"GiB = {r.footprint / budget.gpu_total:.0%} of the GPU{retries} ({r.seconds:.1f} s)"
+        f"GiB = {r.footprint / budget.gpu_total:.0%} of the GPU{retries}{drift} ({r.seconds:.1f} s)"
     )

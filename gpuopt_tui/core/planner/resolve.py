@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt_tui.core.planner.trainconfig import Setting, TrainingConfig
+from gpuopt_tui.core.planner.trainconfig import TrainingConfig, display_path
 from gpuopt_tui.core.profiles.plan import PlanSection
 from gpuopt_tui.core.profiles.schema import AUTO
 
@@ -46,6 +46,8 @@ ROLES: tuple[Role, ...] = (
     Role("n_negatives", "negatives per anchor", "n_negatives", "n_negatives", False),
 )
 LORA_ROLES = ("lora_rank", "lora_targets")
+# when gradients are freed decides the peak; read from the framework the config is written for, not from a key
+LOOP = Role("loop", "training loop", "", "loop", True)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def profile_value(plan: PlanSection, key: str) -> Any:
 def resolve_role(
     role: Role,
     flag_value: tuple[Any, str] | None,
-    config_value: tuple[Any, Setting] | None,
+    config_value: tuple[Any, str, str] | None,
     profile: tuple[Any, str] | None,
     framework: tuple[Any, str] | None,
     default: Any,
@@ -99,9 +101,8 @@ def resolve_role(
     ranked: list[tuple[Any, str, str, str]] = []  # value, source, origin, note
     if flag_value is not None:
         ranked.append((flag_value[0], flag_value[1], COMMAND_LINE, ""))
-    if config_value is not None:
-        value, setting = config_value
-        ranked.append((value, setting.where, CONFIG, setting.note))
+    if config_value is not None:  # value, where it is written, note
+        ranked.append((*config_value[:2], CONFIG, config_value[2]))
     if profile is not None:
         ranked.append((profile[0], profile[1], PROFILE, ""))
     if framework is not None:
@@ -129,12 +130,25 @@ def resolve_setup_roles(
         config_value = None
         if config is not None:
             value, setting = config.typed(role.config_role)
-            config_value = (value, setting) if setting is not None else None
+            config_value = (value, setting.where, setting.note) if setting is not None else None
         framework = None
         if layout is not None and role.config_role in layout.defaults:
             framework = (layout.defaults[role.config_role], f"{layout.label} default")
         out[role.name] = resolve_role(role, flag_value, config_value, profile, framework, defaults(role.name))
+    out[LOOP.name] = _resolve_loop(plan, config, origins, defaults(LOOP.name))
     return out
+
+
+def _resolve_loop(plan: PlanSection, config: TrainingConfig | None, origins: Origins, default: str) -> Resolved:
+    """The training loop: --loop, else the loop of the framework the config was detected as, else the profile's."""
+    flag = origins.flags.get(LOOP.profile_key)
+    in_profile = profile_value(plan, LOOP.profile_key)
+    flag_value = (in_profile, flag) if flag and in_profile is not None else None
+    profile = (in_profile, origins.profile) if origins.profile and in_profile is not None and not flag else None
+    framework = None
+    if config is not None and config.layout.loop is not None:
+        framework = (config.layout.loop, display_path(config.path).as_posix(), f"the loop {config.layout.label} runs")
+    return resolve_role(LOOP, flag_value, framework, profile, None, default)
 
 
 def warnings(resolved: Mapping[str, Resolved]) -> list[str]:

@@ -23,10 +23,6 @@ ACCUMULATION_MODES = ("exact", "approx")
 # fragmentation it does not model), and its 768 MiB context differs from other GPUs' by a few hundred MiB (2% of
 # a 16 GB card); 5% covers both, with room for the architectures measured less.
 CLOSED_FORM_HEADROOM = 0.05
-# A measured plan is confirmed by a short probe at its batch, but a long run's peak drifts a little above a
-# 3-step probe's (allocator state): on an H100 a BERT-base batch planned to the whole budget peaked at 100.04%
-# of it over 20 steps (benchmarks/results/memory_planner_H100.md). 1% absorbs that drift.
-MEASURED_HEADROOM = 0.01
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ rec, plan = recommend_preferred(inputs)        # measured when this machine has 
 patches = planned_patches(inputs, rec)         # previews with diffs; yamledit.apply(patches) writes them
 
 The closed-form search keeps `search.CLOSED_FORM_HEADROOM` of the budget back for the estimate's error; a measured
-recommendation is confirmed by a probe at its batch and keeps `search.MEASURED_HEADROOM` back for a long run's drift.
+recommendation is confirmed by a probe at its batch and keeps back the drift its probes measured (its `headroom`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, spec_from
 from gpuopt_tui.core.planner.resolve import CONFIG, DEFAULT, PROFILE, Origins, Resolved, resolve_setup_roles, warnings
 from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
-    MEASURED_HEADROOM,
     Budget,
     PeakModel,
     Recommendation,
@@ -60,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "zero_stage": 0,
     "n_positives": 0,
     "n_negatives": 0,
+    "loop": "lightning",  # the most memory: it keeps the previous gradients through the forward pass
 }
 # LoRA's usual targets per architecture: the attention query and value projections
 LORA_TARGETS = {"bert": ("query", "value"), "roberta": ("query", "value"), "distilbert": ("q_lin", "v_lin")}
@@ -187,7 +187,7 @@ def prepare(
     spec = spec_from_config(source.config, source.label, task)
     resolved = resolve_setup_roles(p, config, origins, partial_default(spec))
     values = {name: r.value for name, r in resolved.items()}
-    setup = TrainSetup(optimizer=p.optimizer, loop=p.loop, **values)
+    setup = TrainSetup(optimizer=p.optimizer, **values)
     notes += [f"{r.label} {r.text} ({r.source}): {r.note}" for r in resolved.values() if r.note]
     if setup.seq_len > spec.max_positions and spec.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
         notes.append(f"sequence length {setup.seq_len} exceeds the model's {spec.max_positions} positions")
@@ -317,7 +317,7 @@ def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda messa
 
 
 def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
-    return _recommend(inputs, plan.peak_model(), "measured", MEASURED_HEADROOM)
+    return _recommend(inputs, plan.peak_model(), "measured", plan.headroom)
 
 
 def measurable_here(inputs: PlanInputs) -> bool:

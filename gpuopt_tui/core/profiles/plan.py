@@ -56,9 +56,11 @@ class PlanSection:
     n_gpus: int | Literal["auto"] = opt("auto", f"GPUs, data parallel ({_AUTO} 1)", min=1)
     zero_stage: int | Literal["auto"] = opt("auto", f"ZeRO stage for the estimate ({_AUTO} 0)", min=0, max=3)
     loop: str = opt(
-        "lightning",
-        "When gradients are freed: lightning (between forward and backward) or plain (before the forward)",
-        choices=("lightning", "plain"),
+        "auto",
+        "The training loop probes run and the estimate follows: hf (the HF Trainer: zero_grad after the step, "
+        "gradient clipping), lightning (zero_grad between forward and backward) or plain (zero_grad after the step); "
+        f"{_AUTO} the loop of the framework the config is written for, else lightning (the most memory)",
+        choices=("auto", "hf", "lightning", "plain"),
     )
     margin: float = opt(0.85, "Plan for at most this share of GPU memory", min=0.1, max=0.99)
     gpu_memory_gb: float | Literal["auto"] = opt("auto", 'GPU memory in GB, or "auto" (NVML)', min=0.1)
