@@ -31,9 +31,10 @@ for step in "$@"; do
       python3 benchmarks/tracin_bench.py --train 32768 --checkpoint-cache /tmp/tracin-ckpt \
         --modes closed-fp32,closed-low,closed-low-serial,captum-default,captum-sw,captum-sw-bf16,captum-fast \
         --out "$out/tracin_${card}_32k.md" 2>&1 | tail -20 ;;
-    planner)  # each case in parts, each part in a fresh process, then merged
+    planner)  # each case in parts, each part in a fresh process, then merged; PLANNER_CASES picks the cases
       mkdir -p "$out/raw"
-      for c in bert-full-bf16 bert-lora-bf16 bert-frozen-bf16 gpt2-full-bf16 bert-ckpt-bf16 bert-full-fp32 gpt2-lora-bf16; do
+      cases=${PLANNER_CASES:-qwen2-full qwen2-lora qwen2-ckpt llama-full llama-ckpt llama-lora mistral-full mistral-lora-ckpt gpt2-full-bf16 bert-full-bf16}
+      for c in $cases; do
         for part in accuracy closed-form measured-plan; do
           python3 benchmarks/memory_planner_bench.py --cases "$c" --parts "$part" --out "$out/raw/mp_${c}_${part}.md" 2>&1 | tail -2
         done
