@@ -21,8 +21,8 @@ from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.plan_report import candidate_rows
+from gpuopt_tui.core.planner import apply, session, yamledit
 from gpuopt_tui.core.planner import gpu as gpu_memory
-from gpuopt_tui.core.planner import session, yamledit
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import measure
 from gpuopt_tui.core.planner.yamledit import FilePatch
@@ -83,7 +83,7 @@ gpu_memory_gb = 24.0
 """,
         encoding="utf-8",
     )
-    return {"config": config, "profile": profile, "backup": yamledit.backup_path(config)}
+    return {"config": config, "profile": profile, "backup": config.with_name(config.name + ".backup.1")}
 
 
 def plan_profile(path: Path) -> PlanProfile:
@@ -234,7 +234,7 @@ async def test_preview_cancel_refusals_apply_and_undo(work: dict[str, Path]) -> 
         await pilot.press("ctrl+z")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
         assert isinstance(app.screen, DiffDialog)
-        assert app.screen.diff == yamledit.undo_preview(config)
+        assert app.screen.diff == "".join(r.diff for r in apply.undo_preview([config]))
         assert "Restore (y)" in screen_text(app)
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, DiffDialog))
