@@ -277,7 +277,7 @@ def _apply(out: Console, inputs: session.PlanInputs, rec: Recommendation, tune: 
     if not _confirm(out, f"write {len(patches)} file(s), keeping numbered backups?", yes):
         out.print("nothing written")
         return 1
-    for w in apply.apply(patches):
+    for w in apply.apply(patches, config_files(inputs.profile.plan)):
         out.print(Text(f"written {w.target}; the previous version is in {w.backup}"))
     out.print(f"run training with PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF} (as the plan assumes); undo with --undo")
     return 0

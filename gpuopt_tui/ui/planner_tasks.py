@@ -165,6 +165,7 @@ def measured_plan(run: PlanRun, saved: SavedPlan) -> TierPlan:
 class Preview:
     question: str
     patches: list[FilePatch]
+    files: list[Path]  # every file of the config (their backups number the writes)
 
     @property
     def diff(self) -> str:
@@ -189,12 +190,13 @@ def preview(
     if not patches:
         raise UserError(f"the config already holds {what}; nothing to write")
     files = ", ".join(p.path.name for p in patches)
-    return Preview(f"Write {what} into {files}? Each file is copied to a numbered NAME.backup.N first.", patches)
+    question = f"Write {what} into {files}? Each file is copied to a numbered NAME.backup.N first."
+    return Preview(question, patches, config_files(profile.plan))
 
 
-def apply(patches: Sequence[FilePatch]) -> str:
+def apply(preview: Preview) -> str:
     """Write previewed patches (refused, as a UserError, for a file changed since the preview or read-only)."""
-    written = config_write.apply(patches)
+    written = config_write.apply(preview.patches, preview.files)
     return (
         f"wrote {', '.join(w.path.name for w in written)}; the previous version is in "
         f"{', '.join(w.backup.name for w in written)} (Undo restores it). "

@@ -239,6 +239,16 @@ async def test_preview_cancel_refusals_apply_and_undo(work: dict[str, Path]) -> 
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, DiffDialog))
         assert config.read_bytes() == written
+
+        # a file edited after the undo preview is refused and left as edited, its backup kept
+        await pilot.press("ctrl+z")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
+        config.write_bytes(written + b"# tuned by hand\n")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: any("nothing was restored, undo again" in n for n in notifications(app)))
+        assert config.read_bytes() == written + b"# tuned by hand\n" and backup.read_bytes() == original
+        config.write_bytes(written)
+
         await pilot.press("ctrl+z")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
         await pilot.press("y")

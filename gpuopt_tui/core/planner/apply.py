@@ -59,10 +59,10 @@ def _check_writable(path: Path) -> None:
         raise UserError(f"{path.parent}: the directory is not writable; nothing was written")
 
 
-def apply(patches: Sequence[FilePatch]) -> list[Written]:
-    """Write previewed patches (those that change something): all files are checked before any backup is made,
-    and all backups are made and verified before any file is written. UserError when anything fails, with every
-    file left as it was."""
+def apply(patches: Sequence[FilePatch], config: Iterable[Path] = ()) -> list[Written]:
+    """Write previewed patches (those that change something) of the config made of the files `config` (all of
+    them: their backups number the writes): all files are checked before any backup is made, and all backups are
+    made and verified before any file is written. UserError when anything fails, with every file as it was."""
     plan: list[tuple[FilePatch, Path, bytes]] = []
     for patch in patches:
         if patch.new_text == patch.old_text:
@@ -75,7 +75,8 @@ def apply(patches: Sequence[FilePatch]) -> list[Written]:
             raise UserError(f"{patch.path}: the file changed since the preview; nothing was written, preview again")
         _check_writable(file)
         plan.append((patch, file, old))
-    saved = backups.save([(file, old) for _, file, old in plan])
+    family = {backups.target(f) for f in config}
+    saved = backups.save([(file, old) for _, file, old in plan], family)
     written: list[tuple[Written, bytes]] = []
     for (patch, file, old), backup in zip(plan, saved):
         try:

@@ -1,6 +1,7 @@
 """Numbered backups of the config files the planner writes: NAME.backup.1 is the file before the planner first
-wrote it, NAME.backup.2 before the second write, and so on. One write of several files (a composed config and its
-stage files) gives all of them the same number, so undo restores exactly what one write changed.
+wrote it, a higher number a later write's. One write of several files (a composed config and its stage files)
+gives all of them the same number, above every backup of the config's files, so undo restores exactly what the
+newest write changed.
 
 A backup is written to a temporary file, fsynced and read back before it gets its name, and it gets it through a
 hard link, which never replaces or follows anything already there: an existing name, a symlink among them, only
@@ -72,14 +73,17 @@ def read_backup(path: Path) -> bytes:
     return data
 
 
-def save(contents: Sequence[tuple[Path, bytes]]) -> list[Path]:
-    """Back up each (target, bytes) under one number above every name already there; the backups' paths.
-    UserError, with no backup left behind, when any of them cannot be written and read back."""
+def save(contents: Sequence[tuple[Path, bytes]], family: Iterable[Path] = ()) -> list[Path]:
+    """Back up each (target, bytes) under one number above every backup name of these files and of `family` (the
+    targets of the config's other files); the backups' paths. UserError, with no backup left behind, when any of
+    them cannot be written and read back."""
     tmps: list[Path] = []
+    files = [file for file, _ in contents]
     try:
         for file, data in contents:
             tmps.append(_verified_copy(file, data))
-        return _link_all([file for file, _ in contents], tmps)
+        above = max((max(_numbers(f, regular_only=False), default=0) for f in {*files, *family}), default=0)
+        return _link_all(files, tmps, above + 1)
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
@@ -112,9 +116,9 @@ def _verified_copy(file: Path, data: bytes) -> Path:
     return tmp
 
 
-def _link_all(files: list[Path], tmps: list[Path]) -> list[Path]:
-    """Give each temporary copy the name NAME.backup.N, one N for all; a name taken meanwhile moves N on."""
-    number = 1 + max((max(_numbers(f, regular_only=False), default=0) for f in files), default=0)
+def _link_all(files: list[Path], tmps: list[Path], number: int) -> list[Path]:
+    """Give each temporary copy the name NAME.backup.N, one N for all from `number` on; a name taken meanwhile
+    moves N on."""
     for _ in range(_TRIES):
         made: list[Path] = []
         try:

@@ -352,11 +352,9 @@ class PlannerScreen(KindScreen):
         self._in_thread("No preview", "plan-write", lambda: self.post_message(self.Previewed(work())))
 
     def on_planner_screen_previewed(self, message: Previewed) -> None:
-        patches = message.preview.patches
-
         def answered(write: bool | None) -> None:
             if write:
-                work = partial(tasks.apply, patches)
+                work = partial(tasks.apply, message.preview)
                 self._in_thread("Config not written", "plan-write", lambda: self.post_message(self.Written(work())))
 
         self.app.push_screen(DiffDialog(message.preview.question, message.preview.diff, "Apply", "Cancel"), answered)
