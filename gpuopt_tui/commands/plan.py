@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -41,6 +42,7 @@ from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import to_plain
 
 NAME = "plan"
+LARGE_YAML = 1024**2  # bytes from which reading a config is announced
 HELP = "training memory: estimate or measure, find the micro-batch/accumulation that fits, write the YAML config"
 
 # command-line flag -> plan profile key
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     profile = build_profile(args)
     if args.undo:
         return _undo(out, profile, args.yes)
+    _note_large_files(out, profile)
     inputs = session.prepare(profile)
     show = args.show or not (args.auto or args.apply or args.profile)
     search = args.auto or args.apply or args.profile or not args.show
@@ -252,6 +255,18 @@ def _measured(out: Console, plan: MeasuredPlan) -> None:
 
 
 # --- writing -------------------------------------------------------------------------------------------------
+
+
+def _note_large_files(out: Console, profile: PlanProfile) -> None:
+    """Say so before the wait that a large YAML file brings (read at about 150 KB/s, and again to check an edit)."""
+    p = profile.plan
+    for name in [p.config, *p.stages] if p.config else p.stages:
+        try:
+            size = Path(name).expanduser().stat().st_size
+        except OSError:
+            continue  # reading it says what is wrong
+        if size >= LARGE_YAML:
+            out.print(Text(f"reading {name} ({human_bytes(size)}): a YAML file this large takes a while"))
 
 
 def _confirm(out: Console, question: str, yes: bool) -> bool:
