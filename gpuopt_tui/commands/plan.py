@@ -2,9 +2,9 @@
 
 gpuopt-tui plan --config conf/config.yaml --show        # breakdown of the current setup
 gpuopt-tui plan --config conf/config.yaml --auto        # candidates under margin x GPU memory
-gpuopt-tui plan --config conf/config.yaml --apply       # diff, confirm, write with a .backup
+gpuopt-tui plan --config conf/config.yaml --apply       # diff, confirm, write with a numbered backup
 gpuopt-tui plan --config conf/config.yaml --profile     # measure with probes on the GPU, then recommend
-gpuopt-tui plan --config conf/config.yaml --undo        # restore the .backup files
+gpuopt-tui plan --config conf/config.yaml --undo        # diff, confirm, restore the newest backups
 
 --auto and --apply measure when this machine has the GPU planned for (run.device, its memory detected), else
 they search the closed-form estimate, which keeps a share of the budget back for its error; --gpu-memory GB
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,7 +24,7 @@ from rich.text import Text
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.plan_files import config_files, restorable
+from gpuopt_tui.core.plan_files import config_files
 from gpuopt_tui.core.plan_report import (
     STAGES_TITLE,
     breakdown_table,
@@ -35,7 +36,7 @@ from gpuopt_tui.core.plan_report import (
     values_table,
     warning_lines,
 )
-from gpuopt_tui.core.planner import session, yamledit
+from gpuopt_tui.core.planner import apply, session
 from gpuopt_tui.core.planner.estimate import LOOPS, Estimate
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan, measure_setup
 from gpuopt_tui.core.planner.resolve import Origins
@@ -51,6 +52,7 @@ from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import to_plain
 
 NAME = "plan"
+LARGE_YAML = 1024**2  # bytes from which reading a config is announced
 HELP = "training memory: estimate or measure, find the micro-batch/accumulation that fits, write the YAML config"
 
 # command-line flag -> plan profile key
@@ -97,7 +99,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--tune-samples", action="store_true", help="with stages: also write the largest n_positives/n_negatives"
     )
-    what.add_argument("--undo", action="store_true", help="restore the config files from their .backup copies")
+    what.add_argument(
+        "--undo", action="store_true", help="undo the last --apply: restore the newest NAME.backup.N copies"
+    )
 
     src = parser.add_argument_group("inputs")
     src.add_argument("--config", metavar="FILE", help="training YAML config (Hydra-style defaults lists supported)")
@@ -214,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     profile = build_profile(args)
     if args.undo:
         return _undo(out, profile, args.yes)
+    _note_large_files(out, profile)
     inputs = session.prepare(profile, origins=origins(args, profile))
     show = args.show or not (args.auto or args.apply or args.profile)
     search = args.auto or args.apply or args.profile or not args.show
@@ -319,6 +324,18 @@ def _measured(out: Console, plan: MeasuredPlan) -> None:
 # --- writing -------------------------------------------------------------------------------------------------
 
 
+def _note_large_files(out: Console, profile: PlanProfile) -> None:
+    """Say so before the wait that a large YAML file brings (read at about 150 KB/s, and again to check an edit)."""
+    p = profile.plan
+    for name in [p.config, *p.stages] if p.config else p.stages:
+        try:
+            size = Path(name).expanduser().stat().st_size
+        except OSError:
+            continue  # reading it says what is wrong
+        if size >= LARGE_YAML:
+            out.print(Text(f"reading {name} ({human_bytes(size)}): a YAML file this large takes a while"))
+
+
 def _confirm(out: Console, question: str, yes: bool) -> bool:
     if yes:
         return True
@@ -339,29 +356,25 @@ def _apply(out: Console, inputs: session.PlanInputs, rec: Recommendation, tune: 
         return 0
     for patch in patches:
         _show_diff(out, patch.diff)
-    if not _confirm(out, f"write {len(patches)} file(s), keeping .backup copies?", yes):
+    if not _confirm(out, f"write {len(patches)} file(s), keeping numbered backups?", yes):
         out.print("nothing written")
         return 1
-    for backup in yamledit.apply(patches):
-        out.print(f"written; the previous version is in {backup}")
+    for w in apply.apply(patches, config_files(inputs.profile.plan)):
+        out.print(Text(f"written {w.target}; the previous version is in {w.backup}"))
     out.print(f"run training with PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF} (as the plan assumes); undo with --undo")
     return 0
 
 
 def _undo(out: Console, profile: PlanProfile, yes: bool) -> int:
-    p = profile.plan
-    if not p.config:
+    if not profile.plan.config:
         raise UserError("--undo needs --config FILE (the config that was written)")
-    files = config_files(p)
-    backed_up = restorable(files)
-    if not backed_up:
-        raise UserError(f"no .backup files next to {', '.join(str(f) for f in files)}")
-    for path in backed_up:
-        _show_diff(out, yamledit.undo_preview(path))
-    if not _confirm(out, f"restore {len(backed_up)} file(s) from their backups?", yes):
+    restores = apply.undo_preview(config_files(profile.plan))
+    for r in restores:
+        _show_diff(out, r.diff)
+    if not _confirm(out, f"restore {len(restores)} file(s) from {', '.join(r.backup.name for r in restores)}?", yes):
         out.print("nothing restored")
         return 1
-    for path in backed_up:
-        yamledit.undo(path)
-        out.print(f"restored {path}")
+    apply.undo(restores)
+    for r in restores:
+        out.print(Text(f"restored {r.target} from {r.backup.name} (removed)"))
     return 0

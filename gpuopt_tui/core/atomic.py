@@ -25,6 +25,24 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to `fd` and fsync it (os.write may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or link in `directory` durable, where the file system allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Write `data` durably (fsync) next to `path`, keep an existing file's mode, and replace `path`.
     Any failure is a UserError and leaves `path` as it was."""
@@ -34,13 +52,14 @@ def replace_file(path: Path, data: bytes) -> None:
     except OSError as e:
         raise UserError(f"{path}: cannot write here ({e.strerror or e}); nothing was written") from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
         if path.exists():
             shutil.copymode(path, tmp)
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

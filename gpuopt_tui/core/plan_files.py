@@ -1,16 +1,15 @@
 """Files around a memory plan, read without torch: the plan a run saved (results/plan.json, written by the plan
-run kind) and the config files a plan writes into, with their .backup copies."""
+run kind) and the config files a plan writes into."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner import yamledit
 from gpuopt_tui.core.planner.compose import compose
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.resolve import Resolved
@@ -130,8 +129,3 @@ def config_files(plan: PlanSection) -> list[Path]:
     files = [layer.path for layer in compose(Path(plan.config).expanduser(), plan.overrides).layers]
     files += [Path(s).expanduser() for s in plan.stages]
     return list(dict.fromkeys(files))
-
-
-def restorable(files: Iterable[Path]) -> list[Path]:
-    """The files that have a .backup copy to restore."""
-    return [f for f in files if yamledit.backup_path(f).is_file()]

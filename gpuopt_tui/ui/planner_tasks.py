@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from rich.text import Text
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.plan_files import SavedPlan, config_files, read_saved_plan, restorable
+from gpuopt_tui.core.plan_files import SavedPlan, config_files, read_saved_plan
 from gpuopt_tui.core.plan_report import (
     breakdown_bar,
     breakdown_table,
@@ -25,8 +24,9 @@ from gpuopt_tui.core.plan_report import (
     probes_text,
     values_table,
 )
+from gpuopt_tui.core.planner import apply as config_write
 from gpuopt_tui.core.planner import gpu as gpu_memory
-from gpuopt_tui.core.planner import session, yamledit
+from gpuopt_tui.core.planner import session
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
 from gpuopt_tui.core.planner.search import Candidate, Recommendation
 from gpuopt_tui.core.planner.yamledit import FilePatch
@@ -105,7 +105,7 @@ def config_line(profile: PlanProfile) -> str:
         parts.append(f"composed of {len(files) - stages} files")
     if stages:
         parts.append(f"{stages} stage files")
-    backups = [yamledit.backup_path(f).name for f in restorable(files)]
+    backups = [b.name for b in config_write.newest_backups(files)]
     parts.append(f"Undo restores {', '.join(backups)}" if backups else "no backups yet")
     return "; ".join(parts)
 
@@ -180,6 +180,7 @@ def measured_plan(run: PlanRun, saved: SavedPlan) -> TierPlan:
 class Preview:
     question: str
     patches: list[FilePatch]
+    files: list[Path]  # every file of the config (their backups number the writes)
 
     @property
     def diff(self) -> str:
@@ -204,43 +205,25 @@ def preview(
     if not patches:
         raise UserError(f"the config already holds {what}; nothing to write")
     files = ", ".join(p.path.name for p in patches)
-    return Preview(f"Write {what} into {files}? Each file is copied to NAME.backup first.", patches)
+    question = f"Write {what} into {files}? Each file is copied to a numbered NAME.backup.N first."
+    return Preview(question, patches, config_files(profile.plan))
 
 
-def apply(patches: Sequence[FilePatch]) -> str:
+def apply(preview: Preview) -> str:
     """Write previewed patches (refused, as a UserError, for a file changed since the preview or read-only)."""
-    backups = yamledit.apply(patches)
-    written = ", ".join(p.path.name for p in patches)
+    written = config_write.apply(preview.patches, preview.files)
     return (
-        f"wrote {written}; the previous version is in {', '.join(b.name for b in backups)} (Undo restores it). "
+        f"wrote {', '.join(w.path.name for w in written)}; the previous version is in "
+        f"{', '.join(w.backup.name for w in written)} (Undo restores it). "
         f"Train with PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF}, as the plan assumes."
     )
 
 
-@dataclass(frozen=True)
-class Restorable:
-    path: Path
-    sha256: str  # of the file as the undo preview read it
-    diff: str  # from the file back to its backup
+def undo_preview(profile: PlanProfile, base: Path) -> list[config_write.Restore]:
+    return config_write.undo_preview(config_files(resolved(profile, base).plan))
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(yamledit.read_text(path)[0]).hexdigest()
-
-
-def undo_preview(profile: PlanProfile, base: Path) -> list[Restorable]:
-    files = config_files(resolved(profile, base).plan)
-    backed_up = restorable(files)
-    if not backed_up:
-        raise UserError(f"no .backup next to {', '.join(f.name for f in files)}: nothing to undo")
-    return [Restorable(f, _sha256(f), yamledit.undo_preview(f)) for f in backed_up]
-
-
-def undo(files: Sequence[Restorable]) -> str:
-    """Restore the backups, if no file changed since the undo preview (all are checked before any is restored)."""
-    for f in files:
-        if _sha256(f.path) != f.sha256:
-            raise UserError(f"{f.path}: the file changed since the preview; nothing was restored, undo again")
-    for f in files:
-        yamledit.undo(f.path)
-    return f"restored {', '.join(f.path.name for f in files)} from the backups"
+def undo(restores: Sequence[config_write.Restore]) -> str:
+    """Restore the previewed backups (refused, as a UserError, when a file changed since the preview)."""
+    config_write.undo(restores)
+    return f"restored {', '.join(r.path.name for r in restores)} from {', '.join(r.backup.name for r in restores)}"

@@ -83,14 +83,14 @@ def test_auto_apply_and_undo(work: tuple[Path, Path], capsys: pytest.CaptureFixt
     assert "-    accumulate_grad_batches: 16 " in out and "+    accumulate_grad_batches: 1 " in out
     written = config.read_text()
     assert "batch_size: 64       # micro-batch per GPU" in written
-    assert config.with_name("config.yaml.backup").read_bytes() == original
+    assert config.with_name("config.yaml.backup.1").read_bytes() == original
     code, out, err = plan(capsys, *common, "--apply", "--yes")
     assert code == 0 and "already holds the recommended values" in out
     code, out, err = plan(capsys, "--config", str(config), "--undo", "--yes")
     assert code == 0, err
     assert config.read_bytes() == original
     code, out, err = plan(capsys, "--config", str(config), "--undo", "--yes")
-    assert code == 1 and "no .backup files" in err
+    assert code == 1 and "nothing to undo" in err
 
 
 def test_without_a_gpu_the_message_says_what_to_do(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner import session, trainconfig, yamledit
+from gpuopt_tui.core.planner import apply, session, trainconfig
 from gpuopt_tui.core.planner.compose import compose
 from gpuopt_tui.core.planner.gpu import GpuMemory
 from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM
@@ -177,7 +177,7 @@ def test_a_session_from_profile_to_written_config(conf: Path, tmp_path: Path) ->
     touched = sorted(p.path.relative_to(conf).as_posix() for p in patches)
     assert touched[:2] == ["curriculum/01_stage.yaml", "curriculum/02_stage.yaml"]
     assert "data_loader/large.yaml" in touched
-    yamledit.apply(patches)
+    apply.apply(patches)
     again = trainconfig.read(conf / "config.yaml", overrides=["experiment=big"])
     assert again.require("batch_size").value == rec.chosen.micro_batch
     assert again.require("accumulate").value == rec.chosen.accumulate

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner import trainconfig, yamledit
+from gpuopt_tui.core.planner import apply, backups, trainconfig, yamledit
 from gpuopt_tui.core.planner.yamledit import ValueEdit
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "yaml"
@@ -102,14 +102,14 @@ def test_edit_changes_only_the_values(tmp_path: Path, name: str, edits: list[Val
         want = str(edit.value) if was_string else edit.value  # a quoted string stays a string
         assert got == want and type(want) in type(got).__mro__
 
-    backups = yamledit.apply([patch])
+    (written,) = apply.apply([patch])
     assert path.read_bytes() == patch.new_text.encode()
-    assert backups == [path.with_name(path.name + ".backup")]
-    assert backups[0].read_bytes() == original
+    assert written.backup == path.with_name(path.name + ".backup.1")
+    assert written.backup.read_bytes() == original
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    yamledit.undo(path)
+    apply.undo(apply.undo_preview([path]))
     assert path.read_bytes() == original
-    assert not backups[0].exists()
+    assert not written.backup.exists()
 
 
 def test_diff_names_the_file_and_shows_only_the_value_lines(tmp_path: Path) -> None:
@@ -165,11 +165,11 @@ def test_read_only_file_is_left_byte_identical(tmp_path: Path) -> None:
     os.chmod(path, 0o444)
     try:
         with pytest.raises(UserError, match="read-only"):
-            yamledit.apply([patch])
+            apply.apply([patch])
     finally:
         os.chmod(path, 0o644)
     assert path.read_bytes() == original
-    assert not yamledit.backup_path(path).exists()
+    assert not backups.backups(path)
 
 
 def test_file_changed_after_preview_is_not_written(tmp_path: Path) -> None:
@@ -178,9 +178,9 @@ def test_file_changed_after_preview_is_not_written(tmp_path: Path) -> None:
     edited = path.read_bytes().replace(b"seed: 42", b"seed: 43")
     path.write_bytes(edited)
     with pytest.raises(UserError, match="changed since the preview"):
-        yamledit.apply([patch])
+        apply.apply([patch])
     assert path.read_bytes() == edited
-    assert not yamledit.backup_path(path).exists()
+    assert not backups.backups(path)
 
 
 def test_no_file_is_written_when_one_of_several_fails_its_check(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_no_file_is_written_when_one_of_several_fails_its_check(tmp_path: Path) 
     ]
     second.write_bytes(originals[1] + b"# touched\n")
     with pytest.raises(UserError, match="flow.yaml: the file changed"):
-        yamledit.apply(patches)
+        apply.apply(patches)
     assert first.read_bytes() == originals[0]
 
 
@@ -208,7 +208,7 @@ def test_crlf_bom_tags_and_values_on_their_own_line(tmp_path: Path) -> None:
     )
     expected = text.replace("!!int 4 ", "!!int 8 ").replace("    32\r\n", "    16\r\n")
     assert patch.new_text == expected
-    yamledit.apply([patch])
+    apply.apply([patch])
     assert path.read_bytes() == expected.encode("utf-8")
 
 
@@ -228,8 +228,8 @@ def test_strings_that_would_change_type_are_quoted(tmp_path: Path) -> None:
 
 def test_undo_without_backup_is_refused(tmp_path: Path) -> None:
     path = _copy(tmp_path, "flow.yaml")
-    with pytest.raises(UserError, match="no backup"):
-        yamledit.undo(path)
+    with pytest.raises(UserError, match="no backups .* nothing to undo"):
+        apply.undo_preview([path])
 
 
 def test_composed_config_edits_the_file_whose_value_wins(tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_composed_config_edits_the_file_whose_value_wins(tmp_path: Path) -> None
         "data_loader/large.yaml",
         "experiment/big.yaml",
     ]
-    yamledit.apply(patches)
+    apply.apply(patches)
     changed = {p.relative_to(root).as_posix() for p in root.rglob("*.yaml") if p.read_bytes() != before[p]}
     assert changed == {"data_loader/large.yaml", "experiment/big.yaml"}
     assert (root / "data_loader" / "large.yaml").read_text() == "batch_size: 24\nnum_workers: 8\n"

@@ -24,8 +24,8 @@ from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.plan_report import candidate_rows
+from gpuopt_tui.core.planner import apply, session, yamledit
 from gpuopt_tui.core.planner import gpu as gpu_memory
-from gpuopt_tui.core.planner import session, yamledit
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import measure
 from gpuopt_tui.core.planner.yamledit import FilePatch
@@ -86,7 +86,7 @@ gpu_memory_gb = 24.0
 """,
         encoding="utf-8",
     )
-    return {"config": config, "profile": profile, "backup": yamledit.backup_path(config), "model": model}
+    return {"config": config, "profile": profile, "backup": config.with_name(config.name + ".backup.1"), "model": model}
 
 
 def wide_text(renderables: Sequence[RenderableType]) -> str:
@@ -257,11 +257,21 @@ async def test_preview_cancel_refusals_apply_and_undo(work: dict[str, Path]) -> 
         await pilot.press("ctrl+z")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
         assert isinstance(app.screen, DiffDialog)
-        assert app.screen.diff == yamledit.undo_preview(config)
+        assert app.screen.diff == "".join(r.diff for r in apply.undo_preview([config]))
         assert "Restore (y)" in screen_text(app)
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, DiffDialog))
         assert config.read_bytes() == written
+
+        # a file edited after the undo preview is refused and left as edited, its backup kept
+        await pilot.press("ctrl+z")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
+        config.write_bytes(written + b"# tuned by hand\n")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: any("nothing was restored, undo again" in n for n in notifications(app)))
+        assert config.read_bytes() == written + b"# tuned by hand\n" and backup.read_bytes() == original
+        config.write_bytes(written)
+
         await pilot.press("ctrl+z")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
         await pilot.press("y")

@@ -5,7 +5,8 @@
 - `search`: the largest micro-batch under a budget, accumulation for an effective batch, candidates, stages.
 - `fit` and `measure`: the measured tier, probes on the GPU in fresh processes and a line fit of their peaks.
 - `trainconfig`, `compose` and `yamledit`: reading a training YAML config (Hydra-style composition included)
-  and writing new values into it with a minimal diff, a backup and an atomic replace.
+  and previewing new values in it as a minimal diff.
+- `apply` and `backups`: writing previewed edits (numbered, verified backups; atomic replaces) and undoing them.
 
 Importing this package imports nothing heavy; `yamledit` imports ruamel.yaml only when it parses.
 """

@@ -4,7 +4,7 @@ inputs = prepare(profile)                      # model, training setup, GPU budg
 current = estimate_current(inputs)             # breakdown of the config as it is
 rec = recommend_closed_form(inputs)            # or: plan = measure_probes(inputs); rec = recommend_measured(...)
 rec, plan = recommend_preferred(inputs)        # measured when this machine has the planned-for GPU, else estimated
-patches = planned_patches(inputs, rec)         # previews with diffs; yamledit.apply(patches) writes them
+patches = planned_patches(inputs, rec)         # previews with diffs; apply.apply(patches) writes them
 
 The closed-form search keeps `search.CLOSED_FORM_HEADROOM` of the budget back for the estimate's error; a measured
 recommendation is confirmed by a probe at its batch and keeps back the drift its probes measured (its `headroom`).

@@ -4,11 +4,10 @@ ruamel.yaml (round-trip mode) gives the meaning and the key positions; the new v
 old value's text on its line (quotes kept, comments and spacing untouched). The result is parsed again and
 compared with the original, leaf by leaf: only the intended keys may differ, and they must hold the intended
 values; otherwise nothing is written. Values that are interpolations (`${...}`), inherited through a merge key,
-or multi-line are refused with a message naming the key and the file.
+shared through an anchor, or multi-line are refused with a message naming the key and the file.
 
-Writing: a preview (FilePatch) records the SHA-256 of the bytes it was made from; applying refuses if the file
-changed since, copies the file to NAME.backup, writes a temporary file in the same directory, fsyncs it and
-replaces the file atomically. `undo` puts the backup back.
+Aliases are never expanded: each node is visited once, so a small file of nested aliases costs no more than its
+size. A preview (FilePatch) records the SHA-256 of the bytes it was made from; `apply` writes it.
 """
 
 from __future__ import annotations
@@ -16,19 +15,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
-import shutil
-import stat
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpuopt_tui.core.atomic import replace_file
 from gpuopt_tui.core.errors import UserError
 
-BACKUP_SUFFIX = ".backup"
 Scalar = bool | int | float | str
+Leaves = dict[tuple[str, ...], tuple[str, Any]]
+_CACHED_TEXTS = 8  # parsed documents kept: a composed config, its stage files and the edit being checked
 
 
 @dataclass(frozen=True)
@@ -92,18 +90,56 @@ def read_text(path: Path) -> tuple[bytes, str]:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
 
+class _ParseCache:
+    """The newest parsed documents by their text: reading a config, composing it and previewing an edit of it
+    parse the same text once (ruamel's round trip reads about 150 KB/s). Callers treat the data as read-only."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._docs: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> tuple[bool, Any]:
+        with self._lock:
+            if text not in self._docs:
+                return False, None
+            self._docs.move_to_end(text)
+            return True, self._docs[text]
+
+    def put(self, text: str, data: Any) -> None:
+        with self._lock:
+            self._docs[text] = data
+            while len(self._docs) > self._size:
+                self._docs.popitem(last=False)
+
+
+_parsed = _ParseCache(_CACHED_TEXTS)
+
+
 def parse(text: str, source: Path | str) -> Any:
-    """The round-trip data of YAML `text`; UserError naming the file and line when it is not valid YAML."""
+    """The round-trip data of YAML `text` (shared: do not modify it); UserError naming the file and line when it
+    is not valid YAML."""
+    text = text.removeprefix("\ufeff")
+    found, data = _parsed.get(text)
+    if not found:
+        data = _load(text, source)
+        _parsed.put(text, data)
+    return data
+
+
+def _load(text: str, source: Path | str) -> Any:
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
     try:
-        return _parser().load(text.removeprefix("\ufeff"))
+        return _parser().load(text)
     except MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise UserError(f"{source}: not valid YAML{where}: {e.problem or e.context}") from None
     except YAMLError as e:
         raise UserError(f"{source}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise UserError(f"{source}: nested too deeply to read") from None
 
 
 def load(path: Path) -> Any:
@@ -239,18 +275,39 @@ def _norm(value: Any) -> tuple[str, Any]:
     return type(value).__name__, str(value)
 
 
-def _flatten(data: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], tuple[str, Any]]:
-    if isinstance(data, dict):
-        out: dict[tuple[str, ...], tuple[str, Any]] = {}
-        for k, v in data.items():
-            out.update(_flatten(v, (*prefix, str(k))))
-        return out or {prefix: ("mapping", None)}
-    if isinstance(data, list):
-        out = {}
-        for i, v in enumerate(data):
-            out.update(_flatten(v, (*prefix, str(i))))
-        return out or {prefix: ("list", None)}
-    return {prefix: _norm(data)}
+def _flatten(data: Any) -> tuple[Leaves, set[int]]:
+    """Every leaf by its path, and the ids of the mappings and lists reached more than once (through an alias or
+    a merge key). Each node is visited once: a later path to a visited node is one leaf naming the first path, so
+    the work is linear in the file's size however the aliases nest."""
+    out: Leaves = {}
+    first: dict[int, tuple[str, ...]] = {}
+    shared: set[int] = set()
+    todo: list[tuple[tuple[str, ...], Any]] = [((), data)]
+    while todo:
+        prefix, node = todo.pop()
+        if not isinstance(node, (dict, list)):
+            out[prefix] = _norm(node)
+            continue
+        if id(node) in first:
+            shared.add(id(node))
+            out[prefix] = ("alias", ".".join(first[id(node)]))
+            continue
+        first[id(node)] = prefix
+        items = [(str(k), v) for k, v in (node.items() if isinstance(node, dict) else enumerate(node))]
+        if not items:
+            out[prefix] = ("mapping" if isinstance(node, dict) else "list", None)
+        todo.extend(((*prefix, k), v) for k, v in reversed(items))
+    return out, shared
+
+
+def _through_shared(data: Any, key: str, shared: set[int]) -> bool:
+    """Whether the path to dotted `key` passes through a mapping or list that is reached more than once."""
+    node = data
+    for part in key.split(".")[:-1]:
+        node = node[part]
+        if id(node) in shared:
+            return True
+    return False
 
 
 def _plain_text(value: Scalar, old_text: str) -> str:
@@ -290,7 +347,7 @@ def _render(value: Scalar, old: Any, span: _Span, old_text: str) -> tuple[str, t
 
 def _reads_back(text: str, value: str) -> bool:
     try:
-        parsed = parse(f"k: {text}\n", "value")
+        parsed = _load(f"k: {text}\n", "value")
     except UserError:
         return False
     return isinstance(parsed, dict) and _norm(parsed.get("k")) == ("str", value)
@@ -309,7 +366,7 @@ def preview(path: Path, edits: Sequence[ValueEdit]) -> FilePatch:
     bare = [line.rstrip("\r\n") for line in lines]
     patches: list[tuple[_Span, str]] = []
     changes: list[Change] = []
-    expected = _flatten(data)
+    expected, shared = _flatten(data)
     for edit in edits:
 
         def refuse(why: str, key: str = edit.key) -> NoReturn:
@@ -318,6 +375,10 @@ def preview(path: Path, edits: Sequence[ValueEdit]) -> FilePatch:
         parent, last, old = _locate(data, edit.key, path)
         if isinstance(old, (dict, list)):
             refuse("it is a mapping or a list, not a single value")
+        if _through_shared(data, edit.key, shared):
+            refuse(
+                "it sits in a mapping shared through an anchor (&name) and its aliases, so it would change everywhere"
+            )
         if isinstance(old, str) and "${" in old:
             raise UserError(
                 f"{path}: '{edit.key}' is an interpolation ({old}); it is never rewritten. Edit the key it "
@@ -336,79 +397,12 @@ def preview(path: Path, edits: Sequence[ValueEdit]) -> FilePatch:
         line = lines[span.line]
         lines[span.line] = line[: span.start] + new_text + line[span.end :]
     new_body = "".join(lines)
-    got = _flatten(parse(new_body, path))
+    got, _ = _flatten(parse(new_body, path))
     if got != expected:
         wrong = sorted(".".join(k) for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+        more = f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""
         raise UserError(
-            f"{path}: editing {', '.join(keys)} would change {', '.join(wrong)} (anchors, aliases or an unusual "
-            "layout); nothing was written, edit it by hand"
+            f"{path}: editing {', '.join(keys)} would change {', '.join(wrong[:8])}{more} (anchors, aliases or an "
+            "unusual layout); nothing was written, edit it by hand"
         )
     return FilePatch(path, hashlib.sha256(raw).hexdigest(), text, bom + new_body, tuple(changes))
-
-
-# --- writing -------------------------------------------------------------------------------------------------
-
-
-def backup_path(path: Path) -> Path:
-    return path.with_name(path.name + BACKUP_SUFFIX)
-
-
-def _check_writable(path: Path) -> None:
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        raise UserError(f"{path}: cannot access it ({e.strerror or e})") from None
-    if not (mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(path, os.W_OK):
-        raise UserError(f"{path}: the file is read-only; nothing was written")
-    if not os.access(path.parent, os.W_OK):
-        raise UserError(f"{path.parent}: the directory is not writable; nothing was written")
-
-
-def _check_unchanged(patch: FilePatch) -> None:
-    try:
-        current = patch.path.read_bytes()
-    except OSError as e:
-        raise UserError(f"{patch.path}: cannot read it again ({e.strerror or e}); nothing was written") from None
-    if hashlib.sha256(current).hexdigest() != patch.sha256:
-        raise UserError(f"{patch.path}: the file changed since the preview; nothing was written, preview again")
-
-
-def apply(patches: Iterable[FilePatch], backup: bool = True) -> list[Path]:
-    """Write previewed patches: all are checked (unchanged since the preview, writable) before any is written.
-    Returns the backup files made."""
-    patches = [p for p in patches if p.new_text != p.old_text]
-    for patch in patches:
-        _check_unchanged(patch)
-        _check_writable(patch.path)
-    backups = []
-    for patch in patches:
-        if backup:
-            saved = backup_path(patch.path)
-            try:
-                shutil.copy2(patch.path, saved)
-            except OSError as e:
-                raise UserError(f"{saved}: cannot write the backup ({e.strerror or e}); nothing was written") from None
-            backups.append(saved)
-        replace_file(patch.path, patch.new_text.encode("utf-8"))
-    return backups
-
-
-def undo_preview(path: Path) -> str:
-    """The diff that `undo(path)` would make: from the current file back to its backup."""
-    saved = backup_path(path)
-    if not saved.is_file():
-        raise UserError(f"{path}: no backup to restore ({saved.name} does not exist)")
-    return unified_diff(path, read_text(path)[1] if path.exists() else "", read_text(saved)[1])
-
-
-def undo(path: Path) -> None:
-    """Put NAME.backup back in place of NAME (the backup is used up)."""
-    saved = backup_path(path)
-    if not saved.is_file():
-        raise UserError(f"{path}: no backup to restore ({saved.name} does not exist)")
-    if path.exists():
-        _check_writable(path)
-    try:
-        os.replace(saved, path)
-    except OSError as e:
-        raise UserError(f"{path}: cannot restore the backup ({e.strerror or e})") from None

@@ -7,8 +7,8 @@ recommendation written into the training config.
 - Measured on GPU N: a background run of the profile with plan.measure = true (probes on the GPU; the run goes on
   if this terminal closes); its saved plan is shown once it finished.
 - Preview changes: the diff that writes the candidate under the cursor into plan.config, in a dialog; confirming
-  writes it with a .backup copy (refused when the file changed since the preview or is read-only). Undo restores
-  the backups after a diff of its own.
+  writes it with numbered backups (refused when the file changed since the preview or is read-only). Undo restores
+  the newest backups after a diff of its own (refused likewise); core/planner/apply.py does both.
 
 Files, NVML and a demo model's config (seconds the first time) are read in thread workers (planner_tasks); their
 results come back as messages.
@@ -31,6 +31,7 @@ from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
 
 from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.planner.apply import Restore
 from gpuopt_tui.core.planner.search import Candidate
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.runs import RunInfo, engine_available
@@ -63,7 +64,7 @@ class PlannerScreen(KindScreen):
             id="planner.preview",
             tooltip="Diff of writing the selected configuration into plan.config; apply it from there",
         ),
-        Binding("ctrl+z", "undo", "Undo", id="planner.undo", tooltip="Restore the config from its .backup"),
+        Binding("ctrl+z", "undo", "Undo", id="planner.undo", tooltip="Restore the config from its newest backup"),
     ]
 
     CSS: ClassVar[str] = """
@@ -126,7 +127,7 @@ class PlannerScreen(KindScreen):
             self.preview = preview
 
     class UndoPreviewed(Message):
-        def __init__(self, files: list[tasks.Restorable]) -> None:
+        def __init__(self, files: list[Restore]) -> None:
             super().__init__()
             self.files = files
 
@@ -351,11 +352,9 @@ class PlannerScreen(KindScreen):
         self._in_thread("No preview", "plan-write", lambda: self.post_message(self.Previewed(work())))
 
     def on_planner_screen_previewed(self, message: Previewed) -> None:
-        patches = message.preview.patches
-
         def answered(write: bool | None) -> None:
             if write:
-                work = partial(tasks.apply, patches)
+                work = partial(tasks.apply, message.preview)
                 self._in_thread("Config not written", "plan-write", lambda: self.post_message(self.Written(work())))
 
         self.app.push_screen(DiffDialog(message.preview.question, message.preview.diff, "Apply", "Cancel"), answered)
@@ -369,7 +368,8 @@ class PlannerScreen(KindScreen):
 
     def on_planner_screen_undo_previewed(self, message: UndoPreviewed) -> None:
         files = message.files
-        question = f"Restore {', '.join(f.path.name for f in files)} from the .backup copies? The backups are used up."
+        backups = ", ".join(f.backup.name for f in files)
+        question = f"Restore {', '.join(f.path.name for f in files)} from {backups}? The backups are used up."
 
         def answered(restore: bool | None) -> None:
             if restore:
