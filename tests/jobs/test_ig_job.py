@@ -21,6 +21,7 @@ from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.jobs.attribution import integrated_gradients
 from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
+from gpuopt_tui.jobs.attribution.outputs import float32_values
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
 N_SAMPLES = 22
@@ -103,10 +104,10 @@ def test_result_files(finished: Path) -> None:
     assert tensors["scores"].shape[0] == N_SAMPLES
     lengths = tensors["lengths"]
     assert lengths.tolist() == [len(r["tokens"]) for r in records]
-    for i in (0, 7, 21):
-        assert tensors["scores"][i, : lengths[i]].tolist() == pytest.approx(records[i]["scores"], abs=1e-6)
+    for i in range(N_SAMPLES):  # the JSON scores read back as exactly the fp32 values
+        assert torch.equal(tensors["scores"][i, : lengths[i]], torch.tensor(records[i]["scores"]))
         assert (tensors["scores"][i, lengths[i] :] == 0).all()
-    assert torch.allclose(tensors["deltas"], torch.tensor([r["delta"] for r in records]))
+    assert torch.equal(tensors["deltas"], torch.tensor([r["delta"] for r in records]))
     assert summary["n_samples"] == N_SAMPLES and summary["settings"]["precision"] == "fp32"
     assert 0 < len(summary["top_k"]) <= 5
     means = [entry["mean_share"] for entry in summary["top_k"]]
@@ -120,6 +121,14 @@ def test_result_files(finished: Path) -> None:
     }
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"] == N_SAMPLES
+
+
+def test_json_floats_are_the_shortest_exact_fp32_decimals() -> None:
+    values = torch.tensor([0.1, -1e-12, 3.4028235e38, 1 / 3, 0.0, 2.5e-45, 123456.79], dtype=torch.float32)
+    values = torch.cat([values, torch.randn(5000) * 10.0 ** torch.randint(-9, 4, (5000,))])
+    written = json.dumps(float32_values(values))
+    assert written.startswith("[0.1, -1e-12, 3.4028235e+38, 0.33333334, 0.0, 3e-45, 123456.79, ")
+    assert torch.equal(torch.tensor(json.loads(written), dtype=torch.float32), values)
 
 
 def test_scores_match_a_direct_engine_call(workdir: Path, finished: Path) -> None:
