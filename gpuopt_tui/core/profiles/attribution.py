@@ -9,7 +9,7 @@ from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBa
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 IG_METHODS = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")
-BASELINES = ("pad", "zero", "mask", "custom")
+BASELINES = ("pad", "zero", "zero-all", "mask", "custom")
 COMPILE_CHOICES = ("auto", "on", "off")
 
 
@@ -21,7 +21,8 @@ class AttributionSection:
     baseline: str = opt(
         "pad",
         "Reference for the text tokens: [PAD] or [MASK] embeddings, zero vectors, or a custom token "
-        "([CLS]/[SEP] and padding are kept as in the input)",
+        "([CLS]/[SEP] and padding are kept as in the input); zero-all: zero vectors at every position, [CLS]/[SEP] "
+        "included (Captum's default baseline)",
         choices=BASELINES,
     )
     custom_baseline_token: str = opt("", "Vocabulary token for every text position when baseline = custom")

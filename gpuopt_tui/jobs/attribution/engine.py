@@ -12,7 +12,7 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attention import padded_batch_kernels
-from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings, baseline_token_id
+from gpuopt_tui.jobs.attribution.baselines import ZERO_ALL, baseline_embeddings, baseline_token_id
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.ig import integrated_gradients
@@ -105,7 +105,9 @@ def attribute_batch(
     with torch.no_grad():
         embeds = adapter.word_embeddings()(ids)
         context = adapter.encode_context(batch)
-    baselines = baseline_embeddings(adapter, ids, mask, embeds, settings.baseline_token)
+    baselines = baseline_embeddings(
+        adapter, ids, mask, embeds, settings.baseline_token, keep_structure=settings.baseline != ZERO_ALL
+    )
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
     target = batch_target(settings.target, batch, n_outputs)
     forward = adapter.logits_from_embeds
