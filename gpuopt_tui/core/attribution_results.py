@@ -73,6 +73,8 @@ class SampleEntry:
     relative_delta: float
     top_tokens: tuple[str, ...]
     search_text: str  # the sample's text, lower case (candidates joined by " | ")
+    margin: float | None = None  # between the two largest outputs of the fp32 forward (None: not recorded)
+    low_margin: bool = False  # that margin is within the error of the steps' precision
 
     @property
     def top_token(self) -> str:
@@ -120,6 +122,8 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         relative_delta=float(record["relative_delta"]),
         top_tokens=tuple(str(item[1]) for item in record.get("top") or ()),
         search_text=(" | ".join(map(str, text)) if isinstance(text, list) else str(text)).lower(),
+        margin=_optional_float(record.get("margin")),
+        low_margin=bool(record.get("low_margin", False)),
     )
 
 
@@ -241,19 +245,21 @@ SORTS: dict[str, tuple[str, Callable[[SampleEntry], Any]]] = {
     "delta": ("largest relative delta first", lambda e: -e.relative_delta),
     "probability": ("least confident first", lambda e: e.probability),
 }
-QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong"
+QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong, lowmargin"
 _CLASS_FILTERS = ("pred", "target", "label")
 
 
 @dataclass(frozen=True)
 class SampleQuery:
     """A search: every word must occur in the sample's text; `top:` tokens among its top tokens; `pred:`,
-    `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label."""
+    `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label,
+    `lowmargin` those whose top two outputs are within the steps' precision error."""
 
     words: tuple[str, ...] = ()
     top: tuple[str, ...] = ()
     classes: tuple[tuple[str, int], ...] = ()
     wrong: bool = False
+    low_margin: bool = False
 
     @classmethod
     def parse(cls, text: str) -> SampleQuery:
@@ -261,13 +267,15 @@ class SampleQuery:
         words: list[str] = []
         top: list[str] = []
         classes: list[tuple[str, int]] = []
-        wrong = False
+        wrong = low_margin = False
         for part in text.split():
             key, sep, value = part.partition(":")
             key = key.lower()
             if not sep:
                 if part.lower() == "wrong":
                     wrong = True
+                elif part.lower() == "lowmargin":
+                    low_margin = True
                 else:
                     words.append(part.lower())
             elif key == "top" and value:
@@ -276,10 +284,10 @@ class SampleQuery:
                 classes.append((key, int(value)))
             else:
                 raise UserError(f'"{part}": expected {QUERY_HELP}')
-        return cls(tuple(words), tuple(top), tuple(classes), wrong)
+        return cls(tuple(words), tuple(top), tuple(classes), wrong, low_margin)
 
     def matches(self, entry: SampleEntry) -> bool:
-        if self.wrong and not entry.wrong:
+        if (self.wrong and not entry.wrong) or (self.low_margin and not entry.low_margin):
             return False
         if any(word not in entry.search_text for word in self.words):
             return False
@@ -323,6 +331,15 @@ class DeltaStats:
 
 
 @dataclass(frozen=True)
+class LowMargin:
+    """Samples whose two largest outputs are closer than the steps' precision can tell apart."""
+
+    count: int
+    precision: str
+    relative_error: float
+
+
+@dataclass(frozen=True)
 class AttributionSummary:
     path: Path
     n_samples: int
@@ -333,6 +350,7 @@ class AttributionSummary:
     deltas: DeltaStats
     settings: dict[str, Any]
     timing: dict[str, Any]
+    low_margin: LowMargin | None = None  # None in results written before it was recorded
 
 
 @dataclass(frozen=True)
@@ -368,6 +386,10 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def load_summary(results_dir: Path) -> AttributionSummary | None:
     """results/summary.json, or None before the run wrote it."""
     path = results_dir / SUMMARY_NAME
@@ -400,9 +422,16 @@ def load_summary(results_dir: Path) -> AttributionSummary | None:
             ),
             settings=dict(data.get("settings") or {}),
             timing=dict(data.get("timing") or {}),
+            low_margin=_low_margin(data.get("low_margin")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not an attribution summary ({type(e).__name__}: {e})") from None
+
+
+def _low_margin(data: Any) -> LowMargin | None:
+    if data is None:
+        return None
+    return LowMargin(int(data["count"]), str(data["precision"]), float(data["relative_error"]))
 
 
 def load_check(results_dir: Path) -> CheckResult | None:

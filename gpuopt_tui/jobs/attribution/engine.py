@@ -16,12 +16,23 @@ from gpuopt_tui.jobs.attribution.baselines import ZERO_ALL, baseline_embeddings,
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.ig import integrated_gradients
+from gpuopt_tui.jobs.attribution.precision import output_margins
 from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision
 from gpuopt_tui.jobs.models import Adapter, Batch
 
 #: Per-sample results of `attribute_batch` (token_scores is [B, *S], the others [B]).
-RESULT_KEYS = ("token_scores", "deltas", "scores", "baseline_scores", "target", "prediction", "probability")
+RESULT_KEYS = (
+    "token_scores",
+    "deltas",
+    "scores",
+    "baseline_scores",
+    "target",
+    "prediction",
+    "probability",
+    "margin",
+    "low_margin",
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,9 @@ def attribute_batch(
     else:  # the one-step-at-a-time path stays the model's own forward, for accuracy checks
         result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_sample=on_chunk, **common)
     target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
+    # F(x) ran in fp32 (see resolve_endpoint_precision): the prediction and the margin are the model's own
     probabilities = result.outputs.float().softmax(-1)
+    margin, low_margin = output_margins(result.outputs, settings.precision)
     values = {
         "token_scores": result.token_scores().float(),
         "deltas": result.deltas,
@@ -145,5 +158,7 @@ def attribute_batch(
         "target": target_index,
         "prediction": result.outputs.argmax(-1),
         "probability": probabilities.gather(1, target_index.unsqueeze(1)).squeeze(1),
+        "margin": margin,
+        "low_margin": low_margin,
     }
     return {k: v.detach().cpu().contiguous() for k, v in values.items()}

@@ -60,9 +60,8 @@ def integrated_gradients(
     `compiler`, that forward is torch.compile'd (see compiled.py). Gradients come from
     `torch.autograd.grad` with respect to the interpolated embeddings only (the parameters of `model`, by
     default the forward's own module, are frozen meanwhile) and are weighted and summed in fp32.
-    F(x) and F(baseline) (and so the convergence deltas) run eagerly on the original weights, never
-    autocast: `endpoint_precision` "fp32", or by default "tf32" (TF32 matmuls on the GPU) when the steps
-    run in reduced precision.
+    F(x) and F(baseline) (and so the target, the prediction and the convergence deltas) run eagerly on the
+    original weights, never autocast: in fp32 by default, or "tf32" with `endpoint_precision`.
     `context` tensors (first dim B) are tiled to the rows of each chunk and handed to the forward.
     `on_chunk(done_steps, n_steps)` is called after every chunk (e.g. to check for cancellation).
     The model should be in eval mode (dropout would make the path integral random).
@@ -83,7 +82,7 @@ def integrated_gradients(
     module = module_of(forward, model)
 
     with frozen_parameters(module):
-        endpoints = resolve_endpoint_precision(precision, endpoint_precision)
+        endpoints = resolve_endpoint_precision(endpoint_precision)
         out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, context, endpoints)
         target = resolve_target(target, out_x)
         diff = inputs - baselines

@@ -32,7 +32,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
     token_ranking,
     write_tensors,
 )
-from gpuopt_tui.jobs.attribution.precision import REDUCED, NonFiniteGradients
+from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
@@ -93,6 +93,16 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     return summary
 
 
+def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
+    """How many samples have a top-two margin of F(x) within the steps' precision error, and that error."""
+    return {
+        "count": int(collected.low_margin.sum()),
+        "precision": precision,
+        "relative_error": RELATIVE_ERROR[precision],
+        "rule": "margin between the two largest outputs of the fp32 F(x) <= relative_error x max |output|",
+    }
+
+
 def _describe_mode(settings: Settings, lean: bool, device: torch.device) -> str:
     if not settings.optimized:
         return f"{settings.precision}, one sample and one step at a time"
@@ -119,7 +129,8 @@ def shard_name(j: int) -> str:
 def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> None:
     """Shards of an earlier attempt are reused only if they were made with the same batches and the same
     settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
-    ctx.check_resume_record({"settings": {k: getattr(settings, k) for k in RESULT_SETTINGS}, "batches": plan})
+    settings_record = {k: getattr(settings, k) for k in RESULT_SETTINGS}
+    ctx.check_resume_record({"settings": settings_record, "batches": plan, "values": list(RESULT_KEYS)})
 
 
 def _attribute_pending(
@@ -226,6 +237,8 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected
         target=values["target"],
         prediction=values["prediction"],
         probability=values["probability"],
+        margin=values["margin"],
+        low_margin=values["low_margin"],
         labels=ds.labels,
     )
     return collected, seconds
@@ -263,6 +276,12 @@ def _write_results(
     )
     if deltas["warning"]:
         ctx.warn(deltas["warning"])
+    close = int(collected.low_margin.sum())
+    if close:
+        ctx.warn(
+            f"{close} samples have their two largest outputs within the {settings.precision} error of each other: "
+            "the steps may rank them the other way (`low_margin` in attributions.jsonl names them)"
+        )
     rate = len(ds) / seconds if seconds > 0 else None
     top = token_ranking(collected, adapter.tokens, structure, section.top_k, section.min_token_count)
     summary = {
@@ -289,6 +308,7 @@ def _write_results(
             "compile_error": None if compiler is None else compiler.error,
         },
         "deltas": deltas,
+        "low_margin": low_margin_summary(collected, settings.precision),
         "ranking": RANKING,
         "top_k": top,
         "per_sample_top": "the `top` field of each line of attributions.jsonl",

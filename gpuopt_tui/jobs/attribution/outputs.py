@@ -2,10 +2,13 @@
 
 - attributions.jsonl: one line per sample (dataset order): index, text, tokens, scores (one per real token;
   nested per candidate for two-tower inputs), target, label, prediction, probability, delta, relative_delta,
-  and `top`: the sample's top_k_sample tokens by |score| as [position, token, score]. Floats are written at
-  full fp32 precision, each as the shortest decimal that reads back as the same fp32 value.
+  margin (between the two largest outputs of the fp32 forward; null with one output), low_margin (that margin
+  is within the error of the steps' precision: the steps may rank the two the other way), and `top`: the
+  sample's top_k_sample tokens by |score| as [position, token, score]. Floats are written at full fp32
+  precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
-  [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`.
+  [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
+  `low_margin`.
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -45,6 +48,8 @@ class Collected:
     target: Tensor  # [N]
     prediction: Tensor  # [N]
     probability: Tensor  # [N]
+    margin: Tensor  # [N]
+    low_margin: Tensor  # [N] bool
     labels: Tensor | None  # [N]
 
 
@@ -58,6 +63,8 @@ def write_tensors(path: Path, collected: Collected) -> None:
         "target": collected.target.long(),
         "prediction": collected.prediction.long(),
         "probability": collected.probability.float(),
+        "margin": collected.margin.float(),
+        "low_margin": collected.low_margin.bool(),
     }
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
@@ -84,6 +91,8 @@ def sample_records(
             "probability": float32_value(collected.probability[i]),
             "delta": float32_value(collected.deltas[i]),
             "relative_delta": float32_value(collected.relative_deltas[i]),
+            "margin": float32_value(collected.margin[i]) if bool(collected.margin[i].isfinite()) else None,
+            "low_margin": bool(collected.low_margin[i]),
             "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record

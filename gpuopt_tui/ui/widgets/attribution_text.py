@@ -25,9 +25,15 @@ def sample_heading(sample: Sample) -> Content:
     what = "candidate " if sample.two_tower else ""
     label = "" if e.label is None else f" · label {e.label}"
     explained = "" if e.target == e.prediction else f" · explained {what}{e.target}"
+    close = (
+        f"\n⚠ its two largest outputs differ by {figure(e.margin or 0.0)}, within the error of the steps' precision: "
+        "the steps may rank them the other way"
+        if e.low_margin
+        else ""
+    )
     return Content(
         f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}\n"
-        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|"
+        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{close}"
     )
 
 
@@ -55,6 +61,14 @@ def delta_report(summary: AttributionSummary | None) -> Content:
                 f"  median and p95 of the relative delta are within the warning threshold ({figure(d.threshold_rel)})"
             )
         )
+    if summary.low_margin is not None and summary.low_margin.count:
+        m = summary.low_margin
+        close = (
+            f"{m.count} samples have their two largest outputs (fp32) within {figure(m.relative_error)} × the "
+            f"largest |output| of each other, the error of {m.precision}: the steps may rank them the other way "
+            "(search: lowmargin)"
+        )
+        lines.append(Content.from_markup("[$warning]⚠ $close[/]", close=close))
     lines += [Content(""), Content.from_markup("[b]Settings[/]"), Content("  " + settings_line(s))]
     rate, seconds = summary.timing.get("samples_per_s"), summary.timing.get("compute_seconds")
     if isinstance(rate, (int, float)) and isinstance(seconds, (int, float)):
