@@ -75,6 +75,7 @@ class SampleEntry:
     search_text: str  # the sample's text, lower case (candidates joined by " | ")
     margin: float | None = None  # between the two largest outputs of the fp32 forward (None: not recorded)
     low_margin: bool = False  # that margin is within the error of the steps' precision
+    steps: int | None = None  # interpolation steps the sample used (None: not recorded)
 
     @property
     def top_token(self) -> str:
@@ -124,6 +125,7 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         search_text=(" | ".join(map(str, text)) if isinstance(text, list) else str(text)).lower(),
         margin=_optional_float(record.get("margin")),
         low_margin=bool(record.get("low_margin", False)),
+        steps=_optional_int(record.get("steps")),
     )
 
 
@@ -331,6 +333,20 @@ class DeltaStats:
 
 
 @dataclass(frozen=True)
+class StepStats:
+    """The interpolation steps the samples used: fixed, or each its own with n_steps = "auto"."""
+
+    mode: str  # "fixed" or "auto"
+    tolerance: float | None
+    max_steps: int | None
+    total: int
+    mean: float
+    histogram: tuple[tuple[int, int], ...]  # (steps, samples), fewest steps first
+    above_tolerance: int | None  # "auto": samples that stopped at the cap above the tolerance
+    warning: str | None
+
+
+@dataclass(frozen=True)
 class LowMargin:
     """Samples whose two largest outputs are closer than the steps' precision can tell apart."""
 
@@ -351,6 +367,7 @@ class AttributionSummary:
     settings: dict[str, Any]
     timing: dict[str, Any]
     low_margin: LowMargin | None = None  # None in results written before it was recorded
+    steps: StepStats | None = None  # likewise
 
 
 @dataclass(frozen=True)
@@ -423,6 +440,7 @@ def load_summary(results_dir: Path) -> AttributionSummary | None:
             settings=dict(data.get("settings") or {}),
             timing=dict(data.get("timing") or {}),
             low_margin=_low_margin(data.get("low_margin")),
+            steps=_steps(data.get("steps")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not an attribution summary ({type(e).__name__}: {e})") from None
@@ -432,6 +450,22 @@ def _low_margin(data: Any) -> LowMargin | None:
     if data is None:
         return None
     return LowMargin(int(data["count"]), str(data["precision"]), float(data["relative_error"]))
+
+
+def _steps(data: Any) -> StepStats | None:
+    if data is None:
+        return None
+    tolerance = data.get("tolerance")
+    return StepStats(
+        mode=str(data["mode"]),
+        tolerance=None if tolerance is None else float(tolerance),
+        max_steps=_optional_int(data.get("max_steps")),
+        total=int(data["total"]),
+        mean=float(data["mean"]),
+        histogram=tuple((int(steps), int(count)) for steps, count in data["histogram"]),
+        above_tolerance=_optional_int(data.get("above_tolerance")),
+        warning=data.get("warning") or None,
+    )
 
 
 def load_check(results_dir: Path) -> CheckResult | None:

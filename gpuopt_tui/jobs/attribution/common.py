@@ -31,6 +31,7 @@ class IGResult:
     baseline_scores: Tensor  # [B]: F(baseline)
     outputs: Tensor  # [B, C] (or [B]): the full forward output at x, e.g. logits
     target: Tensor | None  # [B] long: the explained output index, None for scalar outputs
+    steps: Tensor  # [B] long: the interpolation steps each sample used
 
     def token_scores(self) -> Tensor:
         """[B, *S]: attribution per token (sum over the embedding dimension)."""
@@ -123,10 +124,11 @@ def finish(
     out_x: Tensor,
     out_b: Tensor,
     target: Tensor | None,
+    steps: Tensor,
 ) -> IGResult:
     """Attributions = (x - baseline) * integrated gradients, and the convergence deltas, in fp32 (or wider)."""
     dtype = integrated_grads.dtype
     attributions = (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
     scores, base_scores = selected(out_x, target), selected(out_b, target)
     deltas = attributions.reshape(attributions.shape[0], -1).sum(1) - (scores - base_scores)
-    return IGResult(attributions, deltas, scores, base_scores, out_x, target)
+    return IGResult(attributions, deltas, scores, base_scores, out_x, target, steps)

@@ -12,6 +12,7 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attention import padded_batch_kernels
+from gpuopt_tui.jobs.attribution.adaptive import RULE
 from gpuopt_tui.jobs.attribution.baselines import ZERO_ALL, baseline_embeddings, baseline_token_id
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
@@ -32,6 +33,7 @@ RESULT_KEYS = (
     "probability",
     "margin",
     "low_margin",
+    "steps",
 )
 
 
@@ -39,8 +41,10 @@ RESULT_KEYS = (
 class Settings:
     """What the engine needs from a profile's [attribution] section, resolved for the model and device."""
 
-    n_steps: int
-    method: str
+    n_steps: int | Literal["auto"]
+    method: str  # clenshaw_curtis with "auto" steps
+    tolerance: float  # of the relative convergence delta, with "auto" steps
+    max_steps: int  # the cap of "auto" steps
     precision: str  # fp32, tf32, bf16 or fp16
     cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
     target: str  # "predicted", "label" or a class index
@@ -59,7 +63,9 @@ class Settings:
             prec = "fp16"  # GPUs before Ampere have no bf16
         return cls(
             n_steps=section.n_steps,
-            method=section.method,
+            method=RULE if section.n_steps == "auto" else section.method,
+            tolerance=section.tolerance,
+            max_steps=section.max_steps,
             precision=prec,
             cast_weights=section.amp_mode == "weights" and prec in ("bf16", "fp16"),
             target=section.target,
@@ -139,6 +145,8 @@ def attribute_batch(
                 baselines,
                 step_mask,
                 target,
+                tolerance=settings.tolerance,
+                max_steps=settings.max_steps,
                 alpha_batch_size=planner,
                 compiler=compiler,
                 on_chunk=on_chunk,
@@ -160,5 +168,6 @@ def attribute_batch(
         "probability": probabilities.gather(1, target_index.unsqueeze(1)).squeeze(1),
         "margin": margin,
         "low_margin": low_margin,
+        "steps": result.steps,
     }
     return {k: v.detach().cpu().contiguous() for k, v in values.items()}

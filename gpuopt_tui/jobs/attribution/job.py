@@ -22,9 +22,10 @@ from gpuopt_tui.core.atomic import write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
+from gpuopt_tui.jobs.attribution.adaptive import level_points
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas
+from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
@@ -65,7 +66,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         pass
     ctx.log(
-        f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {settings.n_steps} steps "
+        f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {_describe_steps(settings)} "
         f"({settings.method}, {_describe_mode(settings, lean, device)})"
     )
     compiler = step_compiler(settings, ctx.event)
@@ -103,6 +104,16 @@ def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
     }
 
 
+def _describe_steps(settings: Settings) -> str:
+    if settings.n_steps != "auto":
+        return f"{settings.n_steps} steps"
+    points = level_points(settings.max_steps)
+    return (
+        f"steps until the relative convergence delta is within {settings.tolerance:g} "
+        f"(levels of {', '.join(map(str, points[:3]))}, ... up to {points[-1]} steps)"
+    )
+
+
 def _describe_mode(settings: Settings, lean: bool, device: torch.device) -> str:
     if not settings.optimized:
         return f"{settings.precision}, one sample and one step at a time"
@@ -130,6 +141,8 @@ def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> N
     """Shards of an earlier attempt are reused only if they were made with the same batches and the same
     settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
     settings_record = {k: getattr(settings, k) for k in RESULT_SETTINGS}
+    if settings.n_steps == "auto":
+        settings_record |= {"tolerance": settings.tolerance, "max_steps": settings.max_steps}
     ctx.check_resume_record({"settings": settings_record, "batches": plan, "values": list(RESULT_KEYS)})
 
 
@@ -239,6 +252,7 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected
         probability=values["probability"],
         margin=values["margin"],
         low_margin=values["low_margin"],
+        steps=values["steps"],
         labels=ds.labels,
     )
     return collected, seconds
@@ -276,6 +290,15 @@ def _write_results(
     )
     if deltas["warning"]:
         ctx.warn(deltas["warning"])
+    auto = settings.n_steps == "auto"
+    steps = steps_summary(
+        collected.steps,
+        collected.relative_deltas,
+        tolerance=settings.tolerance if auto else None,
+        max_steps=settings.max_steps,
+    )
+    if steps["warning"]:
+        ctx.warn(steps["warning"])
     close = int(collected.low_margin.sum())
     if close:
         ctx.warn(
@@ -308,6 +331,7 @@ def _write_results(
             "compile_error": None if compiler is None else compiler.error,
         },
         "deltas": deltas,
+        "steps": steps,
         "low_margin": low_margin_summary(collected, settings.precision),
         "ranking": RANKING,
         "top_k": top,
@@ -320,6 +344,7 @@ def _write_results(
     ctx.artifact(files["summary"], "top tokens, convergence deltas, settings and timing")
     ctx.metric("samples_per_s", rate)
     ctx.metric("delta_median_rel", deltas["median_rel"])
+    ctx.metric("steps_mean", steps["mean"])
     return {
         "n_samples": len(ds),
         "samples_per_s": rate,

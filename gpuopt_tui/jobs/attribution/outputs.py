@@ -3,12 +3,13 @@
 - attributions.jsonl: one line per sample (dataset order): index, text, tokens, scores (one per real token;
   nested per candidate for two-tower inputs), target, label, prediction, probability, delta, relative_delta,
   margin (between the two largest outputs of the fp32 forward; null with one output), low_margin (that margin
-  is within the error of the steps' precision: the steps may rank the two the other way), and `top`: the
+  is within the error of the steps' precision: the steps may rank the two the other way), steps (the
+  interpolation steps the sample used: its own with n_steps = "auto"), and `top`: the
   sample's top_k_sample tokens by |score| as [position, token, score]. Floats are written at full fp32
   precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
   [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
-  `low_margin`.
+  `low_margin`, `steps`.
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -50,6 +51,7 @@ class Collected:
     probability: Tensor  # [N]
     margin: Tensor  # [N]
     low_margin: Tensor  # [N] bool
+    steps: Tensor  # [N] interpolation steps used
     labels: Tensor | None  # [N]
 
 
@@ -65,6 +67,7 @@ def write_tensors(path: Path, collected: Collected) -> None:
         "probability": collected.probability.float(),
         "margin": collected.margin.float(),
         "low_margin": collected.low_margin.bool(),
+        "steps": collected.steps.long(),
     }
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
@@ -93,6 +96,7 @@ def sample_records(
             "relative_delta": float32_value(collected.relative_deltas[i]),
             "margin": float32_value(collected.margin[i]) if bool(collected.margin[i].isfinite()) else None,
             "low_margin": bool(collected.low_margin[i]),
+            "steps": int(collected.steps[i]),
             "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record

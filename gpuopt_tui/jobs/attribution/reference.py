@@ -77,4 +77,5 @@ def integrated_gradients_reference(
                 if on_sample is not None:
                     on_sample(i + 1, batch)
     check_finite(grads, precision)
-    return finish(grads, inputs, baselines, out_x, out_b, target)
+    steps = torch.full((batch,), int(n_steps), dtype=torch.long, device=inputs.device)
+    return finish(grads, inputs, baselines, out_x, out_b, target, steps)
