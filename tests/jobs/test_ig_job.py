@@ -231,3 +231,27 @@ def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monke
     records, summary, _ = results(run_dir)
     assert summary["settings"]["precision"] == "fp16" and len(records) == 8
     assert all(math.isfinite(s) for r in records for s in r["scores"]) and any(r["scores"][1] != 0 for r in records)
+
+
+def test_auto_steps_are_recorded_per_sample_and_resume(workdir: Path) -> None:
+    auto = {"n_steps": "auto", "tolerance": 1e-3, "max_steps": 65}
+    run_dir = workdir / "runs" / "auto"
+    with pytest.raises(JobCancelled):
+        run_job(profile(workdir, **auto), context(run_dir, CancelAfterFirstBatch))
+    run_job(profile(workdir, **auto), context(run_dir))
+    records, summary, tensors = results(run_dir)
+    steps = [r["steps"] for r in records]
+    assert set(steps) <= {9, 17, 33, 65} and torch.equal(tensors["steps"], torch.tensor(steps))
+    capped = [r for r in records if r["steps"] == 65]
+    assert all(r["relative_delta"] <= 1e-3 for r in records if r not in capped)
+    assert summary["settings"]["method"] == "clenshaw_curtis"
+    assert summary["steps"]["total"] == sum(steps) and summary["steps"]["mode"] == "auto"
+    assert sum(count for _, count in summary["steps"]["histogram"]) == N_SAMPLES
+    assert summary["steps"]["above_tolerance"] == sum(r["relative_delta"] > 1e-3 for r in capped)
+    uninterrupted = workdir / "runs" / "auto-whole"
+    run_job(profile(workdir, **auto, check_samples=2), context(uninterrupted))  # the check: fixed steps
+    assert results(uninterrupted)[0] == records
+    with pytest.raises(UserError, match="other settings"):
+        run_job(profile(workdir, **{**auto, "tolerance": 1e-2}), context(run_dir))
+    with pytest.raises(UserError, match="use_optimized"):
+        profile(workdir, **auto, use_optimized=False)
