@@ -80,7 +80,7 @@ def rel_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "clenshaw_curtis"])  # not in Captum
 def test_equals_captum_integrated_gradients(arch: str, method: str, dtype: torch.dtype) -> None:
     model = build(arch, dtype)
     emb, base, mask = inputs(model, dtype)
