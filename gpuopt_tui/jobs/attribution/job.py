@@ -107,7 +107,7 @@ def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
 def _describe_steps(settings: Settings) -> str:
     if settings.n_steps != "auto":
         return f"{settings.n_steps} steps"
-    points = level_points(settings.max_steps)
+    points = level_points(settings.max_steps)[1:]  # no sample stops at the first level
     return (
         f"steps until the relative convergence delta is within {settings.tolerance:g} "
         f"(levels of {', '.join(map(str, points[:3]))}, ... up to {points[-1]} steps)"
