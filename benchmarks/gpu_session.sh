@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
-# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig tracin planner ablation panel gputests scaling
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-auto tracin planner ablation panel gputests scaling
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -26,6 +26,8 @@ for step in "$@"; do
       python3 benchmarks/ig_bench.py --compile --out "$out/ig_${card}.md" 2>&1 | tail -60
       kill "$rec"; wait "$rec"
       python3 benchmarks/ig_variants.py --out "$out/ig_variants_${card}.md" 2>&1 | grep "samples/s" ;;
+    ig-auto)
+      python3 benchmarks/ig_auto_bench.py --out "$out/ig_auto_${card}.md" 2>&1 | tail -40 ;;
     tracin)
       python3 benchmarks/tracin_bench.py --checkpoint-cache /tmp/tracin-ckpt --out "$out/tracin_${card}.md" 2>&1 | tail -20
       python3 benchmarks/tracin_bench.py --train 32768 --checkpoint-cache /tmp/tracin-ckpt \

@@ -54,17 +54,21 @@ class ResultRow:
 
 @dataclass(frozen=True)
 class ReportedProbe:
-    """A probe that a running run has finished, as its "probe_test_acc" metric event tells: the test accuracy
-    only (the other splits, the feature width and the times come with results.json at the end)."""
+    """A probe that a running run has finished, as its "probe_test_acc" metric event tells: the test and
+    validation accuracy (the training accuracy, the feature width and the times come with results.json at the
+    end; events of older runs have no validation accuracy)."""
 
     representation: str
     layer: str
     layer_index: int | None
     test_acc_mean: float
     test_acc_std: float
+    val_acc: tuple[float, float] | None = None
 
     def accuracy(self, split: str = "test") -> tuple[float, float] | None:
-        return (self.test_acc_mean, self.test_acc_std) if split == "test" else None
+        if split == "test":
+            return self.test_acc_mean, self.test_acc_std
+        return self.val_acc if split == "val" else None
 
 
 class ProbeRow(Protocol):
@@ -115,21 +119,26 @@ def series_of(rows: Iterable[ProbeRow], split: str = "test") -> dict[str, list[t
     return {name: sorted(points) for name, points in out.items()}
 
 
-def best_of(rows: Iterable[Row], split: str = "test") -> dict[str, Row]:
-    """The row with the highest mean accuracy of each representation (the first one on a tie)."""
+SELECTION_SPLIT = "val"  # the layer of each representation is chosen on validation, never on test
+
+
+def best_of(rows: Iterable[Row]) -> dict[str, Row]:
+    """The selected row of each representation: the highest mean *validation* accuracy (the first one on a
+    tie), so that its test accuracy, reported once for it, is an unbiased estimate. Rows without a validation
+    accuracy (a running run of an older version) are never selected."""
     out: dict[str, Row] = {}
     for r in rows:
-        value = r.accuracy(split)
+        value = r.accuracy(SELECTION_SPLIT)
         if value is None:
             continue
         held = out.get(r.representation)
-        if held is None or value[0] > _mean(held, split):
+        if held is None or value[0] > _mean(held):
             out[r.representation] = r
     return out
 
 
-def _mean(row: ProbeRow, split: str) -> float:
-    value = row.accuracy(split)
+def _mean(row: ProbeRow) -> float:
+    value = row.accuracy(SELECTION_SPLIT)
     return value[0] if value is not None else float("-inf")
 
 
@@ -216,7 +225,11 @@ class ReportedProbes:
             index, std = event.get("layer_index"), event.get("std", 0.0)
             if not (index is None or isinstance(index, int)) or not _is_number(std):
                 return False
-            self._probes[representation, layer] = ReportedProbe(representation, layer, index, float(value), float(std))
+            val, val_std = event.get("val"), event.get("val_std", 0.0)
+            val_acc = (float(val), float(val_std)) if _is_number(val) and _is_number(val_std) else None
+            self._probes[representation, layer] = ReportedProbe(
+                representation, layer, index, float(value), float(std), val_acc
+            )
             return True
         if name == FEATURE_METRIC:
             self._features[representation, layer] = (float(value), bool(event.get("cached")))
@@ -252,9 +265,9 @@ class AblationResults:
         (all-layers probes have no layer and are left out)."""
         return series_of(self.rows, split)
 
-    def best(self, split: str = "test") -> dict[str, ResultRow]:
-        """The row with the highest mean accuracy of each representation."""
-        return best_of(self.rows, split)
+    def best(self) -> dict[str, ResultRow]:
+        """The selected row of each representation (see `best_of`: on validation accuracy)."""
+        return best_of(self.rows)
 
 
 def write_results(results_dir: Path, info: Mapping[str, Any], rows: Sequence[ResultRow]) -> tuple[Path, Path]:

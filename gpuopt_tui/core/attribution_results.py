@@ -73,6 +73,9 @@ class SampleEntry:
     relative_delta: float
     top_tokens: tuple[str, ...]
     search_text: str  # the sample's text, lower case (candidates joined by " | ")
+    margin: float | None = None  # between the two largest outputs of the fp32 forward (None: not recorded)
+    low_margin: bool = False  # that margin is within the error of the steps' precision
+    steps: int | None = None  # interpolation steps the sample used (None: not recorded)
 
     @property
     def top_token(self) -> str:
@@ -120,6 +123,9 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         relative_delta=float(record["relative_delta"]),
         top_tokens=tuple(str(item[1]) for item in record.get("top") or ()),
         search_text=(" | ".join(map(str, text)) if isinstance(text, list) else str(text)).lower(),
+        margin=_optional_float(record.get("margin")),
+        low_margin=bool(record.get("low_margin", False)),
+        steps=_optional_int(record.get("steps")),
     )
 
 
@@ -241,19 +247,21 @@ SORTS: dict[str, tuple[str, Callable[[SampleEntry], Any]]] = {
     "delta": ("largest relative delta first", lambda e: -e.relative_delta),
     "probability": ("least confident first", lambda e: e.probability),
 }
-QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong"
+QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong, lowmargin"
 _CLASS_FILTERS = ("pred", "target", "label")
 
 
 @dataclass(frozen=True)
 class SampleQuery:
     """A search: every word must occur in the sample's text; `top:` tokens among its top tokens; `pred:`,
-    `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label."""
+    `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label,
+    `lowmargin` those whose top two outputs are within the steps' precision error."""
 
     words: tuple[str, ...] = ()
     top: tuple[str, ...] = ()
     classes: tuple[tuple[str, int], ...] = ()
     wrong: bool = False
+    low_margin: bool = False
 
     @classmethod
     def parse(cls, text: str) -> SampleQuery:
@@ -261,13 +269,15 @@ class SampleQuery:
         words: list[str] = []
         top: list[str] = []
         classes: list[tuple[str, int]] = []
-        wrong = False
+        wrong = low_margin = False
         for part in text.split():
             key, sep, value = part.partition(":")
             key = key.lower()
             if not sep:
                 if part.lower() == "wrong":
                     wrong = True
+                elif part.lower() == "lowmargin":
+                    low_margin = True
                 else:
                     words.append(part.lower())
             elif key == "top" and value:
@@ -276,10 +286,10 @@ class SampleQuery:
                 classes.append((key, int(value)))
             else:
                 raise UserError(f'"{part}": expected {QUERY_HELP}')
-        return cls(tuple(words), tuple(top), tuple(classes), wrong)
+        return cls(tuple(words), tuple(top), tuple(classes), wrong, low_margin)
 
     def matches(self, entry: SampleEntry) -> bool:
-        if self.wrong and not entry.wrong:
+        if (self.wrong and not entry.wrong) or (self.low_margin and not entry.low_margin):
             return False
         if any(word not in entry.search_text for word in self.words):
             return False
@@ -323,6 +333,29 @@ class DeltaStats:
 
 
 @dataclass(frozen=True)
+class StepStats:
+    """The interpolation steps the samples used: fixed, or each its own with n_steps = "auto"."""
+
+    mode: str  # "fixed" or "auto"
+    tolerance: float | None
+    max_steps: int | None
+    total: int
+    mean: float
+    histogram: tuple[tuple[int, int], ...]  # (steps, samples), fewest steps first
+    above_tolerance: int | None  # "auto": samples that stopped at the cap above the tolerance
+    warning: str | None
+
+
+@dataclass(frozen=True)
+class LowMargin:
+    """Samples whose two largest outputs are closer than the steps' precision can tell apart."""
+
+    count: int
+    precision: str
+    relative_error: float
+
+
+@dataclass(frozen=True)
 class AttributionSummary:
     path: Path
     n_samples: int
@@ -333,6 +366,8 @@ class AttributionSummary:
     deltas: DeltaStats
     settings: dict[str, Any]
     timing: dict[str, Any]
+    low_margin: LowMargin | None = None  # None in results written before it was recorded
+    steps: StepStats | None = None  # likewise
 
 
 @dataclass(frozen=True)
@@ -368,6 +403,10 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def load_summary(results_dir: Path) -> AttributionSummary | None:
     """results/summary.json, or None before the run wrote it."""
     path = results_dir / SUMMARY_NAME
@@ -400,9 +439,33 @@ def load_summary(results_dir: Path) -> AttributionSummary | None:
             ),
             settings=dict(data.get("settings") or {}),
             timing=dict(data.get("timing") or {}),
+            low_margin=_low_margin(data.get("low_margin")),
+            steps=_steps(data.get("steps")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not an attribution summary ({type(e).__name__}: {e})") from None
+
+
+def _low_margin(data: Any) -> LowMargin | None:
+    if data is None:
+        return None
+    return LowMargin(int(data["count"]), str(data["precision"]), float(data["relative_error"]))
+
+
+def _steps(data: Any) -> StepStats | None:
+    if data is None:
+        return None
+    tolerance = data.get("tolerance")
+    return StepStats(
+        mode=str(data["mode"]),
+        tolerance=None if tolerance is None else float(tolerance),
+        max_steps=_optional_int(data.get("max_steps")),
+        total=int(data["total"]),
+        mean=float(data["mean"]),
+        histogram=tuple((int(steps), int(count)) for steps, count in data["histogram"]),
+        above_tolerance=_optional_int(data.get("above_tolerance")),
+        warning=data.get("warning") or None,
+    )
 
 
 def load_check(results_dir: Path) -> CheckResult | None:

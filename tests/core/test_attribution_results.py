@@ -259,3 +259,23 @@ def test_everything_a_run_has(classifier_run: Path, two_tower_run: Path) -> None
     other = load_run_files(two_tower_run)
     assert other is not None and other.check is None and other.check_samples == 0
     assert [f.name for f in other.exports] == [JSONL_NAME, TENSORS_NAME, SUMMARY_NAME]
+
+
+def test_auto_steps_and_margins_as_written(tmp_path: Path) -> None:
+    settings = ("n_samples=6", 'n_steps="auto"', "tolerance=0.001", "max_steps=33", "batch_size=3")
+    run_dir = engine_run(tmp_path, "demo-attribution", *(f"attribution.{s}" for s in settings))
+    raw = json.loads((run_dir / "results" / SUMMARY_NAME).read_text())
+    summary = load_summary(run_dir / "results")
+    assert summary is not None and summary.steps is not None and summary.low_margin is not None
+    assert summary.steps.mode == "auto" and summary.steps.tolerance == 0.001 and summary.steps.max_steps == 33
+    assert summary.steps.histogram == tuple(map(tuple, raw["steps"]["histogram"]))
+    assert summary.low_margin.count == raw["low_margin"]["count"] and summary.low_margin.precision == "fp32"
+    index = SampleIndex.build(run_dir / "results" / JSONL_NAME)
+    assert index is not None
+    lines = records(run_dir)
+    assert [e.steps for e in index.entries] == [r["steps"] for r in lines]
+    assert [e.margin for e in index.entries] == [r["margin"] for r in lines]
+    assert sum(count for _, count in summary.steps.histogram) == 6 and summary.steps.total == sum(
+        r["steps"] for r in lines
+    )
+    assert select(index.entries, SampleQuery.parse("lowmargin")) == [e for e in index.entries if e.low_margin]

@@ -57,12 +57,12 @@ def test_defaults_fill_missing_keys(tmp_path: Path) -> None:
         (
             'kind = "attribution"\n[attribution]\nn_steps = "many"\n',
             "attribution.n_steps",
-            'expected an integer, got "many"',
+            'expected an integer or "auto", got "many"',
         ),
         (
             'kind = "attribution"\n[attribution]\nn_steps = 0\n',
             "attribution.n_steps",
-            "expected an integer >= 1, got 0",
+            'expected an integer >= 1 or "auto", got 0',
         ),
         ('kind = "attribution"\n[attribution]\nmethod = "simpson"\n', "attribution.method", "expected one of"),
         ('kind = "attribution"\n[attribution]\nuse_amp = 1\n', "attribution.use_amp", "expected true or false"),

@@ -120,6 +120,19 @@ def test_probe_finds_the_layers_that_carry_the_label(first_run: tuple[Path, Abla
     assert results.chance == pytest.approx(0.5, abs=0.02)
 
 
+def test_the_layer_is_selected_on_validation_and_tested_once(first_run: tuple[Path, AblationResults]) -> None:
+    root, results = first_run
+    logs = [e["message"] for e in read_events(root / "run1" / "events.jsonl")[0] if e["type"] == "log"]
+    selected = results.best()
+    assert set(selected) == set(results.representations)
+    for name, row in selected.items():
+        rows = [r for r in results.rows if r.representation == name]
+        assert row.val_acc_mean == max(r.val_acc_mean for r in rows)
+        assert row is next(r for r in rows if r.val_acc_mean == row.val_acc_mean)  # the first one on a tie
+        said = f"{name}: layer {row.layer} selected on validation accuracy {row.val_acc_mean:.3f}; its test accuracy"
+        assert sum(line.startswith(said) for line in logs) == 1
+
+
 def test_results_files_and_events(first_run: tuple[Path, AblationResults]) -> None:
     root, results = first_run
     run_dir = root / "run1"

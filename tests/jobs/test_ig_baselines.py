@@ -39,6 +39,18 @@ def test_content_positions_are_filled_and_structure_is_kept(kind: str, token: st
     assert torch.equal(base[~content], emb[~content])
 
 
+def test_zero_all_zeroes_the_structure_tokens_too() -> None:
+    a = adapter()
+    batch = a.tokenize(["good film", "bad"], max_length=8)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        emb = a.word_embeddings()(ids)
+        base = baseline_embeddings(a, ids, mask, emb, baseline_token_id(a, "zero-all"), keep_structure=False)
+    real = mask.bool()
+    assert torch.equal(base[real], torch.zeros(int(real.sum()), 8))
+    assert torch.equal(base[~real], emb[~real])  # the padding of "bad"
+
+
 def test_missing_or_unknown_baseline_tokens_are_user_errors() -> None:
     without_mask = [t for t in VOCAB if t != "[MASK]"]
     with pytest.raises(UserError, match="has no mask token"):

@@ -79,3 +79,26 @@ def test_compiled_steps_match_eager_across_shapes(case) -> None:
         assert float(relative_difference(compiled.token_scores(), eager.token_scores()).max()) < 2e-2
     assert compiler.error is None and compiler.compile_seconds > 0
     assert events == ["compiled"]
+
+
+def test_auto_steps_in_fp16_weights_compiled_agree_with_many_fp32_steps(case) -> None:
+    """Refinement passes over fewer and fewer samples (new chunk shapes) under one compiler, fp16 weights."""
+    model, emb, base, mask = case
+    compiler = StepCompiler()
+    auto = integrated_gradients(
+        forward_of(model),
+        emb,
+        base,
+        mask,
+        n_steps="auto",
+        tolerance=1e-2,
+        precision="fp16",
+        cast_weights=True,
+        compiler=compiler,
+        model=model,
+        alpha_batch_size="auto",
+    )
+    reference = integrated_gradients(forward_of(model), emb, base, mask, n_steps=500, precision="fp32")
+    assert compiler.error is None
+    assert auto.steps.min() >= 9 and int(auto.steps.sum()) < 500 * emb.shape[0]
+    assert float(relative_difference(auto.token_scores(), reference.token_scores()).max()) < 2e-2

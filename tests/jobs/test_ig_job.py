@@ -21,6 +21,7 @@ from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.jobs.attribution import integrated_gradients
 from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
+from gpuopt_tui.jobs.attribution.outputs import float32_values
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
 N_SAMPLES = 22
@@ -103,10 +104,10 @@ def test_result_files(finished: Path) -> None:
     assert tensors["scores"].shape[0] == N_SAMPLES
     lengths = tensors["lengths"]
     assert lengths.tolist() == [len(r["tokens"]) for r in records]
-    for i in (0, 7, 21):
-        assert tensors["scores"][i, : lengths[i]].tolist() == pytest.approx(records[i]["scores"], abs=1e-6)
+    for i in range(N_SAMPLES):  # the JSON scores read back as exactly the fp32 values
+        assert torch.equal(tensors["scores"][i, : lengths[i]], torch.tensor(records[i]["scores"]))
         assert (tensors["scores"][i, lengths[i] :] == 0).all()
-    assert torch.allclose(tensors["deltas"], torch.tensor([r["delta"] for r in records]))
+    assert torch.equal(tensors["deltas"], torch.tensor([r["delta"] for r in records]))
     assert summary["n_samples"] == N_SAMPLES and summary["settings"]["precision"] == "fp32"
     assert 0 < len(summary["top_k"]) <= 5
     means = [entry["mean_share"] for entry in summary["top_k"]]
@@ -120,6 +121,14 @@ def test_result_files(finished: Path) -> None:
     }
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"] == N_SAMPLES
+
+
+def test_json_floats_are_the_shortest_exact_fp32_decimals() -> None:
+    values = torch.tensor([0.1, -1e-12, 3.4028235e38, 1 / 3, 0.0, 2.5e-45, 123456.79], dtype=torch.float32)
+    values = torch.cat([values, torch.randn(5000) * 10.0 ** torch.randint(-9, 4, (5000,))])
+    written = json.dumps(float32_values(values))
+    assert written.startswith("[0.1, -1e-12, 3.4028235e+38, 0.33333334, 0.0, 3e-45, 123456.79, ")
+    assert torch.equal(torch.tensor(json.loads(written), dtype=torch.float32), values)
 
 
 def test_scores_match_a_direct_engine_call(workdir: Path, finished: Path) -> None:
@@ -222,3 +231,27 @@ def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monke
     records, summary, _ = results(run_dir)
     assert summary["settings"]["precision"] == "fp16" and len(records) == 8
     assert all(math.isfinite(s) for r in records for s in r["scores"]) and any(r["scores"][1] != 0 for r in records)
+
+
+def test_auto_steps_are_recorded_per_sample_and_resume(workdir: Path) -> None:
+    auto = {"n_steps": "auto", "tolerance": 1e-3, "max_steps": 65}
+    run_dir = workdir / "runs" / "auto"
+    with pytest.raises(JobCancelled):
+        run_job(profile(workdir, **auto), context(run_dir, CancelAfterFirstBatch))
+    run_job(profile(workdir, **auto), context(run_dir))
+    records, summary, tensors = results(run_dir)
+    steps = [r["steps"] for r in records]
+    assert set(steps) <= {9, 17, 33, 65} and torch.equal(tensors["steps"], torch.tensor(steps))
+    capped = [r for r in records if r["steps"] == 65]
+    assert all(r["relative_delta"] <= 1e-3 for r in records if r not in capped)
+    assert summary["settings"]["method"] == "clenshaw_curtis"
+    assert summary["steps"]["total"] == sum(steps) and summary["steps"]["mode"] == "auto"
+    assert sum(count for _, count in summary["steps"]["histogram"]) == N_SAMPLES
+    assert summary["steps"]["above_tolerance"] == sum(r["relative_delta"] > 1e-3 for r in capped)
+    uninterrupted = workdir / "runs" / "auto-whole"
+    run_job(profile(workdir, **auto, check_samples=2), context(uninterrupted))  # the check: fixed steps
+    assert results(uninterrupted)[0] == records
+    with pytest.raises(UserError, match="other settings"):
+        run_job(profile(workdir, **{**auto, "tolerance": 1e-2}), context(run_dir))
+    with pytest.raises(UserError, match="use_optimized"):
+        profile(workdir, **auto, use_optimized=False)

@@ -15,7 +15,7 @@ from gpuopt_tui.jobs.attribution import compiled as compiled_module
 from gpuopt_tui.jobs.attribution import integrated_gradients, integrated_gradients_reference
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import AUTO_MIN_SAMPLE_STEPS, StepCompiler, should_compile
-from gpuopt_tui.jobs.attribution.precision import StepPrecision, weights_cast
+from gpuopt_tui.jobs.attribution.precision import StepPrecision, output_margins, weights_cast
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +143,40 @@ def test_non_finite_gradients_are_an_error(case) -> None:
 
     with pytest.raises(UserError, match="not finite in fp16.*amp_dtype = bf16"):
         integrated_gradients(forward, emb, base, mask, n_steps=4, precision="fp16", target=torch.zeros(4).long())
+
+
+class NearTie(torch.nn.Module):
+    """Two outputs 1e-4 apart in fp32 whose weights round to the same bf16 values: bf16 sees a tie."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 2, bias=False)
+        with torch.no_grad():
+            self.linear.weight[0] = 0.5
+            self.linear.weight[1] = 0.5 + 2e-5
+
+    def forward(self, embeds: torch.Tensor, mask: torch.Tensor | None, context: object) -> torch.Tensor:
+        return self.linear(embeds.sum(1))
+
+
+@pytest.mark.parametrize("cast_weights", [True, False])
+def test_target_and_margin_come_from_an_fp32_forward_under_bf16(cast_weights: bool) -> None:
+    model = NearTie().eval()
+    emb = torch.ones(2, 3, 8)
+    emb[1, :, :] = -1.0  # class 0 wins by 4.8e-4
+    step = StepPrecision.of("bf16", cast_weights)
+    with (
+        torch.no_grad(),
+        weights_cast(model, step.weights),
+        torch.autocast("cpu", torch.bfloat16, enabled=not cast_weights),
+    ):
+        low = model(emb.to(step.weights or emb.dtype), None, {})
+    assert low[0, 0] == low[0, 1]  # bf16 cannot tell the two outputs of sample 0 apart
+    result = integrated_gradients(
+        model, emb, torch.zeros_like(emb), n_steps=4, precision="bf16", cast_weights=cast_weights
+    )
+    assert result.target.tolist() == [1, 0]  # fp32's argmax, not bf16's tie
+    margin, low_margin = output_margins(result.outputs, "bf16")
+    assert margin.tolist() == pytest.approx([4.8e-4, 4.8e-4], rel=1e-2)
+    assert low_margin.tolist() == [True, True]  # 8e-3 x max |output| (about 12) is far above the margin
+    assert output_margins(result.outputs, "fp32")[1].tolist() == [False, False]

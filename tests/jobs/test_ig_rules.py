@@ -193,3 +193,11 @@ def test_planner_rejects_bad_settings() -> None:
         ChunkPlanner(0)
     with pytest.raises(UserError, match="memory_fraction"):
         ChunkPlanner("auto", memory_fraction=1.5)
+
+
+@pytest.mark.parametrize("n", [2, 3, 9, 16, 2049])
+def test_clenshaw_curtis_integrates_polynomials_up_to_its_degree(n: int) -> None:
+    alphas, weights = step_rule("clenshaw_curtis", n)
+    assert alphas[0] == 0.0 and alphas[-1] == 1.0
+    for degree in range(min(n, 40)):  # n points: exact up to degree n - 1
+        assert abs((weights * alphas**degree).sum() - 1 / (degree + 1)) < 1e-13, degree

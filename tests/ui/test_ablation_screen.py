@@ -140,7 +140,7 @@ async def test_the_table_equals_results_json_marks_the_best_layers_and_sorts(pro
             assert cells["cached"] == ("yes" if row["cached"] else "")
             if cells["layer"].endswith(" ★"):
                 starred[row["representation"]] = layer
-        assert starred == best_layers(rows, "test")
+        assert starred == best_layers(rows, "val")  # selected on validation, whatever split is shown
         head = widget_text(app, "#ablation-head")
         assert head == "19 probes × 3 seeds · 400 samples, 2 classes · chance 0.500 · cpu fp32 · cache 0/18 hits"
 
@@ -287,7 +287,8 @@ async def test_probes_show_up_as_a_running_runs_events_arrive(engine_run: tuple[
         for event in (json.loads(replay[i]) for i in probe_at[:5]):
             cells = shown[event["representation"], event["layer"]]
             assert cells["test acc"] == f"{event['value']:.3f} ± {event['std']:.3f}"
-            assert cells["val acc"] == cells["time"] == ""  # known only when the run ends
+            assert cells["val acc"] == f"{event['val']:.3f} ± {event['val_std']:.3f}"  # the layer is selected on it
+            assert cells["time"] == ""  # known only when the run ends
         plot = results.query_one(AccuracyPlot)  # every representation has its place (and colour) from the start
         assert plot.data is not None and list(plot.data.series) == REPRESENTATIONS[:3]
         assert sum(len(points) for points in plot.data.series.values()) == 5
@@ -366,8 +367,10 @@ def test_sorting_puts_rows_without_a_value_last() -> None:
     assert keys(sort_rows(rows, "test acc", descending=True))[0] == ("a", "all")
     assert keys(sort_rows(rows, "layer")) == [("b", "layer.1"), ("a", "layer.1"), ("b", "layer.2"), ("a", "all")]
     assert keys(sort_rows(rows, "val acc", descending=True)) == keys(sort_rows(rows))  # none known yet
-    assert {k: r.layer for k, r in best_of(rows, "test").items()} == {"a": "all", "b": "layer.1"}
-    assert best_of(rows, "val") == {}
+    assert best_of(rows) == {}  # no validation accuracy reported: nothing is selected on test
+    rows[0] = ReportedProbe("b", "layer.2", 2, 0.7, 0.0, (0.8, 0.01))
+    rows[2] = ReportedProbe("b", "layer.1", 1, 0.8, 0.0, (0.75, 0.01))
+    assert {k: r.layer for k, r in best_of(rows).items()} == {"b": "layer.2"}  # best val, not best test
 
 
 def test_reported_probes_fold_events_and_skip_malformed_ones() -> None:
@@ -380,6 +383,8 @@ def test_reported_probes_fold_events_and_skip_malformed_ones() -> None:
     assert probes.add([{"type": "metric", "name": "feature_seconds", "value": 0.5, "representation": "svd_topk",
                         "layer": "layer.3", "cached": True}])  # fmt: skip
     assert probes.rows == [ReportedProbe("svd_topk", "layer.3", 3, 0.75, 0.05)]
+    assert probes.add([{**good, "val": 0.7, "val_std": 0.02, "representation": "svd_topk", "layer": "layer.3"}])
+    assert probes.rows[0].accuracy("val") == (0.7, 0.02)
     assert (probes.total, probes.features, probes.features_cached, probes.feature_seconds) == (7, 1, 1, 0.5)
 
 

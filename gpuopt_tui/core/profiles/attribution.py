@@ -8,20 +8,48 @@ from typing import ClassVar, Literal
 from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, ScaledRunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
-IG_METHODS = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")
-BASELINES = ("pad", "zero", "mask", "custom")
+IG_METHODS = (
+    "gausslegendre",
+    "riemann_left",
+    "riemann_right",
+    "riemann_middle",
+    "riemann_trapezoid",
+    "clenshaw_curtis",
+)
+BASELINES = ("pad", "zero", "zero-all", "mask", "custom")
 COMPILE_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
 class AttributionSection:
     n_samples: int = opt(64, "How many samples of the dataset to attribute (0 = all)", min=0)
-    n_steps: int = opt(50, "Interpolation steps of the path integral", min=1, max=100_000)
+    n_steps: int | Literal["auto"] = opt(
+        50,
+        'Interpolation steps of the path integral, or "auto": each sample is refined over nested clenshaw_curtis '
+        "levels (9, 17, 33, ... points, `method` unused) until its relative convergence delta and the relative "
+        "change of its token scores from the previous level are within `tolerance`, or it reaches `max_steps`",
+        min=1,
+        max=100_000,
+    )
+    tolerance: float = opt(
+        1e-2,
+        'With n_steps = "auto": the |convergence delta| / |F(x) - F(baseline)| a sample must reach, and the '
+        "max change of its token scores from the previous level / their max |score|",
+        min=1e-9,
+        max=1.0,
+    )
+    max_steps: int = opt(
+        1025,
+        "With n_steps = auto: the cap on a sample's steps (the last level is the largest of 2^k + 1 points within it)",
+        min=9,
+        max=100_000,
+    )
     method: str = opt("gausslegendre", "Integration rule", choices=IG_METHODS)
     baseline: str = opt(
         "pad",
         "Reference for the text tokens: [PAD] or [MASK] embeddings, zero vectors, or a custom token "
-        "([CLS]/[SEP] and padding are kept as in the input)",
+        "([CLS]/[SEP] and padding are kept as in the input); zero-all: zero vectors at every position, [CLS]/[SEP] "
+        "included (Captum's default baseline)",
         choices=BASELINES,
     )
     custom_baseline_token: str = opt("", "Vocabulary token for every text position when baseline = custom")
@@ -90,6 +118,8 @@ class AttributionSection:
         target = self.target
         if target not in ("predicted", "label") and not target.isdigit():
             fail("target", f'expected "predicted", "label" or a class index like "1", got "{target}"')
+        if self.n_steps == "auto" and not self.use_optimized:
+            fail("n_steps", 'n_steps = "auto" needs use_optimized = true (the one-step-at-a-time path has fixed steps)')
         if self.baseline == "custom" and not self.custom_baseline_token:
             fail("custom_baseline_token", "baseline = custom needs the token to use")
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpuopt_tui.core.ablation_results import ALL_LAYERS, ResultRow, write_results
+from gpuopt_tui.core.ablation_results import ALL_LAYERS, ResultRow, best_of, write_results
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.feature_cache import CacheStats, FeatureCache
 from gpuopt_tui.core.profiles.ablation import AblationProfile, AblationSection, split_representation
@@ -135,10 +135,16 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
     if not cfg.use_cache:
         shutil.rmtree(store.root, ignore_errors=True)
     best = {}
-    for name in cfg.representations:
-        top = max((r for r in rows if r.representation == name), key=lambda r: r.test_acc_mean)
-        best[name] = {"layer": top.layer, "test_acc": round(top.test_acc_mean, 4)}
-        ctx.log(f"{name}: best layer {top.layer}, test accuracy {top.test_acc_mean:.3f} ± {top.test_acc_std:.3f}")
+    for name, top in best_of(rows).items():  # selected on validation; test reported once, for that layer
+        best[name] = {
+            "layer": top.layer,
+            "val_acc": round(top.val_acc_mean, 4),
+            "test_acc": round(top.test_acc_mean, 4),
+        }
+        ctx.log(
+            f"{name}: layer {top.layer} selected on validation accuracy {top.val_acc_mean:.3f}; "
+            f"its test accuracy {top.test_acc_mean:.3f} ± {top.test_acc_std:.3f}"
+        )
     return {"probes": len(rows), "best": best, "cache_hits": stats.hits, "cache_misses": stats.misses}
 
 
@@ -279,6 +285,8 @@ def _probe_pending(
                 "probe_test_acc",
                 row.test_acc_mean,
                 std=row.test_acc_std,
+                val=row.val_acc_mean,
+                val_std=row.val_acc_std,
                 representation=task.representation,
                 layer=task.layer,
                 layer_index=task.layer_index,

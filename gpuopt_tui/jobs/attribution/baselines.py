@@ -4,7 +4,12 @@ The baseline replaces every *content* token of a sample and keeps its structure:
 and padding stay as they are in the input, as is common practice for text IG. Those positions then have
 x - baseline = 0, so their attribution is exactly 0 and the whole difference F(x) - F(baseline) is spread
 over the words. Content positions get the [PAD] or [MASK] token embedding, a user-chosen token's
-embedding, or the zero vector.
+embedding, or the zero vector ("zero").
+
+"zero-all" is the zero vector at every real position, [CLS]/[SEP] included (only padding, which takes no part
+in the output, stays): Captum's LayerIntegratedGradients on the word embeddings with its default baseline
+(token id 0 everywhere) computes the same when row 0 of the embedding table is zero, as the [PAD] row of a
+Hugging Face BERT is (padding_idx). The structure tokens then get attributions of their own.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import BASELINES
 from gpuopt_tui.jobs.models.base import Adapter
 
+ZERO_ALL = "zero-all"
+
 
 def baseline_token_id(adapter: Adapter, kind: str, custom_token: str = "") -> int | None:
     """The token id that fills content positions, or None for zero vectors."""
     special = adapter.special_ids
-    if kind == "zero":
+    if kind in ("zero", ZERO_ALL):
         return None
     if kind == "pad":
         token_id = special.pad
@@ -62,14 +69,22 @@ def kept_positions(adapter: Adapter, input_ids: Tensor, attention_mask: Tensor) 
 
 
 def baseline_embeddings(
-    adapter: Adapter, input_ids: Tensor, attention_mask: Tensor, inputs_embeds: Tensor, token_id: int | None
+    adapter: Adapter,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    inputs_embeds: Tensor,
+    token_id: int | None,
+    *,
+    keep_structure: bool = True,
 ) -> Tensor:
-    """Baseline embeddings with the shape of `inputs_embeds` [N, *S, H] (see the module docstring)."""
+    """Baseline embeddings with the shape of `inputs_embeds` [N, *S, H] (see the module docstring); without
+    `keep_structure` only padding is kept."""
     table = adapter.word_embeddings()
     if token_id is None:
         fill = torch.zeros((), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
     else:
         with torch.no_grad():
             fill = table(torch.tensor(token_id, device=input_ids.device)).to(inputs_embeds.dtype)
-    keep = kept_positions(adapter, input_ids, attention_mask).unsqueeze(-1)
+    keep = kept_positions(adapter, input_ids, attention_mask) if keep_structure else attention_mask == 0
+    keep = keep.unsqueeze(-1)
     return torch.where(keep, inputs_embeds, fill)

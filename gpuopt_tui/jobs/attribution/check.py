@@ -12,6 +12,8 @@ from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
 from gpuopt_tui.jobs.data import TextDataset, trim_batch
 from gpuopt_tui.jobs.models import Adapter, to_device
 
+CHECK_AUTO_STEPS = 33  # the steps of both paths when the run's are "auto" (clenshaw_curtis, its third level)
+
 
 def relative_difference(values: Tensor, reference: Tensor) -> Tensor:
     """Per sample: max |values - reference| / max |reference| over its token scores."""
@@ -21,9 +23,12 @@ def relative_difference(values: Tensor, reference: Tensor) -> Tensor:
 
 def compare_paths(adapter: Adapter, ds: TextDataset, settings: Settings, n_samples: int) -> dict[str, Any]:
     """Attribute the first `n_samples` samples both ways; the optimized path keeps its precision, the
-    original runs in fp32. Returns the max and median relative difference of the token scores and timings.
-    The difference can be exactly 0 in fp32 on the CPU: for small models the kernels compute each row the same
-    way whatever the batch, so the two paths may round identically."""
+    original runs in fp32 (with "auto" steps both take CHECK_AUTO_STEPS fixed steps). Returns the max and
+    median relative difference of the token scores and timings. The difference can be exactly 0 in fp32 on
+    the CPU: for small models the kernels compute each row the same way whatever the batch, so the two paths
+    may round identically."""
+    if settings.n_steps == "auto":  # the original path has fixed steps: both take the same fixed rule
+        settings = dataclasses.replace(settings, n_steps=CHECK_AUTO_STEPS)
     subset = ds.head(n_samples)
     batch = to_device(trim_batch(subset.batch(list(range(len(subset)))), subset.token_fields), adapter.device)
     scores, seconds = {}, {}
@@ -36,6 +41,7 @@ def compare_paths(adapter: Adapter, ds: TextDataset, settings: Settings, n_sampl
     optimized_s, original_s = seconds["optimized"], seconds["original"]
     return {
         "n_samples": len(subset),
+        "n_steps": settings.n_steps,
         "precision_optimized": settings.precision,
         "cast_weights_optimized": settings.cast_weights,
         "precision_original": "fp32",

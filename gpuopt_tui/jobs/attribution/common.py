@@ -31,6 +31,7 @@ class IGResult:
     baseline_scores: Tensor  # [B]: F(baseline)
     outputs: Tensor  # [B, C] (or [B]): the full forward output at x, e.g. logits
     target: Tensor | None  # [B] long: the explained output index, None for scalar outputs
+    steps: Tensor  # [B] long: the interpolation steps each sample used
 
     def token_scores(self) -> Tensor:
         """[B, *S]: attribution per token (sum over the embedding dimension)."""
@@ -76,15 +77,16 @@ def selected(outputs: Tensor, target: Tensor | None) -> Tensor:
     return outputs.reshape(outputs.shape[0], -1).gather(1, target.unsqueeze(1)).squeeze(1)
 
 
-def resolve_endpoint_precision(step_precision: str, override: str | None = None) -> str:
-    """Precision of the F(x), F(baseline) forward: never autocast. fp32 when the steps run in fp32; with
-    reduced-precision steps, TF32 matmuls on the GPU (about 1e-3 relative on the outputs, where strict fp32
-    matmuls would cost as much as several bf16 steps)."""
+def resolve_endpoint_precision(override: str | None = None) -> str:
+    """Precision of the F(x), F(baseline) forward: never autocast, and by default strict fp32 whatever the
+    steps run in, so that the explained class (argmax of F(x)) and the convergence deltas do not carry the
+    steps' rounding (a bf16 forward can swap two classes whose logits differ by less than its error). On the GPU
+    "tf32" trades that for speed (about 1e-3 relative on the outputs)."""
     if override is not None:
         if override not in ("fp32", "tf32"):
             raise ValueError(f'endpoint_precision must be "fp32" or "tf32", got {override!r}')
         return override
-    return "fp32" if step_precision == "fp32" else "tf32"
+    return "fp32"
 
 
 def endpoint_outputs(
@@ -122,10 +124,11 @@ def finish(
     out_x: Tensor,
     out_b: Tensor,
     target: Tensor | None,
+    steps: Tensor,
 ) -> IGResult:
     """Attributions = (x - baseline) * integrated gradients, and the convergence deltas, in fp32 (or wider)."""
     dtype = integrated_grads.dtype
     attributions = (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
     scores, base_scores = selected(out_x, target), selected(out_b, target)
     deltas = attributions.reshape(attributions.shape[0], -1).sum(1) - (scores - base_scores)
-    return IGResult(attributions, deltas, scores, base_scores, out_x, target)
+    return IGResult(attributions, deltas, scores, base_scores, out_x, target, steps)

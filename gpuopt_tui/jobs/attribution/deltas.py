@@ -18,13 +18,14 @@ def relative_deltas(deltas: Tensor, scores: Tensor, baseline_scores: Tensor) -> 
 
 
 def delta_summary(
-    deltas: Tensor, scores: Tensor, baseline_scores: Tensor, *, n_steps: int, method: str, threshold: float
+    deltas: Tensor, scores: Tensor, baseline_scores: Tensor, *, n_steps: int | str, method: str, threshold: float
 ) -> dict[str, Any]:
     """Median and p95 of |delta| and of the relative delta, and a warning with a suggested step count when the
     integral looks unconverged (assuming the rule's error shrinks as n_steps^-order): when the median relative
     delta exceeds `threshold`, or when a tail does: the 95th percentile of |delta| against the median
     |F(x) - F(baseline)|. The tail is not measured per sample: a sample whose output hardly moves between
-    baseline and input has a large relative delta from rounding alone, whatever the step count."""
+    baseline and input has a large relative delta from rounding alone, whatever the step count. With "auto"
+    steps there is no step count to suggest (`steps_summary` tells which samples stopped at the cap)."""
     rel = relative_deltas(deltas, scores, baseline_scores).double()
     absolute = deltas.abs().double()
     median_rel = float(rel.median())
@@ -41,7 +42,7 @@ def delta_summary(
         "warning": None,
         "suggested_n_steps": None,
     }
-    if not threshold > 0 or max(median_rel, tail) <= threshold:
+    if not isinstance(n_steps, int) or not threshold > 0 or max(median_rel, tail) <= threshold:
         return summary
     excess = (median_rel if median_rel > threshold else tail) / threshold
     suggested = round(n_steps * excess ** (1.0 / CONVERGENCE_ORDER[method]))
@@ -65,3 +66,30 @@ def _round_up(n: int) -> int:
     """Round up to 2 significant digits (e.g. 137 -> 140, 2412 -> 2500)."""
     unit = 10 ** max(0, len(str(n)) - 2)
     return -(-n // unit) * unit
+
+
+def steps_summary(steps: Tensor, relative: Tensor, *, tolerance: float | None, max_steps: int) -> dict[str, Any]:
+    """The steps the samples used: total, mean, a histogram [[steps, samples], ...]; with "auto" steps
+    (`tolerance` given) also how many samples stopped at the last level with a delta above the tolerance, and
+    a warning when there are any."""
+    values, counts = steps.unique(return_counts=True)
+    summary: dict[str, Any] = {
+        "mode": "fixed" if tolerance is None else "auto",
+        "tolerance": tolerance,
+        "max_steps": max_steps if tolerance is not None else None,
+        "total": int(steps.sum()),
+        "mean": float(steps.double().mean()),
+        "histogram": [[int(v), int(c)] for v, c in zip(values, counts)],
+        "above_tolerance": None,
+        "warning": None,
+    }
+    if tolerance is not None:
+        above = int((relative > tolerance).sum())
+        summary["above_tolerance"] = above
+        if above:
+            summary["warning"] = (
+                f"{above} of {steps.numel()} samples stopped at {int(steps.max())} steps (max_steps = {max_steps}) "
+                f"with a relative convergence delta above the tolerance {tolerance:g}: raise max_steps, or see "
+                "their `delta` in attributions.jsonl (low precision can keep a delta from going lower)"
+            )
+    return summary

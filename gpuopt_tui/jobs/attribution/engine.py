@@ -12,24 +12,39 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attention import padded_batch_kernels
-from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings, baseline_token_id
+from gpuopt_tui.jobs.attribution.adaptive import RULE
+from gpuopt_tui.jobs.attribution.baselines import ZERO_ALL, baseline_embeddings, baseline_token_id
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.ig import integrated_gradients
+from gpuopt_tui.jobs.attribution.precision import output_margins
 from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision
 from gpuopt_tui.jobs.models import Adapter, Batch
 
 #: Per-sample results of `attribute_batch` (token_scores is [B, *S], the others [B]).
-RESULT_KEYS = ("token_scores", "deltas", "scores", "baseline_scores", "target", "prediction", "probability")
+RESULT_KEYS = (
+    "token_scores",
+    "deltas",
+    "scores",
+    "baseline_scores",
+    "target",
+    "prediction",
+    "probability",
+    "margin",
+    "low_margin",
+    "steps",
+)
 
 
 @dataclass(frozen=True)
 class Settings:
     """What the engine needs from a profile's [attribution] section, resolved for the model and device."""
 
-    n_steps: int
-    method: str
+    n_steps: int | Literal["auto"]
+    method: str  # clenshaw_curtis with "auto" steps
+    tolerance: float  # of the relative convergence delta, with "auto" steps
+    max_steps: int  # the cap of "auto" steps
     precision: str  # fp32, tf32, bf16 or fp16
     cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
     target: str  # "predicted", "label" or a class index
@@ -48,7 +63,9 @@ class Settings:
             prec = "fp16"  # GPUs before Ampere have no bf16
         return cls(
             n_steps=section.n_steps,
-            method=section.method,
+            method=RULE if section.n_steps == "auto" else section.method,
+            tolerance=section.tolerance,
+            max_steps=section.max_steps,
             precision=prec,
             cast_weights=section.amp_mode == "weights" and prec in ("bf16", "fp16"),
             target=section.target,
@@ -105,7 +122,9 @@ def attribute_batch(
     with torch.no_grad():
         embeds = adapter.word_embeddings()(ids)
         context = adapter.encode_context(batch)
-    baselines = baseline_embeddings(adapter, ids, mask, embeds, settings.baseline_token)
+    baselines = baseline_embeddings(
+        adapter, ids, mask, embeds, settings.baseline_token, keep_structure=settings.baseline != ZERO_ALL
+    )
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
     target = batch_target(settings.target, batch, n_outputs)
     forward = adapter.logits_from_embeds
@@ -126,6 +145,8 @@ def attribute_batch(
                 baselines,
                 step_mask,
                 target,
+                tolerance=settings.tolerance,
+                max_steps=settings.max_steps,
                 alpha_batch_size=planner,
                 compiler=compiler,
                 on_chunk=on_chunk,
@@ -134,7 +155,9 @@ def attribute_batch(
     else:  # the one-step-at-a-time path stays the model's own forward, for accuracy checks
         result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_sample=on_chunk, **common)
     target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
+    # F(x) ran in fp32 (see resolve_endpoint_precision): the prediction and the margin are the model's own
     probabilities = result.outputs.float().softmax(-1)
+    margin, low_margin = output_margins(result.outputs, settings.precision)
     values = {
         "token_scores": result.token_scores().float(),
         "deltas": result.deltas,
@@ -143,5 +166,8 @@ def attribute_batch(
         "target": target_index,
         "prediction": result.outputs.argmax(-1),
         "probability": probabilities.gather(1, target_index.unsqueeze(1)).squeeze(1),
+        "margin": margin,
+        "low_margin": low_margin,
+        "steps": result.steps,
     }
     return {k: v.detach().cpu().contiguous() for k, v in values.items()}

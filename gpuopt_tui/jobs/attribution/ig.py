@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -11,6 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from gpuopt_tui.jobs.attribution.adaptive import nested_levels
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -26,6 +28,7 @@ from gpuopt_tui.jobs.attribution.common import (
     selected,
 )
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
+from gpuopt_tui.jobs.attribution.deltas import MIN_DIFFERENCE
 from gpuopt_tui.jobs.attribution.precision import StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
 from gpuopt_tui.jobs.device import autocast, free_memory, is_oom
@@ -39,8 +42,10 @@ def integrated_gradients(
     attention_mask: Tensor | None = None,
     target: Target = "predicted",
     *,
-    n_steps: int = 50,
+    n_steps: int | Literal["auto"] = 50,
     method: str = "gausslegendre",
+    tolerance: float = 1e-2,
+    max_steps: int = 1025,
     alpha_batch_size: int | Literal["auto"] | ChunkPlanner | None = None,
     precision: str = "fp32",
     cast_weights: bool = False,
@@ -60,11 +65,13 @@ def integrated_gradients(
     `compiler`, that forward is torch.compile'd (see compiled.py). Gradients come from
     `torch.autograd.grad` with respect to the interpolated embeddings only (the parameters of `model`, by
     default the forward's own module, are frozen meanwhile) and are weighted and summed in fp32.
-    F(x) and F(baseline) (and so the convergence deltas) run eagerly on the original weights, never
-    autocast: `endpoint_precision` "fp32", or by default "tf32" (TF32 matmuls on the GPU) when the steps
-    run in reduced precision.
+    With `n_steps = "auto"` each sample is refined over nested Clenshaw-Curtis levels until its relative
+    completeness delta is within `tolerance`, or it has used the last level within `max_steps` (see
+    adaptive.py; `method` is not used); each refinement pass runs the unconverged samples only.
+    F(x) and F(baseline) (and so the target, the prediction and the convergence deltas) run eagerly on the
+    original weights, never autocast: in fp32 by default, or "tf32" with `endpoint_precision`.
     `context` tensors (first dim B) are tiled to the rows of each chunk and handed to the forward.
-    `on_chunk(done_steps, n_steps)` is called after every chunk (e.g. to check for cancellation).
+    `on_chunk(done, total)` is called after every chunk (e.g. to check for cancellation).
     The model should be in eval mode (dropout would make the path integral random).
     """
     if baselines.shape != inputs_embeds.shape:
@@ -72,40 +79,108 @@ def integrated_gradients(
     planner = alpha_batch_size if isinstance(alpha_batch_size, ChunkPlanner) else ChunkPlanner(alpha_batch_size)
     acc = accumulation_dtype(inputs_embeds)
     inputs, baselines = inputs_embeds.detach().to(acc), baselines.detach().to(acc)
-    context = dict(context or {})
-    device = inputs.device
     batch = inputs.shape[0]
-    tokens = math.prod(inputs.shape[1:-1])
-    alphas_np, weights_np = step_rule(method, n_steps)
-    alphas = torch.as_tensor(alphas_np, dtype=acc, device=device)
-    weights = torch.as_tensor(weights_np, dtype=acc, device=device)
     step = StepPrecision.of(precision, cast_weights)
     module = module_of(forward, model)
 
     with frozen_parameters(module):
-        endpoints = resolve_endpoint_precision(precision, endpoint_precision)
-        out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, context, endpoints)
+        endpoints = resolve_endpoint_precision(endpoint_precision)
+        out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, dict(context or {}), endpoints)
         target = resolve_target(target, out_x)
-        diff = inputs - baselines
-        total = torch.zeros(inputs.numel(), dtype=acc, device=device)
-        step_context = step.context(context)
-        done = 0
+        step_context = step.context(context or {})
+        rows = _Chunk(baselines, inputs - baselines, inputs.new_zeros(0), attention_mask, step_context, target)
+        passes = _Passes(forward, step, planner, compiler, on_chunk)
         with weights_cast(module, step.weights):
-            while done < n_steps:
-                steps = planner.next_steps(n_steps - done, batch, tokens, device)
-                chunk = _Chunk(baselines, diff, alphas[done : done + steps], attention_mask, step_context, target)
-                grads = _attempt(chunk, forward, step, planner, compiler)
-                if grads is None:  # retry, once the failed attempt's frames are released
-                    free_memory(device)
-                    continue
-                total.addmv_(grads.to(acc).t(), weights[done : done + steps])
-                del grads  # free it before the next chunk allocates its own
-                planner.chunk_done(steps, batch, tokens, device)
-                done += steps
-                if on_chunk is not None:
-                    on_chunk(done, n_steps)
+            if n_steps == "auto":
+                change = selected(out_x, target) - selected(out_b, target)
+                total, steps = _refined(passes, rows, change, tolerance, max_steps)
+            else:
+                alphas, weights = (
+                    torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps)
+                )
+                total = passes.integrate(rows, alphas, weights.unsqueeze(1))[0]
+                steps = torch.full((batch,), n_steps, dtype=torch.long, device=inputs.device)
     check_finite(total, precision)
-    return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target)
+    return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target, steps)
+
+
+PROGRESS_UNITS = 1000  # over several passes, on_chunk(done, total) counts thousandths of a pass
+
+
+@dataclass
+class _Passes:
+    """Runs passes of the engine: every sample of some rows at some alphas, gradients summed with weights."""
+
+    forward: ForwardFn
+    step: StepPrecision
+    planner: ChunkPlanner
+    compiler: StepCompiler | None
+    on_chunk: Callable[[int, int], None] | None
+    progress: tuple[int, int] = (0, 1)  # (pass, passes): where on_chunk reports the chunks of a pass
+
+    def integrate(self, rows: _Chunk, alphas: Tensor, weights: Tensor) -> Tensor:
+        """[K, rows x numel]: column k of `weights` [alphas, K] applied to the gradients at `alphas`."""
+        device, n = rows.baselines.device, alphas.numel()
+        sums = torch.zeros(weights.shape[1], rows.diff.numel(), dtype=rows.diff.dtype, device=device)
+        done = 0
+        while done < n:
+            steps = self.planner.next_steps(n - done, rows.rows, rows.tokens, device)
+            chunk = dataclasses.replace(rows, alphas=alphas[done : done + steps])
+            grads = _attempt(chunk, self.forward, self.step, self.planner, self.compiler)
+            if grads is None:  # retry, once the failed attempt's frames are released
+                free_memory(device)
+                continue
+            sums.addmm_(weights[done : done + steps].t(), grads.to(sums.dtype))
+            del grads  # free it before the next chunk allocates its own
+            self.planner.chunk_done(steps, rows.rows, rows.tokens, device)
+            done += steps
+            if self.on_chunk is not None:
+                self._report(done, n)
+        return sums
+
+    def _report(self, done: int, n: int) -> None:
+        """Steps done of one pass; over several passes, thousandths, each pass an equal share (the last ones
+        may never run)."""
+        assert self.on_chunk is not None
+        index, count = self.progress
+        if count == 1:
+            self.on_chunk(done, n)
+        else:
+            self.on_chunk(index * PROGRESS_UNITS + PROGRESS_UNITS * done // n, count * PROGRESS_UNITS)
+
+
+def _refined(passes: _Passes, rows: _Chunk, change: Tensor, tolerance: float, max_steps: int) -> tuple[Tensor, Tensor]:
+    """Integrated gradients [B, numel] over nested levels and the points each sample used [B] (adaptive.py)."""
+    levels = nested_levels(max_steps)
+    batch, device, dtype = rows.rows, rows.diff.device, rows.diff.dtype
+    hidden = rows.diff.shape[-1]
+    diff = rows.diff.reshape(batch, -1)
+    sums = torch.zeros(len(levels), batch, diff.shape[1], dtype=dtype, device=device)
+    total, steps = torch.zeros_like(diff), torch.zeros(batch, dtype=torch.long, device=device)
+    scale = change.abs().clamp_min(MIN_DIFFERENCE)
+    active = torch.arange(batch, device=device)
+    previous = None  # token scores of the active samples at the previous level
+    for k, level in enumerate(levels):
+        passes.progress = (k, len(levels))
+        alphas, weights = (torch.as_tensor(v, dtype=dtype, device=device) for v in (level.alphas, level.weights))
+        part = passes.integrate(rows if k == 0 else rows.select(active), alphas, weights)
+        sums[k:, active] += part.view(len(levels) - k, active.numel(), -1)
+        estimate = sums[k, active]
+        tokens = (diff[active] * estimate).view(active.numel(), -1, hidden).sum(-1)
+        if k + 1 == len(levels):
+            stop = torch.ones(active.numel(), dtype=torch.bool, device=device)
+        elif previous is None:  # no error estimate yet
+            stop = torch.zeros(active.numel(), dtype=torch.bool, device=device)
+        else:
+            delta = (tokens.sum(1) - change[active]).abs() / scale[active]
+            moved = (tokens - previous).abs().amax(1) / tokens.abs().amax(1).clamp_min(1e-30)
+            stop = (delta <= tolerance) & (moved <= tolerance)
+        total[active[stop]] = estimate[stop]
+        steps[active[stop]] = level.points
+        active, previous = active[~stop], tokens[~stop]
+        if active.numel() == 0:
+            break
+    return total, steps
 
 
 def _attempt(
@@ -166,6 +241,13 @@ class _Chunk:
     def shape(self) -> tuple[int, ...]:
         """Shape of the points handed to the forward."""
         return (self.steps * self.rows, *self.baselines.shape[1:])
+
+    def select(self, index: Tensor) -> _Chunk:
+        """The same alphas for the samples at `index` only."""
+        mask = None if self.mask is None else self.mask[index]
+        target = None if self.target is None else self.target[index]
+        context = {k: v[index] for k, v in self.context.items()}
+        return _Chunk(self.baselines[index], self.diff[index], self.alphas, mask, context, target)
 
     def gradients(self, forward: ForwardFn, step: StepPrecision) -> Tensor:
         """Gradients of the explained output at every point: [steps, B * prod(S) * H] (the step dtype)."""

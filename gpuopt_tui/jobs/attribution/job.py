@@ -22,9 +22,10 @@ from gpuopt_tui.core.atomic import write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
+from gpuopt_tui.jobs.attribution.adaptive import level_points
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas
+from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
@@ -32,7 +33,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
     token_ranking,
     write_tensors,
 )
-from gpuopt_tui.jobs.attribution.precision import REDUCED, NonFiniteGradients
+from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
@@ -65,7 +66,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         pass
     ctx.log(
-        f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {settings.n_steps} steps "
+        f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {_describe_steps(settings)} "
         f"({settings.method}, {_describe_mode(settings, lean, device)})"
     )
     compiler = step_compiler(settings, ctx.event)
@@ -91,6 +92,26 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.reset_rate()
         ctx.progress(len(ds), len(ds), stage="attribution")  # run lists show the samples, not the check's paths
     return summary
+
+
+def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
+    """How many samples have a top-two margin of F(x) within the steps' precision error, and that error."""
+    return {
+        "count": int(collected.low_margin.sum()),
+        "precision": precision,
+        "relative_error": RELATIVE_ERROR[precision],
+        "rule": "margin between the two largest outputs of the fp32 F(x) <= relative_error x max |output|",
+    }
+
+
+def _describe_steps(settings: Settings) -> str:
+    if settings.n_steps != "auto":
+        return f"{settings.n_steps} steps"
+    points = level_points(settings.max_steps)[1:]  # no sample stops at the first level
+    return (
+        f"steps until the relative convergence delta is within {settings.tolerance:g} "
+        f"(levels of {', '.join(map(str, points[:3]))}, ... up to {points[-1]} steps)"
+    )
 
 
 def _describe_mode(settings: Settings, lean: bool, device: torch.device) -> str:
@@ -119,7 +140,10 @@ def shard_name(j: int) -> str:
 def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> None:
     """Shards of an earlier attempt are reused only if they were made with the same batches and the same
     settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
-    ctx.check_resume_record({"settings": {k: getattr(settings, k) for k in RESULT_SETTINGS}, "batches": plan})
+    settings_record = {k: getattr(settings, k) for k in RESULT_SETTINGS}
+    if settings.n_steps == "auto":
+        settings_record |= {"tolerance": settings.tolerance, "max_steps": settings.max_steps}
+    ctx.check_resume_record({"settings": settings_record, "batches": plan, "values": list(RESULT_KEYS)})
 
 
 def _attribute_pending(
@@ -226,6 +250,9 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected
         target=values["target"],
         prediction=values["prediction"],
         probability=values["probability"],
+        margin=values["margin"],
+        low_margin=values["low_margin"],
+        steps=values["steps"],
         labels=ds.labels,
     )
     return collected, seconds
@@ -263,6 +290,21 @@ def _write_results(
     )
     if deltas["warning"]:
         ctx.warn(deltas["warning"])
+    auto = settings.n_steps == "auto"
+    steps = steps_summary(
+        collected.steps,
+        collected.relative_deltas,
+        tolerance=settings.tolerance if auto else None,
+        max_steps=settings.max_steps,
+    )
+    if steps["warning"]:
+        ctx.warn(steps["warning"])
+    close = int(collected.low_margin.sum())
+    if close:
+        ctx.warn(
+            f"{close} samples have their two largest outputs within the {settings.precision} error of each other: "
+            "the steps may rank them the other way (`low_margin` in attributions.jsonl names them)"
+        )
     rate = len(ds) / seconds if seconds > 0 else None
     top = token_ranking(collected, adapter.tokens, structure, section.top_k, section.min_token_count)
     summary = {
@@ -289,6 +331,8 @@ def _write_results(
             "compile_error": None if compiler is None else compiler.error,
         },
         "deltas": deltas,
+        "steps": steps,
+        "low_margin": low_margin_summary(collected, settings.precision),
         "ranking": RANKING,
         "top_k": top,
         "per_sample_top": "the `top` field of each line of attributions.jsonl",
@@ -300,6 +344,7 @@ def _write_results(
     ctx.artifact(files["summary"], "top tokens, convergence deltas, settings and timing")
     ctx.metric("samples_per_s", rate)
     ctx.metric("delta_median_rel", deltas["median_rel"])
+    ctx.metric("steps_mean", steps["mean"])
     return {
         "n_samples": len(ds),
         "samples_per_s": rate,

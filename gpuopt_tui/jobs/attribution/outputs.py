@@ -2,9 +2,14 @@
 
 - attributions.jsonl: one line per sample (dataset order): index, text, tokens, scores (one per real token;
   nested per candidate for two-tower inputs), target, label, prediction, probability, delta, relative_delta,
-  and `top`: the sample's top_k_sample tokens by |score| as [position, token, score].
+  margin (between the two largest outputs of the fp32 forward; null with one output), low_margin (that margin
+  is within the error of the steps' precision: the steps may rank the two the other way), steps (the
+  interpolation steps the sample used: its own with n_steps = "auto"), and `top`: the
+  sample's top_k_sample tokens by |score| as [position, token, score]. Floats are written at full fp32
+  precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
-  [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`.
+  [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
+  `low_margin`, `steps`.
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from torch import Tensor
@@ -43,6 +49,9 @@ class Collected:
     target: Tensor  # [N]
     prediction: Tensor  # [N]
     probability: Tensor  # [N]
+    margin: Tensor  # [N]
+    low_margin: Tensor  # [N] bool
+    steps: Tensor  # [N] interpolation steps used
     labels: Tensor | None  # [N]
 
 
@@ -56,6 +65,9 @@ def write_tensors(path: Path, collected: Collected) -> None:
         "target": collected.target.long(),
         "prediction": collected.prediction.long(),
         "probability": collected.probability.float(),
+        "margin": collected.margin.float(),
+        "low_margin": collected.low_margin.bool(),
+        "steps": collected.steps.long(),
     }
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
@@ -75,16 +87,32 @@ def sample_records(
             "index": i,
             "text": texts[i],
             "tokens": _nested(ids, mask, lambda row: to_tokens(row.tolist())),
-            "scores": _nested(scores, mask, lambda row: [round(float(s), 7) for s in row]),
+            "scores": _nested(scores, mask, float32_values),
             "target": int(collected.target[i]),
             "label": None if collected.labels is None else int(collected.labels[i]),
             "prediction": int(collected.prediction[i]),
-            "probability": float(collected.probability[i]),
-            "delta": float(collected.deltas[i]),
-            "relative_delta": float(collected.relative_deltas[i]),
+            "probability": float32_value(collected.probability[i]),
+            "delta": float32_value(collected.deltas[i]),
+            "relative_delta": float32_value(collected.relative_deltas[i]),
+            "margin": float32_value(collected.margin[i]) if bool(collected.margin[i].isfinite()) else None,
+            "low_margin": bool(collected.low_margin[i]),
+            "steps": int(collected.steps[i]),
             "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record
+
+
+def float32_values(values: Tensor) -> list[float]:
+    """fp32 values as the Python floats whose repr is the shortest decimal that reads back as the same fp32
+    value (e.g. 0.1 rather than 0.10000000149011612): JSON keeps every bit of fp32 without the noise digits.
+    A decimal that lands on an fp32 rounding tie once read as a float64 keeps the exact value instead."""
+    exact = values.detach().float().cpu().numpy().ravel()
+    short = np.array([float(str(v)) for v in exact])
+    return np.where(short.astype(np.float32) == exact, short, exact.astype(np.float64)).tolist()
+
+
+def float32_value(value: Tensor) -> float:
+    return float32_values(value.reshape(1))[0]
 
 
 def _nested(values: Tensor, mask: Tensor, convert: Callable[[Tensor], list[Any]]) -> list[Any]:
@@ -108,9 +136,9 @@ def _sample_top(
     order = values.abs().argsort(descending=True)[:k]
     tokens = to_tokens(ids[rankable][order].tolist())
     top = []
-    for j, token in zip(order.tolist(), tokens):
+    for j, token, value in zip(order.tolist(), tokens, float32_values(values[order])):
         pos = positions[j].tolist()
-        top.append([pos[0] if len(pos) == 1 else pos, token, round(float(values[j]), 7)])
+        top.append([pos[0] if len(pos) == 1 else pos, token, value])
     return top
 
 

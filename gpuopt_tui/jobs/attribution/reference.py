@@ -56,7 +56,7 @@ def integrated_gradients_reference(
     step = StepPrecision.of(precision, cast_weights)
     module = module_of(forward, model)
     with frozen_parameters(module):
-        endpoints = resolve_endpoint_precision(precision, endpoint_precision)
+        endpoints = resolve_endpoint_precision(endpoint_precision)
         out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, context, endpoints)
         target = resolve_target(target, out_x)
         grads = torch.zeros_like(inputs)
@@ -77,4 +77,5 @@ def integrated_gradients_reference(
                 if on_sample is not None:
                     on_sample(i + 1, batch)
     check_finite(grads, precision)
-    return finish(grads, inputs, baselines, out_x, out_b, target)
+    steps = torch.full((batch,), int(n_steps), dtype=torch.long, device=inputs.device)
+    return finish(grads, inputs, baselines, out_x, out_b, target, steps)

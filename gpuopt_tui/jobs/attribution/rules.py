@@ -2,7 +2,9 @@
 
 Every rule's weights sum to 1, so a function that is linear along the path is integrated exactly
 (completeness holds to rounding). Note that this makes `riemann_trapezoid` use 1/(n-1) with halved ends;
-Captum's version uses 1/n, whose weights sum to 1 - 1/n.
+Captum's version uses 1/n, whose weights sum to 1 - 1/n. `clenshaw_curtis` (not in Captum) puts its n points at
+the Chebyshev extrema (both ends included); it converges about as fast as Gauss-Legendre on smooth paths and its
+point sets nest (2n - 1 points hold all n), which is what `n_steps = "auto"` refines with (adaptive.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ CONVERGENCE_ORDER = {
     "riemann_middle": 2,
     "riemann_trapezoid": 2,
     "gausslegendre": 2,  # converges faster in theory; 2 keeps step suggestions on the safe side
+    "clenshaw_curtis": 2,  # likewise
 }
 _LEGGAUSS_MAX = 256  # numpy's eigenvalue method costs O(n^3) (0.6 s at 2000): Newton is O(n^2)
 
@@ -43,7 +46,29 @@ def step_rule(method: str, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
     if method == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(n) if n <= _LEGGAUSS_MAX else gauss_legendre_newton(n)
         return 0.5 * (nodes + 1.0), 0.5 * weights
+    if method == "clenshaw_curtis":
+        if n < 2:
+            raise UserError("method clenshaw_curtis needs n_steps >= 2 (both ends of the path)")
+        return clenshaw_curtis(n - 1)
     raise UserError(f"unknown integration method {method!r}; expected one of {', '.join(METHODS)}")
+
+
+def clenshaw_curtis(intervals: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Clenshaw-Curtis rule of `intervals` + 1 points on [0, 1]: alphas (1 - cos(j pi / N)) / 2 in increasing
+    order and their weights (Waldvogel's explicit sum; O(N^2), 30 ms at N = 2048)."""
+    n = int(intervals)
+    theta = np.pi * np.arange(n + 1) / n
+    weights = np.zeros(n + 1)
+    inner = np.ones(n - 1)
+    k = np.arange(1, n // 2 + 1 if n % 2 else n // 2)  # k = 1 .. floor((N-1)/2)
+    inner -= (2.0 * np.cos(2.0 * np.outer(k, theta[1:-1])) / (4.0 * k * k - 1.0)[:, None]).sum(0)
+    if n % 2 == 0:
+        weights[0] = weights[n] = 1.0 / (n * n - 1.0)
+        inner -= np.cos(n * theta[1:-1]) / (n * n - 1.0)
+    else:
+        weights[0] = weights[n] = 1.0 / (n * n)
+    weights[1:-1] = 2.0 * inner / n
+    return 0.5 * (1.0 - np.cos(theta)), 0.5 * weights
 
 
 def gauss_legendre_newton(n: int, max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:

@@ -262,8 +262,9 @@ def row_key(row: TableRow) -> str:
 
 
 class ProbeTable(DataTable[Text]):
-    """Probes, one row each, under TABLE_HEADER; each representation's best row (for the chosen split) is bold
-    with a ★. Clicking a column header sorts by it (again: the other way); `next_sort` steps through columns."""
+    """Probes, one row each, under TABLE_HEADER; each representation's selected row (best validation accuracy,
+    whatever split is charted) is bold with a ★. Clicking a column header sorts by it (again: the other way);
+    `next_sort` steps through columns."""
 
     SORTS: ClassVar[tuple[str | None, ...]] = (None, "test acc", "val acc", "train acc", "layer", "time")
 
@@ -299,7 +300,7 @@ class ProbeTable(DataTable[Text]):
         """Lay the table out again, keeping the selected row and the scroll position."""
         selected = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value if self.row_count else None
         scroll = self.scroll_offset
-        best = {row_key(r) for r in best_of(self._data_rows, self.split).values()}
+        best = {row_key(r) for r in best_of(self._data_rows).values()}
         success = self.app.get_css_variables().get("success", "green")
         self.clear(columns=True)
         for column in TABLE_HEADER:

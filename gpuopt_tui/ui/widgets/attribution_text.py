@@ -7,7 +7,7 @@ from typing import Any
 
 from textual.content import Content
 
-from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, Sample
+from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, Sample, StepStats
 
 CHECK_TOLERANCE = 1e-2  # relative difference within which the optimized path counts as agreeing
 
@@ -25,9 +25,16 @@ def sample_heading(sample: Sample) -> Content:
     what = "candidate " if sample.two_tower else ""
     label = "" if e.label is None else f" · label {e.label}"
     explained = "" if e.target == e.prediction else f" · explained {what}{e.target}"
+    close = (
+        f"\n⚠ its two largest outputs differ by {figure(e.margin or 0.0)}, within the error of the steps' precision: "
+        "the steps may rank them the other way"
+        if e.low_margin
+        else ""
+    )
+    steps = "" if e.steps is None else f" · {e.steps} steps"
     return Content(
         f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}\n"
-        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|"
+        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{close}"
     )
 
 
@@ -55,11 +62,45 @@ def delta_report(summary: AttributionSummary | None) -> Content:
                 f"  median and p95 of the relative delta are within the warning threshold ({figure(d.threshold_rel)})"
             )
         )
+    if summary.low_margin is not None and summary.low_margin.count:
+        m = summary.low_margin
+        close = (
+            f"{m.count} samples have their two largest outputs (fp32) within {figure(m.relative_error)} × the "
+            f"largest |output| of each other, the error of {m.precision}: the steps may rank them the other way "
+            "(search: lowmargin)"
+        )
+        lines.append(Content.from_markup("[$warning]⚠ $close[/]", close=close))
+    if summary.steps is not None and summary.steps.mode == "auto":
+        lines += step_report(summary.steps)
     lines += [Content(""), Content.from_markup("[b]Settings[/]"), Content("  " + settings_line(s))]
     rate, seconds = summary.timing.get("samples_per_s"), summary.timing.get("compute_seconds")
     if isinstance(rate, (int, float)) and isinstance(seconds, (int, float)):
         lines.append(Content(f"  speed {rate:,.1f} samples/s ({seconds:.3g} s of attribution)"))
     return Content("\n").join(lines)
+
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def step_histogram(histogram: tuple[tuple[int, int], ...]) -> str:
+    """ "9 ▇ 612 · 17 █ 840 · 33 ▂ 95": samples per step count, with a bar scaled to the largest."""
+    most = max((count for _, count in histogram), default=0)
+    return " · ".join(
+        f"{steps} {BARS[max(1, round(count / most * (len(BARS) - 1)))]} {count}" for steps, count in histogram
+    )
+
+
+def step_report(steps: StepStats) -> list[Content]:
+    """The steps of an "auto" run: their distribution over the samples, the total and the samples at the cap."""
+    lines = [
+        Content(""),
+        Content.from_markup("[b]Steps per sample[/] (n_steps = auto, tolerance $tol)", tol=f"{steps.tolerance:g}"),
+        Content(f"  {step_histogram(steps.histogram)}"),
+        Content(f"  mean {steps.mean:.3g} · {steps.total:,} sample-steps in all · cap {steps.max_steps}"),
+    ]
+    if steps.warning:
+        lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=steps.warning))
+    return lines
 
 
 def settings_line(settings: dict[str, Any]) -> str:

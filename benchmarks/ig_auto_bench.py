@@ -1,0 +1,423 @@
+"""Integrated Gradients to a tolerance (n_steps = "auto") against fixed step counts and Captum, on a BERT-base
+classifier fine-tuned briefly on a synthetic task with signal.
+
+The model: BERT-base from a BertConfig (random init), trained for a few hundred steps to tell texts with planted
+"positive" words from texts with planted "negative" ones (random filler words around them), so that the
+paths from baseline to input are those of a model that has learned something. The texts: variable length
+(14 to 126 words by default), attributed the way `gpuopt-tui run` does (jobs/attribution/engine.py): sorted by
+length, batches trimmed to their longest text, the lean forward, the steps on an fp16 copy of the weights
+(the profile default), F(x) and F(baseline) in fp32, [PAD] baseline keeping [CLS]/[SEP], target = the
+prediction.
+
+Rows: fixed 2000 steps (gausslegendre, the seed job's setting) as the reference, on the first
+`--reference-samples` texts (by length order: the same texts for every row); auto at each tolerance; fixed 50
+and 200 steps; Captum's LayerIntegratedGradients written the usual way (bf16 autocast around the forward,
+internal_batch_size = 8 x steps, batches of 8 texts padded per batch, [PAD] baseline ids keeping [CLS]/[SEP],
+the same target), on `--captum-samples` texts. Every row's error is measured on the reference texts: per
+sample max |a - b| / max |b| of the token scores (as ig_bench.py), median and max over samples. Rates of rows
+run on fewer texts than the whole set are extrapolated from those texts (the table says on how many).
+
+    python benchmarks/ig_auto_bench.py --out benchmarks/results/ig_auto_h100.md   # GPU, ~6 min on an H100
+    python benchmarks/ig_auto_bench.py --quick                                   # tiny model on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import Tensor
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ig_bench import _version, device_name, sync
+from gpuopt_tui.core.profiles.attribution import AttributionSection
+from gpuopt_tui.jobs.attribution.check import relative_difference
+from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
+from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+SIGNAL = 8  # planted words of each class
+FULL_SET = 40_000  # the seed job's sample count, for the extrapolated times
+
+
+# --- the model and the texts -----------------------------------------------------------------------------------
+def vocabulary(size: int) -> list[str]:
+    return (
+        SPECIAL
+        + [f"pos{i}" for i in range(SIGNAL)]
+        + [f"neg{i}" for i in range(SIGNAL)]
+        + [f"w{i}" for i in range(size - len(SPECIAL) - 2 * SIGNAL)]
+    )
+
+
+def make_texts(n: int, low: int, high: int, filler: int, gen: torch.Generator) -> tuple[list[str], Tensor]:
+    """Texts of low..high words: random filler with 1 to 3 planted words of the label's class."""
+    texts, labels = [], torch.randint(0, 2, (n,), generator=gen)
+    for label in labels.tolist():
+        length = int(torch.randint(low, high + 1, (1,), generator=gen))
+        words = [f"w{int(i)}" for i in torch.randint(0, filler, (length,), generator=gen)]
+        for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
+            planted = f"{'pos' if label else 'neg'}{int(torch.randint(0, SIGNAL, (1,), generator=gen))}"
+            words[int(torch.randint(0, length, (1,), generator=gen))] = planted
+        texts.append(" ".join(words))
+    return texts, labels
+
+
+def build(args: argparse.Namespace, device: torch.device) -> SequenceClassifierAdapter:
+    torch.manual_seed(0)
+    vocab = vocabulary(args.vocab)
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
+    if args.quick:
+        config = BertConfig(
+            vocab_size=len(vocab),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+        )
+    else:
+        config = BertConfig(vocab_size=len(vocab))  # BERT-base otherwise: 12 layers, hidden 768
+    config.num_labels = 2
+    config._attn_implementation = "sdpa"
+    model = BertForSequenceClassification(config).to(device)
+    return SequenceClassifierAdapter("bert-base (fine-tuned on planted words)", model, tokenizer, 2, device)
+
+
+def fine_tune(adapter: SequenceClassifierAdapter, args: argparse.Namespace) -> dict[str, float]:
+    """A few hundred AdamW steps on fresh synthetic texts; returns the held-out accuracy and the seconds."""
+    model, device = adapter.model, adapter.device
+    gen = torch.Generator().manual_seed(1)
+    filler = args.vocab - len(SPECIAL) - 2 * SIGNAL
+    texts, labels = make_texts(args.train_steps * args.train_batch, args.min_words, args.max_words, filler, gen)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    model.train()
+    start = time.perf_counter()
+    amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
+    for step in range(args.train_steps):
+        rows = slice(step * args.train_batch, (step + 1) * args.train_batch)
+        batch = {k: v.to(device) for k, v in adapter.tokenize(texts[rows], args.max_length).items()}
+        with amp:
+            loss = model(**batch, labels=labels[rows].to(device)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    sync(device)
+    seconds = time.perf_counter() - start
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    held, held_labels = make_texts(256, args.min_words, args.max_words, filler, gen)
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(held), 64):
+            batch = {k: v.to(device) for k, v in adapter.tokenize(held[i : i + 64], args.max_length).items()}
+            correct += int((model(**batch).logits.argmax(-1).cpu() == held_labels[i : i + 64]).sum())
+    return {"accuracy": correct / len(held), "seconds": seconds, "final_loss": float(loss)}
+
+
+# --- the rows ----------------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    name: str
+    samples: int
+    seconds: float
+    scores: Tensor = field(repr=False)  # [samples, S] token scores (the rows of the reference texts first)
+    steps: Tensor = field(repr=False)  # [samples] steps each sample used
+    captum: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+
+def engine_row(
+    name: str, adapter: SequenceClassifierAdapter, texts: list[str], args: argparse.Namespace, **attribution: Any
+) -> Row:
+    """The engine over `texts` (already in length order), `args.batch` at a time, as the job runs it."""
+    section = AttributionSection(batch_size=args.batch, compile="off", **attribution)
+    settings = Settings.resolve(section, adapter, adapter.device, len(texts))
+    planner = settings.planner()
+    scores = torch.zeros(len(texts), args.max_length)
+    steps = torch.zeros(len(texts), dtype=torch.long)
+    warm = adapter.tokenize(texts[: args.batch], args.max_length)
+    attribute_batch(adapter, {k: v.to(adapter.device) for k, v in warm.items()}, settings, planner)
+    sync(adapter.device)
+    start = time.perf_counter()
+    for i in range(0, len(texts), args.batch):
+        batch = {
+            k: v.to(adapter.device) for k, v in adapter.tokenize(texts[i : i + args.batch], args.max_length).items()
+        }
+        out = attribute_batch(adapter, batch, settings, planner)
+        rows = slice(i, i + out["token_scores"].shape[0])
+        scores[rows, : out["token_scores"].shape[1]] = out["token_scores"]
+        steps[rows] = out["steps"]
+    sync(adapter.device)
+    row = Row(name, len(texts), time.perf_counter() - start, scores, steps)
+    print(f"  {name:<44} {row.rate:9.2f} samples/s  {int(steps.sum()):>10,} sample-steps", flush=True)
+    return row
+
+
+def captum_row(adapter: SequenceClassifierAdapter, texts: list[str], targets: Tensor, steps: int, args) -> Row:
+    """Captum's LayerIntegratedGradients as its users write it (see the module docstring)."""
+    from captum.attr import LayerIntegratedGradients
+
+    model, device, tok = adapter.model, adapter.device, adapter.tokenizer
+    bf16 = device.type == "cuda"
+
+    def forward(ids: Tensor, mask: Tensor) -> Tensor:
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            return model(input_ids=ids, attention_mask=mask).logits.float()
+
+    lig = LayerIntegratedGradients(forward, model.bert.embeddings.word_embeddings)
+    scores = torch.zeros(len(texts), args.max_length)
+
+    def run(rows: range) -> None:
+        for i in range(rows.start, rows.stop, 8):
+            enc = tok(texts[i : min(i + 8, rows.stop)], padding=True, truncation=True, max_length=args.max_length,
+                      return_tensors="pt").to(device)  # fmt: skip
+            ids, mask = enc["input_ids"], enc["attention_mask"]
+            keep = (ids == tok.cls_token_id) | (ids == tok.sep_token_id) | (mask == 0)
+            reference = torch.where(keep, ids, tok.pad_token_id)
+            attributions = lig.attribute(
+                ids,
+                reference,
+                target=targets[i : i + ids.shape[0]].to(device),
+                additional_forward_args=(mask,),
+                n_steps=steps,
+                internal_batch_size=8 * steps,
+            )
+            scores[i : i + ids.shape[0], : ids.shape[1]] = attributions.sum(-1).float().cpu()
+
+    run(range(0, min(8, len(texts))))  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    run(range(0, len(texts)))
+    sync(device)
+    row = Row(f"Captum LIG, bf16 autocast, {steps} steps", len(texts), time.perf_counter() - start, scores,
+              torch.full((len(texts),), steps), captum=True)  # fmt: skip
+    print(f"  {row.name:<44} {row.rate:9.2f} samples/s", flush=True)
+    return row
+
+
+# --- the report --------------------------------------------------------------------------------------------------
+def entry(row: Row, reference: Row, full_rate: float) -> dict[str, Any]:
+    n = reference.samples
+    error = relative_difference(row.scores[:n], reference.scores)
+    histogram = sorted(Counter(row.steps.tolist()).items())
+    return {
+        "method": row.name,
+        "samples": row.samples,
+        "samples_per_s": row.rate,
+        "sample_steps": int(row.steps.sum()),
+        "mean_steps": float(row.steps.double().mean()),
+        "rel_err_median": float(error.median()),
+        "rel_err_max": float(error.max()),
+        "steps_histogram": histogram,
+        "minutes_for_40k": FULL_SET / row.rate / 60,
+        "speedup_vs_reference": row.rate / full_rate,
+        "captum": row.captum,
+    }
+
+
+def histogram_text(histogram: list[tuple[int, int]]) -> str:
+    return " · ".join(f"{steps}: {count}" for steps, count in histogram)
+
+
+def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
+    lines = [
+        "# Integrated Gradients to a tolerance (n_steps = auto)",
+        "",
+        f"- date: {meta['date']}",
+        f"- device: {meta['device']}",
+        f"- torch {meta['torch']}, transformers {meta['transformers']}, captum {meta['captum'] or 'not run'}",
+        f"- command: `{meta['command']}`",
+        f"- model: {meta['model']}, fine-tuned {meta['train']['steps']} steps in {meta['train']['seconds']:.0f} s; "
+        f"held-out accuracy {meta['train']['accuracy']:.3f}",
+        f"- texts: {meta['samples']} of {meta['min_words']}..{meta['max_words']} words (mean {meta['mean_tokens']:.0f} "
+        f"tokens), batches of {meta['batch']} in length order; ours: {meta['precision']} steps, F(x) and F(baseline) "
+        "in fp32, [PAD] baseline keeping [CLS]/[SEP]",
+        f"- reference: fixed {meta['reference_steps']} steps (gausslegendre) on the first {meta['reference_samples']} "
+        "texts; rel. error: per sample max |a - b| / max |b| of the token scores against it, median / max over those "
+        "texts",
+        "- auto: nested clenshaw_curtis levels (9, 17, 33, ... steps) until the relative convergence delta and the "
+        f"change of the token scores from the previous level are within the tolerance; cap {meta['max_steps']} steps",
+        f"- min for 40k: {FULL_SET:,} / samples/s (the seed job's sample count), extrapolated",
+        "",
+        "| method | texts | samples/s | sample-steps | mean steps | rel. error (median / max) | x reference | "
+        "min for 40k |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in entries:
+        lines.append(
+            f"| {e['method']} | {e['samples']} | {e['samples_per_s']:.1f} | {e['sample_steps']:,} | "
+            f"{e['mean_steps']:.1f} | {e['rel_err_median']:.1e} / {e['rel_err_max']:.1e} | "
+            f"{e['speedup_vs_reference']:.1f} | {e['minutes_for_40k']:.1f} |"
+        )
+    lines += ["", "Steps per sample (steps: samples):", ""]
+    lines += [
+        f"- {e['method']}: {histogram_text(e['steps_histogram'])}" for e in entries if e["method"].startswith("auto")
+    ]
+    lines += ["", "Goals:", "", *goals(entries), ""]
+    return "\n".join(lines)
+
+
+ERROR_GOAL, SPEEDUP_GOAL, MINUTES_GOAL, CAPTUM_GOAL = 1e-2, 10.0, 10.0, 10.0
+
+
+def goals(entries: list[dict[str, Any]]) -> list[str]:
+    ours = [e for e in entries if not e["captum"] and e is not entries[0]]
+    within = [e for e in ours if e["rel_err_max"] <= ERROR_GOAL]
+    if not within:
+        return [f"- no row of ours is within {ERROR_GOAL:.0e} (max) of the reference"]
+    best = max(within, key=lambda e: e["samples_per_s"])
+    lines = [
+        f"- fastest of ours within {ERROR_GOAL:.0e} (max) of the reference: {best['method']}, "
+        f"{best['speedup_vs_reference']:.1f}x the reference's rate (goal {SPEEDUP_GOAL:.0f}x: "
+        f"{'met' if best['speedup_vs_reference'] >= SPEEDUP_GOAL else 'not met'}); 40k samples in "
+        f"{best['minutes_for_40k']:.1f} min (goal {MINUTES_GOAL:.0f}: "
+        f"{'met' if best['minutes_for_40k'] <= MINUTES_GOAL else 'not met'})"
+    ]
+    for captum in (e for e in entries if e["captum"]):
+        ratio = best["samples_per_s"] / captum["samples_per_s"]
+        lines.append(
+            f"- against {captum['method']} (rel. error max {captum['rel_err_max']:.1e}): {ratio:.1f}x "
+            f"(goal {CAPTUM_GOAL:.0f}x: {'met' if ratio >= CAPTUM_GOAL else 'not met'})"
+        )
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model on the CPU: checks the script")
+    parser.add_argument("--out", type=Path, help="write a markdown results file here (and a .json next to it)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--min-words", type=int, default=14)
+    parser.add_argument("--max-words", type=int, default=126)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--train-batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--reference-steps", type=int, default=2000)
+    parser.add_argument("--reference-samples", type=int, default=256)
+    parser.add_argument("--fixed-steps", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
+    parser.add_argument("--max-steps", type=int, default=513, help="cap of the auto rows")
+    parser.add_argument("--captum-steps", type=int, default=50)
+    parser.add_argument("--captum-samples", type=int, default=256)
+    parser.add_argument("--skip-captum", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.samples, args.min_words, args.max_words, args.max_length = 32, 3, 20, 32
+        args.batch, args.vocab, args.train_steps, args.train_batch, args.lr = 8, 300, 20, 16, 2e-3
+        args.reference_steps, args.reference_samples, args.fixed_steps = 100, 8, [8, 16]
+        args.max_steps, args.captum_steps, args.captum_samples = 65, 8, 8
+        args.device = "cpu" if args.device == "auto" else args.device
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    adapter = build(args, device)
+    print(f"{device_name(device)}: fine-tuning {args.train_steps} steps", flush=True)
+    train = fine_tune(adapter, args)
+    print(f"  held-out accuracy {train['accuracy']:.3f} after {train['seconds']:.0f} s", flush=True)
+
+    gen = torch.Generator().manual_seed(2)
+    filler = args.vocab - len(SPECIAL) - 2 * SIGNAL
+    texts, _ = make_texts(args.samples, args.min_words, args.max_words, filler, gen)
+    lengths = [len(adapter.tokenizer.tokenize(t)) + 2 for t in texts]
+    texts = [texts[i] for i in sorted(range(len(texts)), key=lambda i: -lengths[i])]  # length order, as the job
+    # the reference texts: evenly spread over the length-ordered set, so that they span the lengths
+    stride = max(1, len(texts) // args.reference_samples)
+    subset = texts[::stride][: args.reference_samples]
+    texts = subset + [t for i, t in enumerate(texts) if i % stride or i // stride >= len(subset)]
+    subset_texts = texts[: len(subset)]
+
+    reference = engine_row(
+        f"fixed {args.reference_steps} steps (reference)",
+        adapter,
+        subset_texts,
+        args,
+        n_steps=args.reference_steps,
+    )
+    rows = [reference]
+    for tolerance in args.tolerances:
+        rows.append(
+            engine_row(
+                f"auto, tolerance {tolerance:g}",
+                adapter,
+                texts,
+                args,
+                n_steps="auto",
+                tolerance=tolerance,
+                max_steps=args.max_steps,
+            )
+        )
+    for steps in args.fixed_steps:
+        rows.append(engine_row(f"fixed {steps} steps", adapter, texts, args, n_steps=steps))
+    captum_version = None if args.skip_captum else _version("captum")
+    if captum_version:
+        targets = torch.cat(
+            [attribute_targets(adapter, subset_texts[i : i + 64], args) for i in range(0, len(subset), 64)]
+        )
+        captum_texts = subset_texts[: args.captum_samples]
+        rows.append(captum_row(adapter, captum_texts, targets, args.captum_steps, args))
+    elif not args.skip_captum:
+        print("captum is not installed: its row is skipped", flush=True)
+
+    entries = [entry(row, reference, reference.rate) for row in rows]
+    meta = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "captum": captum_version,
+        "command": "python " + shlex.join(sys.argv),
+        "model": "BERT-base" if not args.quick else "tiny BERT (quick check)",
+        "train": {"steps": args.train_steps, **train},
+        "samples": args.samples,
+        "min_words": args.min_words,
+        "max_words": args.max_words,
+        "mean_tokens": sum(lengths) / len(lengths),
+        "batch": args.batch,
+        "precision": "fp16 weights" if device.type == "cuda" else "fp32",
+        "reference_steps": args.reference_steps,
+        "reference_samples": len(subset),
+        "max_steps": args.max_steps,
+    }
+    report = render(meta, entries)
+    print("\n" + report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report, encoding="utf-8")
+        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": entries}, indent=1), "utf-8")
+        print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    return 0
+
+
+def attribute_targets(adapter: SequenceClassifierAdapter, texts: list[str], args: argparse.Namespace) -> Tensor:
+    """The fp32 prediction of each text: the class every row explains."""
+    batch = {k: v.to(adapter.device) for k, v in adapter.tokenize(texts, args.max_length).items()}
+    with torch.no_grad():
+        return adapter.model(**batch).logits.argmax(-1).cpu()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""`n_steps = "auto"`: nested Clenshaw-Curtis levels, each sample refined until its completeness delta is
+within a tolerance.
+
+Level k has 2^(k+2) + 1 points (5, 9, 17, 33, ...), and its points hold all those of level k - 1: a refinement
+evaluates only the new points (the odd ones). The weight a point carries differs from level to level, but
+every weight is known once the levels are fixed, so when a point's gradient is computed it is added, with
+its weight in each level from its own up to the cap, into one running sum per level. The sum of level k is
+then exactly level k's rule applied to all its points, with no gradient kept and none computed twice.
+
+A sample stops at the first level (from the second on) where both its |delta| / |F(x) - F(baseline)| and the
+change of its token scores from the previous level (max |change| / max |score|) are within the tolerance, or
+at the last level (the cap). The delta alone is one number: the token errors can cancel in it, so that a
+coarse level looks converged by chance. The change from the previous level estimates the previous level's
+error, which the finer level's is usually far below. Every sample of a batch that goes on needs the same new
+points, so a refinement pass is an ordinary pass of the engine over the unconverged samples only, its chunks
+filled with more steps as fewer samples remain.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.attribution.rules import clenshaw_curtis
+
+FIRST_INTERVALS = 4  # the first level: 5 points (no sample stops there: the second level, 9 points, is the least)
+RULE = "clenshaw_curtis"
+
+
+@dataclass(frozen=True)
+class Level:
+    """The points a level adds and their weights in it and every later level."""
+
+    points: int  # points of the level in all (steps a sample that stops here has used)
+    alphas: np.ndarray  # [new] the points it adds
+    weights: np.ndarray  # [new, levels from this one to the last]
+
+
+def level_points(max_steps: int) -> list[int]:
+    """Points of each level, up to the largest within `max_steps`."""
+    if max_steps < 2 * FIRST_INTERVALS + 1:
+        raise UserError(f"attribution.max_steps must be at least {2 * FIRST_INTERVALS + 1}, got {max_steps}")
+    points, intervals = [], FIRST_INTERVALS
+    while intervals + 1 <= max_steps:
+        points.append(intervals + 1)
+        intervals *= 2
+    return points
+
+
+@functools.lru_cache(maxsize=8)
+def nested_levels(max_steps: int) -> tuple[Level, ...]:
+    """The levels of a run whose cap is `max_steps` (see the module docstring)."""
+    finest = level_points(max_steps)[-1] - 1
+    rules = [clenshaw_curtis(points - 1)[1] for points in level_points(max_steps)]
+    alphas = clenshaw_curtis(finest)[0]  # every level's points are points of the finest level
+    levels = []
+    for k, weights in enumerate(rules):
+        intervals = len(weights) - 1
+        stride = finest // intervals
+        new = np.arange(0, intervals + 1) if k == 0 else np.arange(1, intervals + 1, 2)
+        later = [rules[m][new * (2 ** (m - k))] for m in range(k, len(rules))]
+        levels.append(Level(intervals + 1, alphas[new * stride], np.stack(later, axis=1)))
+    return tuple(levels)
