@@ -4,6 +4,7 @@ without CUDA."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,21 @@ def test_auto_micro_batch_probes_on_the_test_examples_then_takes_whole_blocks(
     # test examples' forward queued behind them
     assert calls == [len(test), len(train)] + [len(train), len(test)] * (len(checkpoints) - 1)
     assert result.stats["final_batch_size"] == len(train)
+
+
+#: (layers, method, projection_dim): every way the engine computes gradients.
+MODES = [("last", "closed_form", 0), ("last", "vmap", 0), ("all", "vmap", 0), ("all", "vmap", 256)]
+
+
+@pytest.mark.parametrize(("layers", "method", "projection_dim"), MODES)
+def test_every_mode_runs_in_bf16_with_the_lean_forward(
+    tmp_path: Path, layers: str, method: str, projection_dim: int
+) -> None:
+    """bf16 is where the lean forward's fused attention kernels apply (torch.func's vmap cannot run them)."""
+    adapter, checkpoints, train, test = trained_bert(tmp_path, CUDA)
+    names = select_parameters(adapter, to_device(test.batch([0]), CUDA), layers, 2)
+    options = TracInOptions(method=method, projection_dim=projection_dim, batch_size=8)
+    fp32 = tracin_scores(adapter, checkpoints, train, test, names, options)
+    bf16 = tracin_scores(adapter, checkpoints, train, test, names, dataclasses.replace(options, precision="bf16"))
+    assert bf16.stats["method"] == method and bool(bf16.matrix.isfinite().all())
+    assert rank_correlation(bf16.matrix, fp32.matrix) > 0.95
