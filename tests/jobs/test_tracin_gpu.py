@@ -90,18 +90,24 @@ def test_auto_micro_batch_probes_on_the_test_examples_then_takes_whole_blocks(
     assert result.stats["final_batch_size"] == len(train)
 
 
-#: (layers, method, projection_dim): every way the engine computes gradients.
-MODES = [("last", "closed_form", 0), ("last", "vmap", 0), ("all", "vmap", 0), ("all", "vmap", 256)]
+#: (layers, options): every way the engine computes gradients.
+MODES = [
+    ("last", TracInOptions(method="closed_form")),
+    ("last", TracInOptions(method="vmap")),
+    ("all", TracInOptions(method="vmap")),
+    ("all", TracInOptions(method="vmap", projection_dim=256)),
+    ("all", TracInOptions(method="factored")),
+    ("all", TracInOptions(method="factored", projection_in=16, projection_out=16)),
+]
 
 
-@pytest.mark.parametrize(("layers", "method", "projection_dim"), MODES)
-def test_every_mode_runs_in_bf16_with_the_lean_forward(
-    tmp_path: Path, layers: str, method: str, projection_dim: int
-) -> None:
+@pytest.mark.parametrize(("layers", "mode"), MODES)
+def test_every_mode_runs_in_bf16_with_the_lean_forward(tmp_path: Path, layers: str, mode: TracInOptions) -> None:
     """bf16 is where the lean forward's fused attention kernels apply (torch.func's vmap cannot run them)."""
     adapter, checkpoints, train, test = trained_bert(tmp_path, CUDA)
     names = select_parameters(adapter, to_device(test.batch([0]), CUDA), layers, 2)
-    options = TracInOptions(method=method, projection_dim=projection_dim, batch_size=8)
+    options = dataclasses.replace(mode, batch_size=8)
+    method = options.method
     fp32 = tracin_scores(adapter, checkpoints, train, test, names, options)
     bf16 = tracin_scores(adapter, checkpoints, train, test, names, dataclasses.replace(options, precision="bf16"))
     assert bf16.stats["method"] == method and bool(bf16.matrix.isfinite().all())

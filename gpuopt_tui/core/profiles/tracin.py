@@ -9,7 +9,7 @@ from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBa
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 LAYER_MODES = ("all", "last", "names")
-GRADIENT_METHODS = ("auto", "closed_form", "vmap")
+GRADIENT_METHODS = ("auto", "closed_form", "vmap", "factored")
 FILTER_CHOICES = ("none", "same_label", "shared_entity")
 
 

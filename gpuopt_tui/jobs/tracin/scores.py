@@ -37,9 +37,11 @@ from gpuopt_tui.jobs.tracin.project import Projector
 
 @dataclass
 class TracInOptions:
-    method: str = "auto"  # auto | closed_form | vmap (see grads.py)
+    method: str = "auto"  # auto | closed_form | vmap | factored (see grads.py)
     precision: str = "fp32"  # forward precision: fp32, bf16 or fp16 (jobs.device.autocast)
-    projection_dim: int = 0  # 0 = exact gradients
+    projection_dim: int = 0  # closed_form, vmap: 0 = exact gradients
+    projection_in: int = 0  # factored: projected size of each layer's input side (0 = exact)
+    projection_out: int = 0  # factored: projected size of each layer's output side (0 = exact)
     seed: int = 0  # projection seed
     batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
     gradient_checkpointing: bool = False
@@ -302,6 +304,8 @@ class TracInRun:
             precision=opts.precision,
             projector=projector,
             gradient_checkpointing=opts.gradient_checkpointing,
+            factored_sizes=(opts.projection_in, opts.projection_out),
+            seed=opts.seed,
         )
         self.blocks, self.owners = split_blocks(self.scored, opts.shard_size, world_size)
         mine = [j for j, owner in enumerate(self.owners) if owner == rank]
@@ -359,7 +363,8 @@ class TracInRun:
                     done_through[j] = c
         return {
             "method": computer.method,
-            "gradient_size": _feature_size(adapter, self.params, projector),
+            "gradient_size": _feature_size(computer, projector),
+            "excluded_parameters": computer.factored.excluded if computer.factored else [],
             "checkpoints_loaded": loaded,
             "seconds": time.perf_counter() - start,
             "final_batch_size": final_batch,
@@ -481,9 +486,11 @@ def _gather(
     return InfluenceResult(train_rows, selfinf, proponents.result(), opponents.result(), matrix)
 
 
-def _feature_size(adapter: Adapter, params: Sequence[str], projector: Projector | None) -> int:
+def _feature_size(computer: GradientComputer, projector: Projector | None) -> int:
     """Numbers per example gradient: the parameter count, or its projected size."""
-    shapes = dict(adapter.model.named_parameters())
+    if computer.factored is not None:
+        return computer.factored.size()
+    shapes = dict(computer.model.named_parameters())
     if projector is None:
-        return count_parameters(adapter.model, params)
-    return sum(projector.size(tuple(shapes[n].shape)) for n in params)
+        return count_parameters(computer.model, computer.names)
+    return sum(projector.size(tuple(shapes[n].shape)) for n in computer.names)
