@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
@@ -24,11 +26,13 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.feature_cache import file_sha256
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.data import TextDataset, trim_batch
 from gpuopt_tui.jobs.device import free_memory, is_oom
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
 from gpuopt_tui.jobs.tracin.filters import PairFilter
+from gpuopt_tui.jobs.tracin.grad_cache import CheckpointGradients, rounded
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
 from gpuopt_tui.jobs.tracin.params import count_parameters
 from gpuopt_tui.jobs.tracin.prefetch import CheckpointLoader
@@ -50,6 +54,7 @@ class TracInOptions:
     shard_size: int = 4096  # training examples per saved block
     top_k: int = 10
     keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
+    train_cache: Path | None = None  # keep the training gradients there (core/gradient_cache.py) and reuse them
 
 
 @dataclass
@@ -316,6 +321,8 @@ class TracInRun:
         batcher = MicroBatcher(opts.batch_size, reporter)
         cleanup = Cleanup(opts.cleanup_every, device)
         loaded = final_batch = 0
+        self.cache_hits = self.cache_misses = 0
+        cache_parts = self._cache_parts(computer) if opts.train_cache else {}
         start = time.perf_counter()
         # the checkpoints with a block left to score, each read from disk while the one before is scored
         needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
@@ -328,6 +335,11 @@ class TracInRun:
                     loader.load_next()
                 loaded += 1
                 stage = f"checkpoint {c + 1}/{n_ckpt}"
+                cached = (
+                    CheckpointGradients(opts.train_cache, {**cache_parts, "checkpoint": file_sha256(ckpt.path)})
+                    if opts.train_cache
+                    else None
+                )
                 # The test gradients come first when the run's first micro-batch is to measure the memory an
                 # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
                 # Otherwise they come after the first training micro-batch is queued (below): their small forward,
@@ -342,7 +354,7 @@ class TracInRun:
                     if prev is not None:
                         scores += prev["scores"].to(device, dtype)
                         selfinf += prev["self_influence"].to(device, dtype)
-                    for offset, feats in batcher.run(computer, self.train, rows, "train"):
+                    for offset, feats in self._train_features(batcher, computer, cached, j, rows):
                         if test_feats is None and n_test:
                             test_feats = batcher.features(computer, self.test, range(n_test), "test")
                         part = slice(offset, offset + len(feats))
@@ -370,6 +382,47 @@ class TracInRun:
             "final_batch_size": final_batch,
             "oom_retries": batcher.ooms,
             "cleanups": cleanup.runs,
+            "cache_blocks": {"read": self.cache_hits, "computed": self.cache_misses} if opts.train_cache else None,
+        }
+
+    def _train_features(
+        self,
+        batcher: MicroBatcher,
+        computer: GradientComputer,
+        cached: CheckpointGradients | None,
+        block: int,
+        rows: list[int],
+    ) -> Iterator[tuple[int, GradFeatures]]:
+        """(offset, features) of a block's training rows: streamed in micro-batches, or with the cache on the
+        whole block at once, read from the cache or computed, rounded as stored and saved there."""
+        if cached is None:
+            yield from batcher.run(computer, self.train, rows, "train")
+            return
+        dtype = torch.promote_types(next(self.adapter.model.parameters()).dtype, torch.float32)
+        feats = cached.load(block, rows, self.adapter.device, dtype)
+        if feats is None:
+            feats = rounded(batcher.features(computer, self.train, rows, "train"))
+            cached.save(block, rows, feats)
+            self.cache_misses += 1
+        else:
+            self.cache_hits += 1
+        yield 0, feats
+
+    def _cache_parts(self, computer: GradientComputer) -> dict[str, Any]:
+        """What cached training gradients depend on besides the checkpoint."""
+        digest = hashlib.sha256()
+        for key in sorted(self.train.tensors):
+            digest.update(key.encode())
+            digest.update(self.train.tensors[key].contiguous().numpy().tobytes())
+        opts = self.opts
+        return {
+            "model": self.adapter.name,
+            "train": digest.hexdigest(),
+            "n_train": len(self.train),
+            "parameters": list(self.params),
+            "method": computer.method,
+            "precision": opts.precision,
+            "projection": [opts.projection_dim, opts.projection_in, opts.projection_out, opts.seed],
         }
 
     def gather(self, rank_stats: Sequence[dict[str, Any]]) -> InfluenceResult:
