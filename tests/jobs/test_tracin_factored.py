@@ -123,3 +123,21 @@ def test_parameters_outside_supported_layers_are_excluded_and_listed() -> None:
     names = ["temperature", "classifier.weight"]
     fg = FactoredGradients(adapter, names, k_in=0, k_out=0, seed=0, precision="fp32")
     assert fg.excluded == ["temperature"] and fg.names == ["classifier.weight"]
+
+
+def test_faithfulness_check_of_exact_factored_scores_is_perfect_and_of_last_layers_is_not(bert64) -> None:
+    from gpuopt_tui.jobs.tracin import Reporter
+    from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
+    from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement
+
+    adapter, checkpoints, train, test = bert64
+    everything = select_parameters(adapter, test.batch([0]), "all")
+    same = exact_agreement(
+        adapter, checkpoints, train, test, everything, TracInOptions(method="factored"), 8, Reporter()
+    )
+    assert same["spearman"] == pytest.approx(1.0) and same["top_k_overlap"] == 1.0 and same["n_train"] == 8
+    last = select_parameters(adapter, test.batch([0]), "last", 1)
+    other = exact_agreement(adapter, checkpoints, train, test, last, TracInOptions(), 8, Reporter())
+    assert other["spearman"] < 1.0
+    scores = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    assert top_k_overlap(scores, -scores, 2) == 0.0 and top_k_overlap(scores, scores * 2, 2) == 1.0

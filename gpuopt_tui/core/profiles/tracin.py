@@ -64,6 +64,13 @@ class TracInSection:
         "Keep the (projected) training gradients of each checkpoint in the user cache (bf16): a later run with other "
         "test examples computes only theirs; listed and cleared by gpuopt-tui cache",
     )
+    agreement_train: int = opt(
+        0,
+        "Faithfulness check: score this many training examples (and at most 16 test examples) again with exact "
+        "all-parameter gradients and report the Spearman correlation and top-10 overlap with this run's scores "
+        "(0 = off)",
+        min=0,
+    )
     batch_size: int | Literal["auto"] = opt(
         "auto",
         'Examples per micro-batch, or "auto": on a GPU, as many as fit the free memory after a small probe '

@@ -34,6 +34,7 @@ from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_devic
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.factored import module_uses
+from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.params import select_parameters
 from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, TracInRun
@@ -131,6 +132,11 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     if rank_stats is None:  # ranks other than 0 are done: rank 0 merges
         return {}
     result = run.gather(rank_stats)
+    if section.agreement_train:
+        result.stats["agreement"] = exact_agreement(
+            adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
+        )
+        ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
     return _write_results(ctx, profile, adapter, train, test, checkpoints, result)
 
 
@@ -258,6 +264,7 @@ def _write_results(
         "projection": _projection(section, profile.run.seed),
         "excluded_parameters": stats["excluded_parameters"],
         "train_cache": stats["cache_blocks"],
+        "agreement": stats.get("agreement"),
         "timing": {"compute_seconds": seconds, "train_examples_per_s": rate, "processes": stats["processes"]},
         "oom_retries": stats["oom_retries"],
         "final_batch_size": stats["final_batch_size"],
