@@ -10,8 +10,9 @@ from typing import Any
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.tracin.agreement import rank_correlation, top_k_overlap
+from gpuopt_tui.jobs.tracin.interface import Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.params import select_parameters
-from gpuopt_tui.jobs.tracin.scores import Reporter, TracInOptions, tracin_scores
+from gpuopt_tui.jobs.tracin.scores import tracin_scores
 
 MAX_TEST = 16
 TOP_K = 10

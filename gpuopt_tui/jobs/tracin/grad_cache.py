@@ -6,7 +6,8 @@ them, so a run that reads the cache and one that fills it give identical scores.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpuopt_tui.core.atomic import write_atomically, write_json
+from gpuopt_tui.core.feature_cache import file_sha256
 from gpuopt_tui.core.gradient_cache import MANIFEST, entry_key
+from gpuopt_tui.jobs.data import TextDataset
+from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.tracin.grads import GradFeatures
+from gpuopt_tui.jobs.tracin.interface import TracInOptions
 
 STORED = torch.bfloat16
 
@@ -64,3 +69,56 @@ def rounded(feats: GradFeatures) -> GradFeatures:
     return GradFeatures(
         feats.dense.to(STORED).to(dtype), [(g.to(STORED).to(dtype), a.to(STORED).to(dtype)) for g, a in feats.outer]
     )
+
+
+def cache_key(
+    adapter: Adapter, train: TextDataset, params: Sequence[str], method: str, opts: TracInOptions
+) -> dict[str, Any]:
+    """What cached training gradients depend on besides the checkpoint."""
+    digest = hashlib.sha256()
+    for key in sorted(train.tensors):
+        digest.update(key.encode())
+        digest.update(train.tensors[key].contiguous().numpy().tobytes())
+    return {
+        "model": adapter.name,
+        "train": digest.hexdigest(),
+        "n_train": len(train),
+        "parameters": list(params),
+        "method": method,
+        "precision": opts.precision,
+        "projection": [opts.projection_dim, opts.projection_in, opts.projection_out, opts.seed],
+    }
+
+
+class TrainGradientCache:
+    """A run's training gradients in the cache under `root`, keyed by `parts` (`cache_key`) and the checkpoint in
+    use: each block read from there, or computed, rounded as stored and saved there; counts both."""
+
+    def __init__(self, root: Path, parts: Mapping[str, Any]) -> None:
+        self.root = root
+        self.parts = dict(parts)
+        self.read = self.computed = 0
+        self._current: CheckpointGradients | None = None
+
+    def checkpoint(self, path: Path) -> None:
+        """Use the entry of this checkpoint file (by its content) from now on."""
+        self._current = CheckpointGradients(self.root, {**self.parts, "checkpoint": file_sha256(path)})
+
+    def block(
+        self,
+        block: int,
+        rows: Sequence[int],
+        device: torch.device,
+        dtype: torch.dtype,
+        compute: Callable[[], GradFeatures],
+    ) -> GradFeatures:
+        if self._current is None:
+            raise RuntimeError("TrainGradientCache.block before checkpoint")
+        feats = self._current.load(block, rows, device, dtype)
+        if feats is not None:
+            self.read += 1
+            return feats
+        feats = rounded(compute())
+        self._current.save(block, rows, feats)
+        self.computed += 1
+        return feats

@@ -36,8 +36,9 @@ from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.factored import module_uses
 from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement
 from gpuopt_tui.jobs.tracin.filters import get_filter
+from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
 from gpuopt_tui.jobs.tracin.params import select_parameters
-from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, TracInRun
+from gpuopt_tui.jobs.tracin.scores import TracInRun
 
 PREDICTIONS_SHARD = "test_predictions"
 
