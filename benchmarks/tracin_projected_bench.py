@@ -61,6 +61,7 @@ from tracin_bench import (
     environment,
     fmt,
     measure,
+    ours,
     positive,
     timed,
 )
@@ -68,7 +69,7 @@ from tracin_bench import (
 from gpuopt_tui.core.atomic import atomic_write_text, write_json
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
-from gpuopt_tui.jobs.tracin import TracInOptions, rank_correlation, select_parameters, tracin_scores
+from gpuopt_tui.jobs.tracin import TracInOptions, rank_correlation, select_parameters
 from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
 from gpuopt_tui.jobs.tracin.job import flipped_auc
 
@@ -120,29 +121,6 @@ class Row:
 
 
 # --- the modes ---------------------------------------------------------------------------------------------------
-def ours(
-    adapter: Adapter,
-    checkpoints: list[Checkpoint],
-    train: TextDataset,
-    test: TextDataset,
-    names: list[str],
-    options: TracInOptions,
-) -> Callable[[], Outcome]:
-    def run() -> Outcome:
-        result = tracin_scores(adapter, checkpoints, train, test, names, options)
-        assert result.matrix is not None
-        stats = result.stats
-        settings = f"{stats['method']}, {options.precision}, micro-batch {stats['final_batch_size']}"
-        if options.projection_in or options.projection_out:
-            settings += f", {options.projection_out} x {options.projection_in} per layer"
-        settings += f", {stats['gradient_size']:,} numbers per gradient"
-        if stats["excluded_parameters"]:
-            settings += f", {len(stats['excluded_parameters'])} tensors left out"
-        return Outcome(result.matrix.float().cpu(), result.self_influence.float().cpu(), settings)
-
-    return run
-
-
 def dattri_version() -> str | None:
     """dattri's version, or None when it cannot be imported (the dattri rows are then skipped)."""
     try:
