@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
-# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-auto tracin planner ablation panel gputests scaling
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-auto tracin tracin-projected planner ablation panel
+#        gputests scaling
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -33,6 +34,11 @@ for step in "$@"; do
       python3 benchmarks/tracin_bench.py --train 32768 --checkpoint-cache /tmp/tracin-ckpt \
         --modes closed-fp32,closed-low,closed-low-serial,captum-default,captum-sw,captum-sw-bf16,captum-fast \
         --out "$out/tracin_${card}_32k.md" 2>&1 | tail -20 ;;
+    tracin-projected)  # dattri travels as a wheel in .whl/ (it needs scipy, pyyaml and tqdm from the machine)
+      for model in small base; do
+        python3 benchmarks/tracin_projected_bench.py --model "$model" --checkpoint-cache /tmp/tracin-ckpt \
+          --out "$out/tracin_projected_${model}_${card}.md" 2>&1 | tail -30
+      done ;;
     planner)  # each case in parts, each part in a fresh process, then merged; PLANNER_CASES picks the cases
       mkdir -p "$out/raw"
       cases=${PLANNER_CASES:-qwen2-full qwen2-lora qwen2-ckpt llama-full llama-ckpt llama-lora mistral-full mistral-lora-ckpt gpt2-full-bf16 bert-full-bf16}

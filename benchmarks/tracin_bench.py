@@ -362,6 +362,9 @@ def ours(
         settings = f"micro-batch {options.batch_size} ({stats['final_batch_size']}), {options.precision}"
         if options.projection_dim:
             settings += f", projection {options.projection_dim}"
+        if options.method == "factored":  # tracin_projected_bench.py's modes
+            sizes = f"{options.projection_out} x {options.projection_in}" if options.projection_in else "exact"
+            settings += f", factored {sizes} per layer, {stats['gradient_size']:,} numbers per gradient"
         if options.cleanup_every:
             settings += f", clean-up every {options.cleanup_every}"
         if not options.prefetch:

@@ -1,4 +1,5 @@
-"""`gpuopt-tui cache [--list | --size | --clear]`: the layer-probing feature cache."""
+"""`gpuopt-tui cache [--list | --size | --clear]`: the layer-probing feature cache and TracIn's training-gradient
+cache."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import argparse
 
 from rich.console import Console
 
+from gpuopt_tui.core import gradient_cache
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.format import human_bytes, human_time
 
 NAME = "cache"
-HELP = "show the size of the feature cache (layer probing), list its entries or clear it"
+HELP = "show the size of the feature cache (layer probing) and TracIn gradient cache, list entries or clear them"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,11 +28,16 @@ def run(args: argparse.Namespace) -> int:
     if args.clear:
         entries, freed = cache.clear()
         out.print(f"removed {entries} entries ({human_bytes(freed)}) from {cache.root}")
+        grads, freed = gradient_cache.clear()
+        out.print(
+            f"removed {grads} TracIn gradient entries ({human_bytes(freed)}) from {gradient_cache.default_root()}"
+        )
         return 0
     entries = cache.entries()
     if args.list:
         if not entries:
             out.print(f"the feature cache is empty ({cache.root})")
+            _gradients(out, listing=True)
             return 0
         header = ("key", "representation", "layer", "shape", "size", "created", "source")
         rows = [header] + [
@@ -50,4 +57,22 @@ def run(args: argparse.Namespace) -> int:
             line = "  ".join(value.ljust(width) for value, width in zip(row, widths))
             out.print(f"{line}  {row[-1]}", markup=False, soft_wrap=True, style="bold" if row is header else None)
     out.print(f"feature cache: {len(entries)} entries, {human_bytes(cache.size_bytes())} in {cache.root}")
+    _gradients(out, listing=args.list)
     return 0
+
+
+def _gradients(out: Console, *, listing: bool) -> None:
+    """TracIn's training-gradient cache: one entry per (checkpoint, data, gradient settings)."""
+    found = gradient_cache.entries()
+    if listing:
+        for e in found:
+            d = e.description
+            projection = d.get("projection", "?")
+            out.print(
+                f"{e.key[:12]}  {d.get('model', '?')}  {d.get('method', '?')}  projection {projection}  "
+                f"{d.get('n_train', '?')} training examples  {e.blocks} blocks  {human_bytes(e.size)}",
+                markup=False,
+                soft_wrap=True,
+            )
+    size = sum(e.size for e in found)
+    out.print(f"TracIn gradient cache: {len(found)} entries, {human_bytes(size)} in {gradient_cache.default_root()}")

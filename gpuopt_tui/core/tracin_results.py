@@ -5,9 +5,7 @@
   (training index, score, text, label), strongest first.
 - self_influence.jsonl, and the same rows in self_influence.csv: every scored training example ranked by
   self-influence, highest first; `flipped` only where the data marks deliberately flipped labels (the demo).
-- summary.json: checkpoints with their learning rates, the parameters that counted, the gradient method,
-  timing, the label names and the checkpoint the predictions come from (both absent from older runs), and the
-  flipped-label AUC where the data marks flipped labels.
+- summary.json: settings, timing and summary figures (core/tracin_summary.py reads it).
 
 The two row files can hold millions of rows, so they are read lazily: `PagedRecords` scans a file once for
 where its records start (keeping every STRIDE-th offset) and then reads any page by seeking there.
@@ -25,6 +23,17 @@ from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.record_fields import (
+    RecordError,
+    as_flag,
+    as_float,
+    as_int,
+    as_label,
+    as_optional_float,
+    as_text,
+    get_field,
+)
+from gpuopt_tui.core.tracin_summary import TracInSummary, read_summary
 
 INFLUENCE_NAME = "influence.jsonl"
 SELF_JSONL_NAME = "self_influence.jsonl"
@@ -41,10 +50,6 @@ FILE_ROLES = {
 STRIDE = 1024  # records between two remembered offsets: a page read skips at most this many
 
 T = TypeVar("T")
-
-
-class RecordError(ValueError):
-    """A record that does not have the expected fields (the reader adds the file and the line)."""
 
 
 # --- rows -------------------------------------------------------------------------------------------------------
@@ -87,50 +92,6 @@ class RankedExample:
     flipped: bool | None  # the data's own mark of a deliberately flipped label; None when it has none
 
 
-def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise RecordError(f"{name}: expected an integer, found {value!r}")
-    try:
-        return int(value)
-    except ValueError:
-        raise RecordError(f"{name}: expected an integer, found {value!r}") from None
-
-
-def _float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise RecordError(f"{name}: expected a number, found {value!r}")
-    try:
-        return float(value)
-    except ValueError:
-        raise RecordError(f"{name}: expected a number, found {value!r}") from None
-
-
-def _text(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise RecordError(f"{name}: expected a text, found {value!r}")
-    return value
-
-
-def _label(value: Any, name: str) -> int | None:
-    return None if value is None or value == "" else _int(value, name)
-
-
-def _flag(value: Any, name: str) -> bool | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        return value
-    if value in ("True", "False"):  # how the CSV writes them
-        return value == "True"
-    raise RecordError(f"{name}: expected true or false, found {value!r}")
-
-
-def _get(row: Mapping[str, Any], key: str) -> Any:
-    if key not in row:
-        raise RecordError(f"no {key!r}")
-    return row[key]
-
-
 def _neighbours(value: Any, name: str) -> tuple[Neighbour, ...]:
     if not isinstance(value, list):
         raise RecordError(f"{name}: expected a list, found {type(value).__name__}")
@@ -141,10 +102,10 @@ def _neighbours(value: Any, name: str) -> tuple[Neighbour, ...]:
             raise RecordError(f"{where}: expected an object")
         out.append(
             Neighbour(
-                index=_int(_get(item, "index"), f"{where}.index"),
-                score=_float(_get(item, "score"), f"{where}.score"),
-                text=_text(_get(item, "text"), f"{where}.text"),
-                label=_label(item.get("label"), f"{where}.label"),
+                index=as_int(get_field(item, "index"), f"{where}.index"),
+                score=as_float(get_field(item, "score"), f"{where}.score"),
+                text=as_text(get_field(item, "text"), f"{where}.text"),
+                label=as_label(item.get("label"), f"{where}.label"),
             )
         )
     return tuple(out)
@@ -152,25 +113,25 @@ def _neighbours(value: Any, name: str) -> tuple[Neighbour, ...]:
 
 def parse_influence(row: Mapping[str, Any]) -> InfluenceRecord:
     return InfluenceRecord(
-        index=_int(_get(row, "index"), "index"),
-        text=_text(_get(row, "text"), "text"),
-        label=_label(row.get("label"), "label"),
-        proponents=_neighbours(_get(row, "proponents"), "proponents"),
-        opponents=_neighbours(_get(row, "opponents"), "opponents"),
-        prediction=_label(row.get("prediction"), "prediction"),
-        probability=_optional_float(row.get("probability"), "probability"),
-        label_probability=_optional_float(row.get("label_probability"), "label_probability"),
+        index=as_int(get_field(row, "index"), "index"),
+        text=as_text(get_field(row, "text"), "text"),
+        label=as_label(row.get("label"), "label"),
+        proponents=_neighbours(get_field(row, "proponents"), "proponents"),
+        opponents=_neighbours(get_field(row, "opponents"), "opponents"),
+        prediction=as_label(row.get("prediction"), "prediction"),
+        probability=as_optional_float(row.get("probability"), "probability"),
+        label_probability=as_optional_float(row.get("label_probability"), "label_probability"),
     )
 
 
 def parse_ranked(row: Mapping[str, Any]) -> RankedExample:
     return RankedExample(
-        rank=_int(_get(row, "rank"), "rank"),
-        index=_int(_get(row, "index"), "index"),
-        score=_float(_get(row, "self_influence"), "self_influence"),
-        text=_text(_get(row, "text"), "text"),
-        label=_label(row.get("label"), "label"),
-        flipped=_flag(row.get("flipped"), "flipped"),
+        rank=as_int(get_field(row, "rank"), "rank"),
+        index=as_int(get_field(row, "index"), "index"),
+        score=as_float(get_field(row, "self_influence"), "self_influence"),
+        text=as_text(get_field(row, "text"), "text"),
+        label=as_label(row.get("label"), "label"),
+        flipped=as_flag(row.get("flipped"), "flipped"),
     )
 
 
@@ -288,129 +249,6 @@ class PagedRecords(Generic[T]):
             return next(csv.reader([raw.decode("utf-8").rstrip("\r\n")]), [])
         except (UnicodeDecodeError, csv.Error) as e:
             raise UserError(f"{self.path}: record at line {line}: {e}") from None
-
-
-# --- summary ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: str
-    lr: float
-
-
-METHOD_NAMES = {"closed_form": "closed form", "vmap": "vmap"}
-
-
-@dataclass(frozen=True)
-class TracInSummary:
-    """What summary.json says about a run (the figures the screen shows)."""
-
-    model: str
-    n_train: int
-    n_test: int
-    n_scored: int  # training examples scored (fewer than n_train only with a filter)
-    checkpoints: tuple[CheckpointInfo, ...]
-    method: str  # closed_form or vmap
-    projection_dim: int  # 0: exact gradients
-    precision: str
-    layers: str  # which parameters counted, as set in the profile
-    filter: str
-    n_parameters: int
-    parameter_tensors: tuple[str, ...]
-    gradient_size: int  # numbers per example gradient (after projection)
-    compute_seconds: float | None
-    train_examples_per_s: float | None
-    oom_retries: int
-    flipped_label_auc: float | None  # only where the data marks flipped labels
-    label_names: tuple[str, ...] | None = None  # by class index; None when the model has none (or older runs)
-    predictions_checkpoint: str = ""  # where the test predictions come from; "" in older runs
-
-    def label_name(self, label: int | None) -> str:
-        """A class as its name where the model names it, else its number ("-" for none)."""
-        if label is None:
-            return "-"
-        names = self.label_names
-        return names[label] if names and 0 <= label < len(names) else str(label)
-
-    @property
-    def mode(self) -> str:
-        method = METHOD_NAMES.get(self.method, self.method)
-        if self.projection_dim:
-            return f"{method}, random projection to ≤{self.projection_dim} numbers per tensor"
-        return f"{method}, exact gradients"
-
-
-def _layers_text(settings: Mapping[str, Any]) -> str:
-    layers = settings.get("layers")
-    if layers == "last":
-        return f"last {settings.get('n_last_layers')} modules"
-    if layers == "names":
-        return "named: " + ", ".join(str(n) for n in settings.get("layer_names") or [])
-    return str(layers)
-
-
-def _optional_float(value: Any, name: str) -> float | None:
-    return None if value is None else _float(value, name)
-
-
-def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
-    settings = _get(data, "settings")
-    timing = data.get("timing") or {}
-    if not isinstance(settings, dict) or not isinstance(timing, dict):
-        raise RecordError("settings and timing: expected objects")
-    checkpoints = _get(data, "checkpoints")
-    tensors = _get(data, "parameter_tensors")
-    if not isinstance(checkpoints, list) or not isinstance(tensors, list):
-        raise RecordError("checkpoints and parameter_tensors: expected lists")
-    ckpts = []
-    for i, c in enumerate(checkpoints):
-        if not isinstance(c, dict):
-            raise RecordError(f"checkpoints[{i}]: expected an object")
-        path, lr = _text(_get(c, "path"), f"checkpoints[{i}].path"), _float(_get(c, "lr"), f"checkpoints[{i}].lr")
-        ckpts.append(CheckpointInfo(path, lr))
-    return TracInSummary(
-        model=_text(_get(data, "model"), "model"),
-        n_train=_int(_get(data, "n_train"), "n_train"),
-        n_test=_int(_get(data, "n_test"), "n_test"),
-        n_scored=_int(_get(data, "n_scored"), "n_scored"),
-        checkpoints=tuple(ckpts),
-        method=_text(_get(data, "method"), "method"),
-        projection_dim=_int(settings.get("projection_dim", 0), "settings.projection_dim"),
-        precision=_text(_get(data, "precision"), "precision"),
-        layers=_layers_text(settings),
-        filter=str(settings.get("filter", "none")),
-        n_parameters=_int(_get(data, "n_parameters"), "n_parameters"),
-        parameter_tensors=tuple(_text(t, "parameter_tensors") for t in tensors),
-        gradient_size=_int(_get(data, "gradient_size"), "gradient_size"),
-        compute_seconds=_optional_float(timing.get("compute_seconds"), "timing.compute_seconds"),
-        train_examples_per_s=_optional_float(timing.get("train_examples_per_s"), "timing.train_examples_per_s"),
-        oom_retries=_int(data.get("oom_retries", 0), "oom_retries"),
-        flipped_label_auc=_optional_float(data.get("flipped_label_auc"), "flipped_label_auc"),
-        label_names=_label_names(data.get("label_names")),
-        predictions_checkpoint=_text(data.get("predictions_checkpoint") or "", "predictions_checkpoint"),
-    )
-
-
-def _label_names(value: Any) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise RecordError(f"label_names: expected a list, found {type(value).__name__}")
-    return tuple(_text(name, f"label_names[{i}]") for i, name in enumerate(value))
-
-
-def read_summary(path: Path) -> TracInSummary:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a readable summary ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    try:
-        return parse_summary(data)
-    except RecordError as e:
-        raise UserError(f"{path}: {e}") from None
 
 
 # --- a run's results --------------------------------------------------------------------------------------------

@@ -13,8 +13,10 @@ memory-efficient kernel.
 
 `short_attention` takes [batch, seq, heads, dim] as the model's projections give them (no transposes) and
 returns the same layout. `supports` says when it applies (a CUDA GPU of compute capability 8.0 or later,
-fp16/bf16, seq <= 128, dim a power of two 16..128, triton installed, not switched off); elsewhere callers keep
-`scaled_dot_product_attention`. Both passes are torch custom ops, so torch.compile keeps them as they are.
+fp16/bf16, seq <= 128, dim a power of two 16..128, triton installed, not switched off, not inside a torch.func
+transform); elsewhere callers keep `scaled_dot_product_attention`. Both passes are torch custom ops, so torch.compile
+keeps them as they are; torch.func's vmap and grad cannot run them (their autograd rule is not a functorch one), so
+within those transforms `short_attention` computes the same attention with `scaled_dot_product_attention`.
 GPUOPT_TUI_SHORT_ATTENTION=0 in the environment switches these kernels off for the process; `switched_off()`
 does so within a block. Triton compiles them on a machine's first use and keeps them in its disk cache.
 """
@@ -29,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 #: The longest sequence one program holds.
@@ -67,7 +70,12 @@ def _capable(device: torch.device) -> bool:
 def applies_to(device: torch.device, dtype: torch.dtype | None) -> bool:
     """Whether these kernels run for this device and dtype (given a short enough sequence). Asked at every
     attention call of the lean forward, so the device's answer is kept."""
-    return _switched_on and dtype in _DTYPES and _capable(device)
+    return _switched_on and dtype in _DTYPES and _capable(device) and not _in_functorch_transform()
+
+
+def _in_functorch_transform() -> bool:
+    """Whether the caller runs inside torch.func's vmap, grad, jvp, ... (per-example TracIn gradients)."""
+    return torch._C._functorch.maybe_current_level() is not None
 
 
 def supports(query: Tensor, key_mask: Tensor | None = None) -> bool:
@@ -84,6 +92,10 @@ def supports(query: Tensor, key_mask: Tensor | None = None) -> bool:
 def short_attention(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(dim) over the kept keys) v for [batch, seq, heads, dim] tensors of one length;
     `key_mask` [batch, seq] is True where a key may be attended to. Differentiable in q, k and v."""
+    if _in_functorch_transform():
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
     out, _ = _forward(query, key, value, key_mask)
     return out
 

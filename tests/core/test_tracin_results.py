@@ -1,16 +1,20 @@
 """The torch-free reader of TracIn result files, on files the real engine wrote for the demo classifier, checked
-against a plain read of the same files; pages against a full read; CSV records with quotes and line breaks."""
+against a plain read of the same files; pages against a full read; CSV records with quotes and line breaks; the
+summary of a run over all layers with projected gradients, the training-gradient cache and the check against
+exact TracIn."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
+from gpuopt_tui.core import gradient_cache
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
@@ -23,20 +27,46 @@ from gpuopt_tui.core.tracin_results import (
     load_results,
     parse_influence,
     parse_ranked,
-    parse_summary,
 )
+from gpuopt_tui.core.tracin_summary import Agreement, CacheUse, Projection, parse_summary
+
+#: the demo over all layers, gradients projected to 8 x 8 per layer, training gradients cached, checked against
+#: exact all-parameter TracIn on 40 training examples
+FACTORED = [
+    "tracin.n_train=120",
+    "tracin.layers=all",
+    "tracin.method=factored",
+    "tracin.projection_in=8",
+    "tracin.projection_out=8",
+    "tracin.train_cache=true",
+    "tracin.agreement_train=40",
+]
+
+
+def demo_run(folder: Path, overrides: list[str]) -> Path:
+    """The results folder of a real TracIn run of the demo profile on the CPU."""
+    from gpuopt_tui.jobs.context import JobContext
+    from gpuopt_tui.jobs.tracin.job import run_job
+
+    profile = load_profile(find_profile("demo-tracin"), ["run.device=cpu", *overrides])
+    run_job(profile, JobContext(folder, EventWriter(folder / "events.jsonl"), cache_dir()))
+    return folder / "results"
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The results folder of a real TracIn run of the demo profile on the CPU (6 test examples)."""
-    from gpuopt_tui.jobs.context import JobContext
-    from gpuopt_tui.jobs.tracin.job import run_job
+    """The demo profile's own settings (last layers, exact), 6 test examples."""
+    return demo_run(tmp_path_factory.mktemp("tracin-run"), ["tracin.n_test=6"])
 
-    run_dir = tmp_path_factory.mktemp("tracin-run")
-    profile = load_profile(find_profile("demo-tracin"), ["run.device=cpu", "tracin.n_test=6"])
-    run_job(profile, JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), cache_dir()))
-    return run_dir / "results"
+
+@pytest.fixture(scope="module")
+def factored_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two runs of FACTORED with an empty gradient cache at first: 6 test examples (fills the cache), then 3
+    other ones (reads it)."""
+    gradient_cache.clear()
+    first = demo_run(tmp_path_factory.mktemp("tracin-factored"), [*FACTORED, "tracin.n_test=6"])
+    second = demo_run(tmp_path_factory.mktemp("tracin-cached"), [*FACTORED, "tracin.n_test=3"])
+    return first, second
 
 
 def raw_lines(path: Path) -> list[dict]:
@@ -57,6 +87,7 @@ def test_reader_shows_what_the_engine_wrote(results: Path) -> None:
     assert s.label_names == tuple(raw["label_names"]) and len(s.label_names) == 2
     assert s.predictions_checkpoint == raw["checkpoints"][-1]["path"]
     assert s.label_name(1) == s.label_names[1] and s.label_name(7) == "7" and s.label_name(None) == "-"
+    assert (s.projection, s.excluded_parameters, s.train_cache, s.agreement) == (None, (), None, None)
 
     tests = raw_lines(results / "influence.jsonl")
     assert read.influence is not None and len(read.influence) == 6
@@ -88,8 +119,58 @@ def test_files_of_older_runs_without_predictions_or_label_names_are_read(results
     assert (record.prediction, record.probability, record.label_probability) == (None, None, None)
     raw = json.loads((results / "summary.json").read_text())
     del raw["label_names"], raw["predictions_checkpoint"]
+    del raw["projection"], raw["excluded_parameters"], raw["train_cache"], raw["agreement"]
     old = parse_summary(raw)
     assert old.label_names is None and old.predictions_checkpoint == "" and old.label_name(1) == "1"
+    assert (old.projection, old.excluded_parameters, old.train_cache, old.agreement) == (None, (), None, None)
+    raw["settings"]["projection_dim"] = 64  # older runs name a dense projection in the settings only
+    dense = parse_summary(raw).projection
+    assert dense == Projection("dense", None, dim=64)
+    assert parse_summary(raw).mode == "closed form, random projection to ≤64 numbers per tensor"
+
+
+def test_summary_of_a_run_over_all_layers_says_projection_cache_and_agreement(
+    factored_results: tuple[Path, Path],
+) -> None:
+    first, second = factored_results
+    raw = json.loads((first / "summary.json").read_text())
+    s = load_results(first).summary
+    assert s is not None
+    assert s.method == "factored" and s.layers == "all"
+    assert s.projection == Projection("factored", raw["projection"]["seed"], size_in=8, size_out=8)
+    assert s.mode == "factored (all-layer hooks), each layer's gradient projected to 8 × 8 (output × input)"
+    assert s.excluded_parameters == tuple(raw["excluded_parameters"])
+    assert s.gradient_size == raw["gradient_size"] < s.n_parameters
+    agreement = raw["agreement"]
+    assert s.agreement == Agreement(
+        reference=agreement["reference"],
+        n_train=40,
+        n_test=6,
+        spearman=agreement["spearman"],
+        top_k=10,
+        top_k_overlap=agreement["top_k_overlap"],
+        excluded_from_reference=tuple(agreement["excluded_from_reference"]),
+    )
+    assert -1 <= s.agreement.spearman <= 1 and 0 <= s.agreement.top_k_overlap <= 1
+    blocks = len(s.checkpoints)  # 120 training examples: one block per checkpoint
+    assert s.train_cache == CacheUse(read=0, computed=blocks)
+    again = load_results(second).summary
+    assert again is not None and again.n_test == 3
+    assert again.train_cache == CacheUse(read=blocks, computed=0)  # other test examples, the same training ones
+
+
+def test_bad_projection_cache_or_agreement_names_the_key(results: Path, tmp_path: Path) -> None:
+    raw = json.loads((results / "summary.json").read_text())
+    for key, value, message in [
+        ("projection", {"kind": "sparse", "seed": 0}, "projection.kind: expected dense or factored"),
+        ("projection", {"kind": "factored", "in": 8, "seed": 0}, "no 'out'"),
+        ("train_cache", {"read": "all", "computed": 0}, "train_cache.read: expected an integer"),
+        ("agreement", [0.9], "agreement: expected an object"),
+        ("excluded_parameters", "bias", "excluded_parameters: expected a list"),
+    ]:
+        (tmp_path / "summary.json").write_text(json.dumps({**raw, key: value}))
+        with pytest.raises(UserError, match=re.escape(message)):
+            load_results(tmp_path)
 
 
 @pytest.mark.parametrize("is_csv", [False, True], ids=["jsonl", "csv"])

@@ -6,7 +6,7 @@ import random
 
 from gpuopt_tui.jobs.runner import outcome_of_ranks
 from gpuopt_tui.jobs.sharding import balanced_owners, mine
-from gpuopt_tui.jobs.tracin.scores import split_blocks
+from gpuopt_tui.jobs.tracin.shards import split_blocks
 
 
 def test_every_item_goes_to_exactly_one_rank_and_loads_stay_balanced() -> None:

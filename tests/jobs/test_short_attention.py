@@ -172,3 +172,35 @@ def test_the_lean_forward_runs_them_and_keeps_logits_and_input_gradients() -> No
         want_logits, want_grad = logits_and_grad()
     assert relative(logits, want_logits) < 2e-2
     assert relative(grad, want_grad) < 2e-2
+
+
+@needs_triton
+def test_per_example_gradients_under_torch_func_vmap_equal_a_loop_over_the_kernels() -> None:
+    """torch.func cannot run the kernels' autograd rule: within vmap(grad(...)) the attention is computed by
+    scaled_dot_product_attention, and the per-example gradients are those of the kernels one example at a time."""
+    q, k, v = (t.detach() for t in random_qkv((3, 12, 2, 16), torch.float32, seed=5))
+    key_mask = lengths_mask([12, 7, 3], 12)
+
+    def loss(q1: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor, m1: torch.Tensor) -> torch.Tensor:
+        return sa.short_attention(q1[None], k1[None], v1[None], m1[None]).square().sum()
+
+    batched = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)))(q, k, v, key_mask)
+    for i in range(3):
+        leaves = [t[i : i + 1].clone().requires_grad_() for t in (q, k, v)]
+        out = sa.short_attention(*leaves, key_mask[i : i + 1])
+        want = torch.autograd.grad(out.square().sum(), leaves)
+        for got, ref in zip(batched, want):
+            assert relative(got[i], ref[0]) < 1e-5
+
+
+def test_supports_says_no_inside_torch_func_transforms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sa, "_capable", lambda device: True)
+    q = torch.zeros(2, 8, 2, 16, dtype=torch.bfloat16)
+    seen: list[bool] = []
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        seen.append(sa.supports(x[None]))
+        return x.float().sum()
+
+    torch.func.vmap(torch.func.grad(probe))(q)
+    assert sa.supports(q) and seen == [False]

@@ -33,7 +33,7 @@ from gpuopt_tui.jobs.tracin import (
     select_parameters,
     tracin_scores,
 )
-from gpuopt_tui.jobs.tracin.scores import Cleanup
+from gpuopt_tui.jobs.tracin.microbatch import Cleanup
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

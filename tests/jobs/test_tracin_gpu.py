@@ -4,6 +4,7 @@ without CUDA."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,27 @@ def test_auto_micro_batch_probes_on_the_test_examples_then_takes_whole_blocks(
     # test examples' forward queued behind them
     assert calls == [len(test), len(train)] + [len(train), len(test)] * (len(checkpoints) - 1)
     assert result.stats["final_batch_size"] == len(train)
+
+
+#: (layers, options): every way the engine computes gradients.
+MODES = [
+    ("last", TracInOptions(method="closed_form")),
+    ("last", TracInOptions(method="vmap")),
+    ("all", TracInOptions(method="vmap")),
+    ("all", TracInOptions(method="vmap", projection_dim=256)),
+    ("all", TracInOptions(method="factored")),
+    ("all", TracInOptions(method="factored", projection_in=16, projection_out=16)),
+]
+
+
+@pytest.mark.parametrize(("layers", "mode"), MODES)
+def test_every_mode_runs_in_bf16_with_the_lean_forward(tmp_path: Path, layers: str, mode: TracInOptions) -> None:
+    """bf16 is where the lean forward's fused attention kernels apply (torch.func's vmap cannot run them)."""
+    adapter, checkpoints, train, test = trained_bert(tmp_path, CUDA)
+    names = select_parameters(adapter, to_device(test.batch([0]), CUDA), layers, 2)
+    options = dataclasses.replace(mode, batch_size=8)
+    method = options.method
+    fp32 = tracin_scores(adapter, checkpoints, train, test, names, options)
+    bf16 = tracin_scores(adapter, checkpoints, train, test, names, dataclasses.replace(options, precision="bf16"))
+    assert bf16.stats["method"] == method and bool(bf16.matrix.isfinite().all())
+    assert rank_correlation(bf16.matrix, fp32.matrix) > 0.95

@@ -1,7 +1,8 @@
 """The TracIn screen's results, on a real run of the demo profile (the engine run once by the CLI, in a separate
 process: the UI test process never loads torch): test examples with their proponents and opponents, the
-self-influence ranking read a page at a time, the files with their copy key, and a run that has not written
-results yet."""
+self-influence ranking read a page at a time, the files with their copy key, a run that has not written
+results yet; a run over all layers with projected gradients, the gradient cache and the check against exact
+TracIn; the profile form's mode, projection and cache fields."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from rich.text import Text
 from textual.pilot import Pilot
-from textual.widgets import DataTable, TabbedContent
+from textual.widgets import DataTable, Input, Select, Switch, TabbedContent
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.atomic import atomic_write_text
@@ -32,19 +33,31 @@ N_TEST = 6
 N_TRAIN = 500  # more than two pages of the self-influence ranking
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished TracIn run of the demo profile on the CPU, made by `gpuopt-tui run`."""
-    home = tmp_path_factory.mktemp("tracin-home")
+def cli_run(home: Path, *settings: str) -> Path:
+    """A finished TracIn run of the demo profile on the CPU with these `--set` values, made by `gpuopt-tui run`
+    with `home` as its data directory."""
     env = dict(os.environ, GPUOPT_TUI_HOME=str(home), GPUOPT_TUI_RUNS_DIR=str(home / "runs"), OMP_NUM_THREADS="1")
-    sizes = [f"tracin.n_test={N_TEST}", f"tracin.n_train={N_TRAIN}"]
-    command = ["run", "demo-tracin", "--set", "run.device=cpu", *(f"--set={size}" for size in sizes)]
+    command = ["run", "demo-tracin", "--set", "run.device=cpu", *(f"--set={value}" for value in settings)]
     done = subprocess.run(
         [sys.executable, "-m", "gpuopt_tui", *command], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = (home / "runs").iterdir()
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cli_run(tmp_path_factory.mktemp("tracin-home"), f"tracin.n_test={N_TEST}", f"tracin.n_train={N_TRAIN}")
+
+
+@pytest.fixture(scope="module")
+def factored_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All layers, gradients projected to 8 x 8 per layer, the training-gradient cache on, and the check against
+    exact all-parameter TracIn on 40 training examples."""
+    factored = ["layers=all", "method=factored", "projection_in=8", "projection_out=8", "train_cache=true"]
+    sizes = [f"n_test={N_TEST}", "n_train=120", "agreement_train=40"]
+    return cli_run(tmp_path_factory.mktemp("tracin-factored-home"), *(f"tracin.{s}" for s in factored + sizes))
 
 
 @pytest.fixture
@@ -210,3 +223,56 @@ def test_results_snapshot(run_dir: Path, snap_compare: Any) -> None:
         await pilot.pause(0.3)
 
     assert snap_compare(make_app(screen="tracin"), terminal_size=(120, 40), run_before=second_example)
+
+
+async def test_summary_says_the_projection_the_cache_and_the_agreement_with_exact_tracin(
+    factored_run: Path, runs_root: Path
+) -> None:
+    shutil.copytree(factored_run, runs_root / factored_run.name)
+    summary = json.loads((factored_run / "results" / "summary.json").read_text())
+    agreement, cache = summary["agreement"], summary["train_cache"]
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        status = widget_text(app, "#results-text")
+        assert "factored (all-layer hooks), each layer's gradient projected to 8 × 8" in status
+        assert f"Spearman vs exact {agreement['spearman']:.3f}" in status
+        await show_tab(pilot, "tracin-summary-tab")
+        text = " ".join(widget_text(app, "#tracin-summary").split())
+        assert f"8 × 8 (output × input) (seed {summary['projection']['seed']})" in text
+        assert f"{summary['gradient_size']:,} numbers per gradient" in text
+        assert (
+            f"Cache training gradients: {cache['read']} blocks read from the cache, {cache['computed']} computed"
+            in text
+        )
+        assert (
+            f"Agreement Spearman {agreement['spearman']:.4f}, top-10 overlap {agreement['top_k_overlap']:.0%} "
+            f"against {agreement['reference']} on the first 40 training × {N_TEST} test examples" in text
+        )
+        assert ("Left out" in text) == bool(summary["excluded_parameters"])
+
+
+async def test_profile_form_offers_the_mode_projection_sizes_and_cache() -> None:
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        path = find_profile("tracin-all-projected")
+        screen.query_one("#profile-picker", Select).value = str(path)
+        await wait_for(pilot, lambda: screen.path == path)
+        profile = load_profile(path)
+        assert screen.query_one("#field-tracin--layers", Select).value == profile.tracin.layers == "all"
+        method = screen.query_one("#field-tracin--method", Select)
+        assert method.value == "factored"
+        assert {value for _, value in method._options} >= {"closed_form", "vmap", "factored"}
+        assert screen.query_one("#field-tracin--train_cache", Switch).value is True
+        for key, expected in [("projection_in", "32"), ("projection_out", "32"), ("agreement_train", "0")]:
+            field = screen.query_one(f"#field-tracin--{key}", Input)
+            assert field.value == expected
+            field.focus()
+            await pilot.pause()
+            help_line = widget_text(app, ".form-help")
+            assert help_line.startswith(f"tracin.{key}") and len(help_line) > 60  # the schema's help, shown
+        screen.query_one("#field-tracin--method", Select).value = "closed_form"  # sizes of another method
+        await pilot.pause()
+        assert "apply to method = factored only" in screen.form.errors["tracin.projection_in"]

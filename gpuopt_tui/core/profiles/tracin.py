@@ -9,7 +9,7 @@ from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBa
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 LAYER_MODES = ("all", "last", "names")
-GRADIENT_METHODS = ("auto", "closed_form", "vmap")
+GRADIENT_METHODS = ("auto", "closed_form", "vmap", "factored")
 FILTER_CHOICES = ("none", "same_label", "shared_entity")
 
 
@@ -41,11 +41,35 @@ class TracInSection:
     method: str = opt(
         "auto",
         "Per-example gradients: closed_form (Linear layers only: one batched backward, trunk without graph), "
-        "vmap (torch.func, any parameters), or auto (closed_form whenever it applies)",
+        "vmap (torch.func, any parameters), factored (Linear, Embedding and LayerNorm parameters of all layers, "
+        "projected token by token with projection_in x projection_out: all layers at about the cost of one "
+        "forward and backward), or auto (closed_form whenever it applies)",
         choices=GRADIENT_METHODS,
     )
     projection_dim: int = opt(
         0, "Seeded random projection: each parameter's gradient to at most this many numbers (0 = exact)", min=0
+    )
+    projection_in: int = opt(
+        0,
+        "method = factored: projected size of each layer's input side (0 = exact; an embedding's is its vocabulary)",
+        min=0,
+    )
+    projection_out: int = opt(
+        0,
+        "method = factored: projected size of each layer's output side, and of biases and LayerNorm (0 = exact)",
+        min=0,
+    )
+    train_cache: bool = opt(
+        False,
+        "Keep the (projected) training gradients of each checkpoint in the user cache (bf16): a later run with other "
+        "test examples computes only theirs; listed and cleared by gpuopt-tui cache",
+    )
+    agreement_train: int = opt(
+        0,
+        "Faithfulness check: score this many training examples (and at most 16 test examples) again with exact "
+        "all-parameter gradients and report the Spearman correlation and top-10 overlap with this run's scores "
+        "(0 = off)",
+        min=0,
     )
     batch_size: int | Literal["auto"] = opt(
         "auto",
@@ -77,6 +101,10 @@ class TracInSection:
     def check(self, fail: Failure) -> None:
         if self.layers == "names" and not self.layer_names:
             fail("layer_names", "layers = names needs at least one module name")
+        if self.method == "factored" and self.projection_dim:
+            fail("projection_dim", "method = factored projects with projection_in and projection_out; set it to 0")
+        if self.method != "factored" and (self.projection_in or self.projection_out):
+            fail("projection_in", "projection_in and projection_out apply to method = factored only")
 
 
 @dataclass

@@ -12,17 +12,11 @@ from gpuopt_tui.jobs.tracin.agreement import rank_correlation
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.filters import FILTERS, PairFilter, get_filter
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
+from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
 from gpuopt_tui.jobs.tracin.params import modules_in_call_order, select_parameters
 from gpuopt_tui.jobs.tracin.project import Projector
-from gpuopt_tui.jobs.tracin.scores import (
-    InfluenceResult,
-    MemoryStore,
-    Reporter,
-    TopK,
-    TracInOptions,
-    self_influence,
-    tracin_scores,
-)
+from gpuopt_tui.jobs.tracin.scores import self_influence, tracin_scores
+from gpuopt_tui.jobs.tracin.shards import MemoryStore
 
 __all__ = [
     "FILTERS",

@@ -18,3 +18,13 @@ def rank_correlation(a: Tensor, b: Tensor) -> float:
 
 def _ranks(x: Tensor) -> Tensor:
     return x.double().argsort(1).argsort(1).double()
+
+
+def top_k_overlap(a: Tensor, b: Tensor, k: int = 10) -> float:
+    """Share of each test example's k highest-scoring training examples that a and b have in common, averaged."""
+    if a.shape != b.shape:
+        raise ValueError(f"score matrices differ in shape: {tuple(a.shape)} and {tuple(b.shape)}")
+    k = min(k, a.shape[1])
+    top_a, top_b = a.topk(k, 1).indices, b.topk(k, 1).indices
+    shared = (top_a[:, :, None] == top_b[:, None, :]).any(2).sum(1)
+    return float(shared.double().mean() / k) if k else 1.0

@@ -8,6 +8,8 @@ Two ways to get them:
   under no_grad, in the autocast precision. A layer applied to one vector per example keeps its weight
   gradient factored as (g, a): <g a^T, g' a'^T> = (g.g')(a.a').
 - vmap: `torch.func.vmap(torch.func.grad(...))` over the adapter's functional loss, for any parameters.
+- factored: hooks on every Linear, Embedding and LayerNorm layer, gradients projected token by token without
+  forming them (factored.py); all layers at about the cost of one forward and backward pass.
 
 Both assume that an example's loss depends on that example alone (true for models in eval mode).
 """
@@ -28,6 +30,7 @@ from gpuopt_tui.core.profiles.tracin import GRADIENT_METHODS
 from gpuopt_tui.jobs.attention import padded_batch_kernels
 from gpuopt_tui.jobs.device import autocast
 from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.tracin.factored import FactoredGradients
 from gpuopt_tui.jobs.tracin.params import only_these_require_grad
 from gpuopt_tui.jobs.tracin.project import Projector
 
@@ -104,6 +107,8 @@ class GradientComputer:
         precision: str = "fp32",
         projector: Projector | None = None,
         gradient_checkpointing: bool = False,
+        factored_sizes: tuple[int, int] = (0, 0),
+        seed: int = 0,
     ) -> None:
         if not names:
             raise UserError("no parameters chosen for TracIn")
@@ -116,6 +121,23 @@ class GradientComputer:
         self.projector = projector
         self.gradient_checkpointing = gradient_checkpointing
         self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        self.factored: FactoredGradients | None = None
+        if method == "factored":
+            if gradient_checkpointing or projector is not None:
+                raise UserError(
+                    "method = factored projects with projection_in and projection_out (projection_dim must be 0) "
+                    "and does not take gradient_checkpointing"
+                )
+            k_in, k_out = factored_sizes
+            self.factored = FactoredGradients(
+                adapter, self.names, k_in=k_in, k_out=k_out, seed=seed, precision=precision
+            )
+            if not self.factored.names:
+                raise UserError(
+                    "method = factored: none of the chosen parameters is in a Linear, Embedding or LayerNorm"
+                )
+            self.method = "factored"
+            return
         owners = linear_owners(self.model, self.names) if method != "vmap" else None
         if method == "closed_form" and owners is None:
             raise UserError(
@@ -134,6 +156,8 @@ class GradientComputer:
         # the lean forward of BERT-style heads, unless the layers are to be recomputed (it bypasses that)
         lean = contextlib.nullcontext() if self.gradient_checkpointing else self.adapter.logits_only()
         with lean, padded_batch_kernels(batch.get("attention_mask")):
+            if self.factored is not None:
+                return GradFeatures(self.factored.features(batch), [])
             blocks = self._closed_form(batch) if self.method == "closed_form" else self._vmap(batch)
         return self._assemble(blocks, len(next(iter(batch.values()))))
 

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_atomically, write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.gradient_cache import default_root
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
 from gpuopt_tui.jobs.context import JobContext
@@ -32,9 +33,12 @@ from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
+from gpuopt_tui.jobs.tracin.factored import module_uses
+from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement
 from gpuopt_tui.jobs.tracin.filters import get_filter
+from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
 from gpuopt_tui.jobs.tracin.params import select_parameters
-from gpuopt_tui.jobs.tracin.scores import InfluenceResult, Reporter, TopK, TracInOptions, TracInRun
+from gpuopt_tui.jobs.tracin.scores import TracInRun
 
 PREDICTIONS_SHARD = "test_predictions"
 
@@ -87,6 +91,9 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         method=section.method,
         precision=_precision(ctx, device, section.use_amp, section.amp_dtype),
         projection_dim=section.projection_dim,
+        projection_in=section.projection_in,
+        projection_out=section.projection_out,
+        train_cache=default_root() if section.train_cache else None,
         seed=profile.run.seed,
         batch_size=section.batch_size,
         gradient_checkpointing=section.gradient_checkpointing,
@@ -101,6 +108,11 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.log(f"resuming: {len(saved)} finished (checkpoint, block) shards found")
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         lean = lean and not options.gradient_checkpointing
+    if excluded := _excluded(adapter, names, section.method):
+        ctx.log(
+            f"method = factored leaves out {len(excluded)} parameter tensors outside Linear, Embedding and "
+            f"LayerNorm layers: {', '.join(excluded[:4])}" + (" ..." if len(excluded) > 4 else "")
+        )
     ctx.log(
         f"{adapter.describe()}; {len(train)} training x {len(test)} test examples, {len(checkpoints)} checkpoints, "
         f"{len(names)} parameter tensors ({section.layers}), precision {options.precision}"
@@ -121,7 +133,16 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     if rank_stats is None:  # ranks other than 0 are done: rank 0 merges
         return {}
     result = run.gather(rank_stats)
+    if section.agreement_train:
+        result.stats["agreement"] = exact_agreement(
+            adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
+        )
+        ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
     return _write_results(ctx, profile, adapter, train, test, checkpoints, result)
+
+
+def _excluded(adapter: Adapter, names: list[str], method: str) -> list[str]:
+    return module_uses(adapter.model, names)[1] if method == "factored" else []
 
 
 def _datasets(profile: TracInProfile, adapter: Adapter) -> tuple[TextDataset, TextDataset]:
@@ -173,6 +194,7 @@ def _check_plan(
             "method": options.method,
             "precision": options.precision,
             "projection_dim": options.projection_dim,
+            "projection": [options.projection_in, options.projection_out],
             "seed": options.seed,
             "shard_size": options.shard_size,
             "filter": filter_name,
@@ -240,6 +262,10 @@ def _write_results(
         "n_parameters": stats["n_parameters"],
         "parameter_tensors": stats["parameters"],
         "gradient_size": stats["gradient_size"],
+        "projection": _projection(section, profile.run.seed),
+        "excluded_parameters": stats["excluded_parameters"],
+        "train_cache": stats["cache_blocks"],
+        "agreement": stats.get("agreement"),
         "timing": {"compute_seconds": seconds, "train_examples_per_s": rate, "processes": stats["processes"]},
         "oom_retries": stats["oom_retries"],
         "final_batch_size": stats["final_batch_size"],
@@ -253,6 +279,15 @@ def _write_results(
     if auc is not None:
         ctx.metric("flipped_label_auc", auc)
     return {"n_scored": stats["n_scored"], "train_examples_per_s": rate, "flipped_label_auc": auc}
+
+
+def _projection(section: Any, seed: int) -> dict[str, Any] | None:
+    """The random projection the gradients went through (None: exact gradients)."""
+    if section.method == "factored" and (section.projection_in or section.projection_out):
+        return {"kind": "factored", "in": section.projection_in, "out": section.projection_out, "seed": seed}
+    if section.method != "factored" and section.projection_dim:
+        return {"kind": "dense", "dim": section.projection_dim, "seed": seed}
+    return None
 
 
 def _label(ds: TextDataset, i: int) -> int | None:

@@ -13,233 +13,28 @@ accumulate in fp32 (float64 for float64 models).
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.profiler import record_function
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
-from gpuopt_tui.jobs.data import TextDataset, trim_batch
-from gpuopt_tui.jobs.device import free_memory, is_oom
-from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
+from gpuopt_tui.jobs.data import TextDataset
+from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.tracin.filters import PairFilter
+from gpuopt_tui.jobs.tracin.grad_cache import TrainGradientCache, cache_key
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
+from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TracInOptions
+from gpuopt_tui.jobs.tracin.microbatch import Cleanup, MicroBatcher
 from gpuopt_tui.jobs.tracin.params import count_parameters
 from gpuopt_tui.jobs.tracin.prefetch import CheckpointLoader
 from gpuopt_tui.jobs.tracin.project import Projector
+from gpuopt_tui.jobs.tracin.shards import MemoryStore, ShardStore, gather_shards, latest_shard, shard_name, split_blocks
 
 
-@dataclass
-class TracInOptions:
-    method: str = "auto"  # auto | closed_form | vmap (see grads.py)
-    precision: str = "fp32"  # forward precision: fp32, bf16 or fp16 (jobs.device.autocast)
-    projection_dim: int = 0  # 0 = exact gradients
-    seed: int = 0  # projection seed
-    batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
-    gradient_checkpointing: bool = False
-    cleanup_every: int = 0  # examples between memory clean-ups (0 = never)
-    prefetch: bool = True  # read the next checkpoint's file while the current checkpoint is scored
-    shard_size: int = 4096  # training examples per saved block
-    top_k: int = 10
-    keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
-
-
-@dataclass
-class TopK:
-    """Per test example: `rows` [n_test, k] (training rows, -1 where fewer than k were scored), `scores`."""
-
-    rows: Tensor
-    scores: Tensor
-
-
-@dataclass
-class InfluenceResult:
-    train_rows: Tensor  # [M] training rows that were scored, ascending (all of them without a filter)
-    self_influence: Tensor  # [M]
-    proponents: TopK  # the k highest scores per test example
-    opponents: TopK  # the k lowest
-    matrix: Tensor | None  # [n_test, M]; NaN where the filter left the pair out
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-class Reporter:
-    """Where the engine reports progress and events and asks whether to stop; this one ignores it all."""
-
-    def progress(self, done: int, total: int, stage: str) -> None:
-        pass
-
-    def event(self, type: str, **fields: Any) -> None:
-        pass
-
-    def check_cancelled(self) -> None:
-        pass
-
-
-class ShardStore(Protocol):
-    def has(self, name: str) -> bool: ...
-    def load(self, name: str) -> dict[str, Tensor] | None: ...
-    def save(self, name: str, tensors: dict[str, Tensor]) -> None: ...
-    def delete(self, name: str) -> None: ...
-
-
-class MemoryStore:
-    """Shards kept in a dict (library use without resume)."""
-
-    def __init__(self) -> None:
-        self.shards: dict[str, dict[str, Tensor]] = {}
-
-    def has(self, name: str) -> bool:
-        return name in self.shards
-
-    def load(self, name: str) -> dict[str, Tensor] | None:
-        return self.shards.get(name)
-
-    def save(self, name: str, tensors: dict[str, Tensor]) -> None:
-        self.shards[name] = tensors
-
-    def delete(self, name: str) -> None:
-        self.shards.pop(name, None)
-
-
-def shard_name(checkpoint: int, block: int) -> str:
-    return f"tracin_c{checkpoint:03d}_b{block:05d}.safetensors"
-
-
-# --- micro-batches -------------------------------------------------------------------------------------------
-class MicroBatcher:
-    """Feeds rows of a dataset to a `GradientComputer` in micro-batches sized by a `ChunkPlanner` (one
-    "step" = one example): a fixed size, or "auto", where on a GPU the first micro-batch is a memory probe
-    and later ones fill a share of the free memory. On out-of-memory the size is halved for the rest of the
-    run and the micro-batch retried."""
-
-    def __init__(self, size: int | Literal["auto"], reporter: Reporter) -> None:
-        self.planner = ChunkPlanner(size, on_event=self._planner_event)
-        self.reporter = reporter
-        self.ooms = 0
-        self._lengths: dict[int, Tensor] = {}  # id(dataset) -> real tokens per example, computed once
-
-    def run(
-        self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int], what: str
-    ) -> Iterator[tuple[int, GradFeatures]]:
-        """(offset into `rows`, features of the micro-batch starting there); `what` names the examples
-        ("train", "test") in profiler traces."""
-        device = computer.adapter.device
-        lengths = self._lengths.setdefault(id(ds), ds.lengths())
-        # tokens of the longest row from each offset on: a bound on every later micro-batch's padded length
-        longest = lengths[list(rows)].flip(0).cummax(0).values.flip(0).tolist() if len(rows) else []
-        start = 0
-        while start < len(rows):
-            tokens = max(1, longest[start])
-            size = self.planner.next_steps(len(rows) - start, 1, tokens, device)
-            with record_function(f"tracin.{what}_gradients"):
-                feats = self._attempt(computer, ds, rows[start : start + size])
-            if feats is None:
-                gc.collect()  # the failed attempt's tensors
-                free_memory(device)
-                if not self.planner.shrink(size, 1, tokens):
-                    raise UserError(
-                        "out of memory with one example per micro-batch: use a projection (projection_dim), "
-                        "fewer layers, mixed precision, or a larger GPU"
-                    )
-                self.ooms += 1
-                continue
-            self.planner.chunk_done(size, 1, tokens, device)
-            yield start, feats
-            del feats  # not held while the next micro-batch is computed
-            start += size
-
-    def _planner_event(self, type: str, **fields: Any) -> None:
-        if type == "oom_retry":
-            self.reporter.event("oom_retry", batch_size=fields["steps"], retry_batch_size=fields["retry_steps"])
-        elif type == "chunk_probe":
-            self.reporter.event(
-                "batch_probe",
-                examples=fields["steps"],
-                tokens=fields["tokens"],
-                peak_bytes=fields["peak_bytes"],
-                budget_bytes=fields["budget_bytes"],
-            )
-
-    def probes_next(self, device: torch.device) -> bool:
-        """Whether the next micro-batch will be the memory probe of an "auto" size on a GPU."""
-        planner = self.planner
-        return planner.setting == "auto" and device.type == "cuda" and planner.bytes_per_row_token is None
-
-    @staticmethod
-    def _attempt(computer: GradientComputer, ds: TextDataset, rows: Sequence[int]) -> GradFeatures | None:
-        """The features of `rows`, or None when memory ran out."""
-        device = computer.adapter.device
-        batch = trim_batch(ds.batch(rows), ds.token_fields)
-        if device.type == "cuda":  # from page-locked memory the copy is queued without waiting for the GPU
-            batch = {k: v.pin_memory() for k, v in batch.items()}
-        batch = to_device(batch, device)
-        try:
-            return computer.features(batch)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            return None
-
-    def features(self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int], what: str) -> GradFeatures:
-        """The features of every row, gathered in one preallocated block (no second copy)."""
-        out: GradFeatures | None = None
-        for offset, part in self.run(computer, ds, rows, what):
-            out = out if out is not None else GradFeatures.empty(part, len(rows))
-            out.put(offset, part)
-        if out is None:
-            raise ValueError("no rows")
-        return out
-
-
-class Cleanup:
-    """Frees cached GPU memory every `every` examples (0 = never), for other processes on a shared GPU.
-    Tensors are freed by reference counting as soon as the engine drops them, so no garbage collection pass
-    runs here: a full pass takes a tenth of a second or more in a process holding transformers."""
-
-    def __init__(self, every: int, device: torch.device) -> None:
-        self.every = every
-        self.device = device
-        self.count = 0
-        self.runs = 0
-
-    def step(self, examples: int) -> None:
-        self.count += examples
-        if self.every and self.count >= self.every:
-            self.count = 0
-            self.runs += 1
-            free_memory(self.device)
-
-
-# --- top-k ------------------------------------------------------------------------------------------------------
-class TopKMerger:
-    """The k largest (or smallest) scores per row over column blocks seen one at a time; NaN = not scored."""
-
-    def __init__(self, n_rows: int, k: int, largest: bool) -> None:
-        self.k = k
-        self.largest = largest
-        self.fill = float("-inf") if largest else float("inf")
-        self.scores = torch.empty(n_rows, 0)
-        self.rows = torch.empty(n_rows, 0, dtype=torch.long)
-
-    def update(self, scores: Tensor, rows: Tensor) -> None:
-        scores = torch.where(scores.isnan(), self.fill, scores)
-        cand = torch.cat([self.scores.to(scores.dtype), scores], 1)
-        cand_rows = torch.cat([self.rows, rows.expand(scores.shape[0], -1)], 1)
-        top = cand.topk(min(self.k, cand.shape[1]), dim=1, largest=self.largest)
-        self.scores, self.rows = top.values, cand_rows.gather(1, top.indices)
-
-    def result(self) -> TopK:
-        missing = self.scores == self.fill
-        return TopK(self.rows.masked_fill(missing, -1), self.scores.masked_fill(missing, float("nan")))
-
-
-# --- the computation -----------------------------------------------------------------------------------------------
 def tracin_scores(
     adapter: Adapter,
     checkpoints: Sequence[Checkpoint],
@@ -302,16 +97,23 @@ class TracInRun:
             precision=opts.precision,
             projector=projector,
             gradient_checkpointing=opts.gradient_checkpointing,
+            factored_sizes=(opts.projection_in, opts.projection_out),
+            seed=opts.seed,
         )
         self.blocks, self.owners = split_blocks(self.scored, opts.shard_size, world_size)
         mine = [j for j, owner in enumerate(self.owners) if owner == rank]
         n_test, n_ckpt = len(self.test), len(self.checkpoints)
-        done_through = {j: _latest_shard(store, j, n_ckpt) for j in mine}
+        done_through = {j: latest_shard(store, j, n_ckpt) for j in mine}
         total = n_ckpt * sum(len(self.blocks[j]) for j in mine)
         done = sum((done_through[j] + 1) * len(self.blocks[j]) for j in mine)
         batcher = MicroBatcher(opts.batch_size, reporter)
         cleanup = Cleanup(opts.cleanup_every, device)
         loaded = final_batch = 0
+        cache = (
+            TrainGradientCache(opts.train_cache, cache_key(adapter, self.train, self.params, computer.method, opts))
+            if opts.train_cache
+            else None
+        )
         start = time.perf_counter()
         # the checkpoints with a block left to score, each read from disk while the one before is scored
         needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
@@ -324,6 +126,8 @@ class TracInRun:
                     loader.load_next()
                 loaded += 1
                 stage = f"checkpoint {c + 1}/{n_ckpt}"
+                if cache is not None:
+                    cache.checkpoint(ckpt.path)
                 # The test gradients come first when the run's first micro-batch is to measure the memory an
                 # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
                 # Otherwise they come after the first training micro-batch is queued (below): their small forward,
@@ -338,7 +142,7 @@ class TracInRun:
                     if prev is not None:
                         scores += prev["scores"].to(device, dtype)
                         selfinf += prev["self_influence"].to(device, dtype)
-                    for offset, feats in batcher.run(computer, self.train, rows, "train"):
+                    for offset, feats in self._train_features(batcher, computer, cache, j, rows):
                         if test_feats is None and n_test:
                             test_feats = batcher.features(computer, self.test, range(n_test), "test")
                         part = slice(offset, offset + len(feats))
@@ -359,18 +163,37 @@ class TracInRun:
                     done_through[j] = c
         return {
             "method": computer.method,
-            "gradient_size": _feature_size(adapter, self.params, projector),
+            "gradient_size": _feature_size(computer, projector),
+            "excluded_parameters": computer.factored.excluded if computer.factored else [],
             "checkpoints_loaded": loaded,
             "seconds": time.perf_counter() - start,
             "final_batch_size": final_batch,
             "oom_retries": batcher.ooms,
             "cleanups": cleanup.runs,
+            "cache_blocks": {"read": cache.read, "computed": cache.computed} if cache else None,
         }
+
+    def _train_features(
+        self,
+        batcher: MicroBatcher,
+        computer: GradientComputer,
+        cache: TrainGradientCache | None,
+        block: int,
+        rows: list[int],
+    ) -> Iterator[tuple[int, GradFeatures]]:
+        """(offset, features) of a block's training rows: streamed in micro-batches, or with the cache on the
+        whole block at once, read from the cache or computed and stored there."""
+        if cache is None:
+            yield from batcher.run(computer, self.train, rows, "train")
+            return
+        dtype = torch.promote_types(next(self.adapter.model.parameters()).dtype, torch.float32)
+        compute = lambda: batcher.features(computer, self.train, rows, "train")  # noqa: E731
+        yield 0, cache.block(block, rows, self.adapter.device, dtype, compute)
 
     def gather(self, rank_stats: Sequence[dict[str, Any]]) -> InfluenceResult:
         """Merge every block's final shard; `rank_stats`: what `compute` returned on each rank."""
         with record_function("tracin.gather"):
-            result = _gather(
+            result = gather_shards(
                 self.store, self.blocks, len(self.test), len(self.checkpoints), self.pair_filter, self.keys, self.opts
             )
         lead = rank_stats[0]
@@ -388,19 +211,6 @@ class TracInRun:
             "processes": len(rank_stats),
         }
         return result
-
-
-def split_blocks(rows: list[int], shard_size: int, world_size: int) -> tuple[list[list[int]], list[int]]:
-    """Blocks of at most `shard_size` rows and the rank that scores each. `rows` come longest first; with
-    several ranks each takes every world_size-th row, so all get a similar mix of lengths."""
-    blocks: list[list[int]] = []
-    owners: list[int] = []
-    for rank in range(world_size):
-        part = rows[rank::world_size]
-        for i in range(0, len(part), shard_size):
-            blocks.append(part[i : i + shard_size])
-            owners.append(rank)
-    return blocks, owners
 
 
 def self_influence(
@@ -435,55 +245,11 @@ def _scored_rows(
     return rows[torch.sort(-lengths, stable=True).indices].tolist()
 
 
-def _latest_shard(store: ShardStore, block: int, n_ckpt: int) -> int:
-    """The last checkpoint whose running sums for `block` are saved (-1: none)."""
-    return next((c for c in reversed(range(n_ckpt)) if store.has(shard_name(c, block))), -1)
-
-
-def _gather(
-    store: ShardStore,
-    blocks: list[list[int]],
-    n_test: int,
-    n_ckpt: int,
-    pair_filter: PairFilter | None,
-    keys: tuple[Tensor, Tensor] | None,
-    opts: TracInOptions,
-) -> InfluenceResult:
-    """Final shards -> self-influence, top-k per test example and (optionally) the matrix, in row order."""
-    train_rows = torch.tensor(sorted(r for rows in blocks for r in rows), dtype=torch.long)
-    position = torch.zeros(int(train_rows.max()) + 1 if len(train_rows) else 0, dtype=torch.long)
-    position[train_rows] = torch.arange(len(train_rows))
-    proponents = TopKMerger(n_test, opts.top_k, largest=True)
-    opponents = TopKMerger(n_test, opts.top_k, largest=False)
-    selfinf: Tensor | None = None
-    matrix: Tensor | None = None
-    for j, rows in enumerate(blocks):
-        shard = store.load(shard_name(n_ckpt - 1, j))
-        if shard is None:
-            raise RuntimeError(f"shard {shard_name(n_ckpt - 1, j)} is missing")
-        rows_t = torch.tensor(rows, dtype=torch.long)
-        scores = shard["scores"]
-        if pair_filter is not None and keys is not None:
-            scores = scores.masked_fill(~pair_filter.mask(keys[0], keys[1][rows_t]), float("nan"))
-        proponents.update(scores, rows_t)
-        opponents.update(scores, rows_t)
-        cols = position[rows_t]
-        if selfinf is None:
-            selfinf = torch.zeros(len(train_rows), dtype=scores.dtype)
-            if opts.keep_matrix:
-                matrix = torch.full((n_test, len(train_rows)), float("nan"), dtype=scores.dtype)
-        selfinf[cols] = shard["self_influence"]
-        if matrix is not None:
-            matrix[:, cols] = scores
-    if selfinf is None:
-        selfinf = torch.zeros(0)
-        matrix = torch.zeros(n_test, 0) if opts.keep_matrix else None
-    return InfluenceResult(train_rows, selfinf, proponents.result(), opponents.result(), matrix)
-
-
-def _feature_size(adapter: Adapter, params: Sequence[str], projector: Projector | None) -> int:
+def _feature_size(computer: GradientComputer, projector: Projector | None) -> int:
     """Numbers per example gradient: the parameter count, or its projected size."""
-    shapes = dict(adapter.model.named_parameters())
+    if computer.factored is not None:
+        return computer.factored.size()
+    shapes = dict(computer.model.named_parameters())
     if projector is None:
-        return count_parameters(adapter.model, params)
-    return sum(projector.size(tuple(shapes[n].shape)) for n in params)
+        return count_parameters(computer.model, computer.names)
+    return sum(projector.size(tuple(shapes[n].shape)) for n in computer.names)

@@ -32,15 +32,14 @@ from gpuopt_tui.core.tracin_results import (
     PagedRecords,
     RankedExample,
     TracInResults,
-    TracInSummary,
     load_results,
 )
 from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content
 
 PAGE = 200  # rows read at a time
 LOAD_MARGIN = 20  # the next page is read when the cursor comes this close to the last row read
 TEXT_CELL = 100  # characters of a text in a table cell; the line under the table shows all of it
-MAX_TENSORS = 8  # parameter tensors named in the summary
 
 T = TypeVar("T")
 
@@ -222,49 +221,6 @@ def read_results(results_dir: Path) -> Loaded:
     )
 
 
-def summary_content(s: TracInSummary) -> Content:
-    def line(name: str, value: str) -> Content:
-        return Content.assemble((f"{name:<12}", "bold"), value)
-
-    scored = f" ({s.n_scored:,} scored)" if s.n_scored != s.n_train else ""
-    tensors, more = s.parameter_tensors[:MAX_TENSORS], len(s.parameter_tensors) - MAX_TENSORS
-    folders = {str(Path(c.path).parent) for c in s.checkpoints}
-    shared = folders.pop() if len(folders) == 1 else ""  # then each checkpoint is named by its file name
-    parts = [
-        line("Model", s.model),
-        line("Examples", f"{s.n_test:,} test × {s.n_train:,} training{scored}"),
-        line("Checkpoints", f"{len(s.checkpoints)}" + (f" in {shared}" if shared else "")),
-        *(Content(f"  lr {c.lr:<9.3g} {Path(c.path).name if shared else c.path}") for c in s.checkpoints),
-        line("Parameters", f"{s.n_parameters:,} in {len(s.parameter_tensors)} tensors ({s.layers})"),
-        *(Content(f"  {name}") for name in tensors),
-        *([Content(f"  … and {more} more")] if more > 0 else []),
-        line("Mode", f"{s.mode}; {s.gradient_size:,} numbers per gradient; {s.precision} forward"),
-        line("Filter", s.filter),
-    ]
-    if s.train_examples_per_s is not None:
-        rate = f"{s.train_examples_per_s:,.0f} training examples scored per second"
-        if s.compute_seconds is not None:
-            rate += f" ({s.compute_seconds:.3g} s computing)"
-        parts.append(line("Rate", rate))
-    if s.oom_retries:
-        parts.append(line("Memory", f"{s.oom_retries} out-of-memory retries with a halved micro-batch"))
-    if s.flipped_label_auc is not None:
-        auc = f"{s.flipped_label_auc:.4f}: the chance that self-influence ranks a label the data marks as flipped"
-        parts.append(line("Flipped AUC", auc + " above a clean one"))
-    return Content("\n").join(parts)
-
-
-def status_content(loaded: Loaded) -> Content:
-    """One line above the tabs: the size of the run and, where known, its flipped-label AUC."""
-    s = loaded.results.summary
-    if s is None:
-        return Content.from_markup("[$text-muted]No summary.json yet: showing the files written so far.[/]")
-    text = f"{s.n_test:,} test × {s.n_scored:,} training · {s.mode}"
-    if s.flipped_label_auc is not None:
-        text += f" · flipped AUC {s.flipped_label_auc:.4f}"
-    return Content(text)
-
-
 class TracInResultsView(RunResults):
     """A run's summary line, then tabs: test examples, self-influence, summary, files. Maximizable."""
 
@@ -357,7 +313,7 @@ class TracInResultsView(RunResults):
             text.update("No result files yet: they are written when the run finishes.")
             self._show(None)
             return
-        text.update(status_content(loaded))
+        text.update(status_content(loaded.results.summary))
         self._show(loaded)
 
     # -- showing ------------------------------------------------------------------------------------------------

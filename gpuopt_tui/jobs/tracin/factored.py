@@ -1,0 +1,247 @@
+"""Per-example gradients of every Linear, Embedding and LayerNorm parameter, projected without forming them.
+
+The gradient of a Linear weight for one example is a sum over its tokens of outer products g_t x_t^T (g: the
+gradient of the loss with respect to the layer's output, x: its input). Its projection P_out^T (sum_t g_t x_t^T)
+P_in equals sum_t (P_out^T g_t)(P_in^T x_t)^T, so a forward hook projects each token's input and a hook on the
+output's gradient projects g_t and sums the small outer products per example: the d_out x d_in gradient is never
+formed (the LoGra factorisation). An Embedding is a Linear layer fed one-hot token ids (P_in^T x_t is a row of
+P_in); transformers' Conv1D is a Linear layer stored transposed. Biases (sum_t g_t) and LayerNorm parameters
+(sum_t g_t * x_hat_t and sum_t g_t) are vectors, projected densely to `k_out` numbers. A size of 0, or one at
+least the dimension, keeps that side exact (no projection), so sizes 0 give exact per-example gradients.
+
+One forward and one backward per micro-batch: every hooked layer's output gets a zero scalar added that
+requires grad, and the backward differentiates the summed loss with respect to that scalar only, so no parameter
+gradient is computed and each layer's g is projected (and freed) as soon as the backward reaches it. Tokens
+where the attention mask is 0 contribute nothing. A layer run on a batch of one while the batch has more
+examples (shared position ids) is expanded to the examples, so each gets its own gradient. Parameters of other
+modules are excluded; `excluded` lists them.
+
+Projections are seeded per parameter and axis (`Projector.factor`), the same for training and test examples;
+the forward may run under bf16/fp16 autocast, the projections and sums run in fp32 (float64 for float64 models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpuopt_tui.jobs.device import autocast
+from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.tracin.params import only_these_require_grad
+from gpuopt_tui.jobs.tracin.project import Projector
+
+
+@dataclass(frozen=True)
+class Use:
+    """One chosen parameter of one module: `role` is weight, conv_weight (stored [in, out]), embedding, bias,
+    norm_weight or norm_bias."""
+
+    param: str
+    role: str
+
+
+def _conv1d_type() -> type | None:
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return None
+    return Conv1D
+
+
+def module_uses(model: nn.Module, names: Sequence[str]) -> tuple[dict[str, list[Use]], list[str]]:
+    """(module name -> the chosen parameters it uses, chosen parameters no supported module owns). A weight
+    shared by several modules (tied embeddings) has a use in each; their contributions add up."""
+    wanted = set(names)
+    canonical = {id(p): n for n, p in model.named_parameters()}
+    conv1d = _conv1d_type()
+    uses: dict[str, list[Use]] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        roles: dict[str, str] = {}
+        if isinstance(module, nn.Linear):
+            roles = {"weight": "weight", "bias": "bias"}
+        elif conv1d is not None and isinstance(module, conv1d):
+            roles = {"weight": "conv_weight", "bias": "bias"}
+        elif isinstance(module, nn.Embedding):
+            roles = {"weight": "embedding"}
+        elif isinstance(module, nn.LayerNorm):
+            roles = {"weight": "norm_weight", "bias": "norm_bias"}
+        for attr, role in roles.items():
+            p = getattr(module, attr, None)
+            if isinstance(p, nn.Parameter) and canonical.get(id(p)) in wanted:
+                uses.setdefault(mod_name, []).append(Use(canonical[id(p)], role))
+    covered = {u.param for found in uses.values() for u in found}
+    return uses, [n for n in names if n not in covered]
+
+
+class FactoredGradients:
+    """Projected per-example gradients [B, D] of the chosen parameters, in `names` order (excluded ones left
+    out); `k_in`, `k_out`: projected sizes of a layer's input and output side (0 = exact)."""
+
+    def __init__(
+        self, adapter: Adapter, names: Sequence[str], *, k_in: int, k_out: int, seed: int, precision: str
+    ) -> None:
+        self.adapter = adapter
+        self.model = adapter.model
+        self.precision = precision
+        self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        self.uses, self.excluded = module_uses(self.model, names)
+        self.projector = Projector(1, seed, adapter.device, self.dtype)
+        params = dict(self.model.named_parameters())
+        self.sizes: dict[str, tuple[int, ...]] = {}  # parameter -> projected shape (per axis)
+        for found in self.uses.values():
+            for use in found:
+                if use.param not in self.sizes:
+                    self.sizes[use.param] = _projected_shape(use.role, tuple(params[use.param].shape), k_in, k_out)
+        self.names = [n for n in names if n in self.sizes]
+        self.shapes = {n: tuple(params[n].shape) for n in self.names}
+
+    def size(self) -> int:
+        """Numbers per example gradient."""
+        return sum(_numel(s) for s in self.sizes.values())
+
+    def features(self, batch: Mapping[str, Tensor]) -> Tensor:
+        n = len(next(iter(batch.values())))
+        mask = batch.get("attention_mask")
+        keep = None if mask is None else mask.reshape(n, -1).to(self.dtype)
+        feats: dict[str, Tensor] = {}
+        anchor = torch.zeros((), device=self.adapter.device, dtype=self.dtype, requires_grad=True)
+        modules = dict(self.model.named_modules(remove_duplicate=False))
+        handles = [
+            modules[name].register_forward_hook(self._hook(name, uses, n, keep, feats, anchor), with_kwargs=True)
+            for name, uses in self.uses.items()
+        ]
+        try:
+            with only_these_require_grad(self.model, []), autocast(self.adapter.device, self.precision):
+                losses = self.adapter.loss_per_example(batch)
+            torch.autograd.grad(losses.sum(), anchor, allow_unused=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        parts = [feats.get(name) for name in self.names]
+        return torch.cat(
+            [
+                p.reshape(n, -1) if p is not None else torch.zeros(n, _numel(self.sizes[name]), device=anchor.device)
+                for name, p in zip(self.names, parts)
+            ],
+            1,
+        ).to(self.dtype)
+
+    def _hook(
+        self, mod_name: str, uses: list[Use], n: int, keep: Tensor | None, feats: dict[str, Tensor], anchor: Tensor
+    ) -> Callable[..., Tensor]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Tensor:
+            x = args[0] if args else next(iter(kwargs.values()))
+            if output.shape[0] == 1 and n > 1:  # e.g. position embeddings of shared position ids
+                output, x = output.expand(n, *output.shape[1:]), x.expand(n, *x.shape[1:])
+            z = output + anchor
+            with torch.autocast(z.device.type, enabled=False):
+                saved = self._input_side(module, uses, x, n, keep)
+            z.register_hook(lambda g: self._output_side(module, uses, g, n, keep, saved, feats))
+            return z
+
+        return hook
+
+    def _input_side(
+        self, module: nn.Module, uses: list[Use], x: Tensor, n: int, keep: Tensor | None
+    ) -> dict[str, Tensor]:
+        """What the backward needs of the layer's input, per parameter: projected inputs [n, T, k]."""
+        saved: dict[str, Tensor] = {}
+        for use in uses:
+            if use.role in ("weight", "conv_weight"):
+                axis = 1 if use.role == "weight" else 0
+                saved[use.param] = self._project(use.param, axis, _masked(_rows(x, n).to(self.dtype), keep))
+            elif use.role == "embedding":
+                ids = x.reshape(n, -1)
+                live = torch.ones_like(ids, dtype=self.dtype) if keep is None or keep.shape != ids.shape else keep
+                if module.padding_idx is not None:  # that row's gradient is always zero
+                    live = live * (ids != module.padding_idx)
+                saved[use.param] = self._embedding_rows(use.param, ids, live)
+            elif use.role == "norm_weight":
+                xhat = F.layer_norm(x.to(self.dtype), module.normalized_shape, eps=module.eps)
+                saved[use.param] = _rows(xhat, n)
+        return saved
+
+    def _output_side(
+        self,
+        module: nn.Module,
+        uses: list[Use],
+        g: Tensor,
+        n: int,
+        keep: Tensor | None,
+        saved: dict[str, Tensor],
+        feats: dict[str, Tensor],
+    ) -> None:
+        g = _masked(_rows(g, n).to(self.dtype), keep)
+        for use in uses:
+            name, role = use.param, use.role
+            if role == "weight":
+                part = torch.einsum("bto,bti->boi", self._project(name, 0, g), saved[name])
+            elif role == "conv_weight":
+                part = torch.einsum("bti,bto->bio", saved[name], self._project(name, 1, g))
+            elif role == "embedding":
+                part = self._embedding_grad(name, saved[name], g)
+            elif role == "norm_weight":
+                part = self._project(name, 0, (g * saved[name]).sum(1))
+            else:  # bias, norm_bias
+                part = self._project(name, 0, g.sum(1))
+            part = part.reshape(n, -1)
+            feats[name] = feats[name] + part if name in feats else part
+
+    def _project(self, name: str, axis: int, x: Tensor) -> Tensor:
+        """x [..., dim] -> [..., k] along `axis` of parameter `name` (unchanged when that side is exact)."""
+        k = self.sizes[name][axis]
+        dim = self.shapes[name][axis]
+        return x if k == dim else x @ self.projector.factor(name, axis, dim, k)
+
+    def _embedding_rows(self, name: str, ids: Tensor, live: Tensor) -> Tensor:
+        """The input side of an embedding: rows of its projection factor [n, T, k_in], zero where not live;
+        exact: the ids themselves with dead tokens as -1."""
+        vocab, k = self.shapes[name][0], self.sizes[name][0]
+        if k == vocab:
+            return ids.masked_fill(live == 0, -1)
+        return self.projector.factor(name, 0, vocab, k)[ids] * live[..., None]
+
+    def _embedding_grad(self, name: str, rows: Tensor, g: Tensor) -> Tensor:
+        g = self._project(name, 1, g)
+        vocab, k = self.shapes[name][0], self.sizes[name][0]
+        if k != vocab:
+            return torch.einsum("btv,btd->bvd", rows, g)
+        n, tokens = rows.shape
+        out = g.new_zeros(n * vocab, g.shape[-1])
+        flat = (rows + vocab * torch.arange(n, device=rows.device)[:, None]).reshape(-1)
+        live = rows.reshape(-1) >= 0
+        out.index_add_(0, flat[live], g.reshape(n * tokens, -1)[live])
+        return out
+
+
+def _projected_shape(role: str, shape: tuple[int, ...], k_in: int, k_out: int) -> tuple[int, ...]:
+    def fit(dim: int, k: int) -> int:
+        return dim if k == 0 else min(dim, k)
+
+    if role == "weight":  # [out, in]
+        return fit(shape[0], k_out), fit(shape[1], k_in)
+    if role in ("conv_weight", "embedding"):  # [in, out]; an embedding's input is the one-hot token
+        return fit(shape[0], k_in), fit(shape[1], k_out)
+    return (fit(shape[0], k_out),)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _rows(t: Tensor, n: int) -> Tensor:
+    """[n, tokens, features] view of a layer input/output whose first dimension is the example."""
+    return t.reshape(n, -1, t.shape[-1])
+
+
+def _masked(t: Tensor, keep: Tensor | None) -> Tensor:
+    """Zero the padded tokens of [n, T, d] when T is the batch's token count (a lean layer's T is 1)."""
+    return t if keep is None or keep.shape[1] != t.shape[1] else t * keep[..., None]

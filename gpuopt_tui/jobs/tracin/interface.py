@@ -1,0 +1,59 @@
+"""What the TracIn engine (scores.py) takes and gives: its options, its result, and the reporter it tells its
+progress and asks whether to stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import Tensor
+
+
+@dataclass
+class TracInOptions:
+    method: str = "auto"  # auto | closed_form | vmap | factored (see grads.py)
+    precision: str = "fp32"  # forward precision: fp32, bf16 or fp16 (jobs.device.autocast)
+    projection_dim: int = 0  # closed_form, vmap: 0 = exact gradients
+    projection_in: int = 0  # factored: projected size of each layer's input side (0 = exact)
+    projection_out: int = 0  # factored: projected size of each layer's output side (0 = exact)
+    seed: int = 0  # projection seed
+    batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
+    gradient_checkpointing: bool = False
+    cleanup_every: int = 0  # examples between memory clean-ups (0 = never)
+    prefetch: bool = True  # read the next checkpoint's file while the current checkpoint is scored
+    shard_size: int = 4096  # training examples per saved block
+    top_k: int = 10
+    keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
+    train_cache: Path | None = None  # keep the training gradients there (core/gradient_cache.py) and reuse them
+
+
+@dataclass
+class TopK:
+    """Per test example: `rows` [n_test, k] (training rows, -1 where fewer than k were scored), `scores`."""
+
+    rows: Tensor
+    scores: Tensor
+
+
+@dataclass
+class InfluenceResult:
+    train_rows: Tensor  # [M] training rows that were scored, ascending (all of them without a filter)
+    self_influence: Tensor  # [M]
+    proponents: TopK  # the k highest scores per test example
+    opponents: TopK  # the k lowest
+    matrix: Tensor | None  # [n_test, M]; NaN where the filter left the pair out
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Reporter:
+    """Where the engine reports progress and events and asks whether to stop; this one ignores it all."""
+
+    def progress(self, done: int, total: int, stage: str) -> None:
+        pass
+
+    def event(self, type: str, **fields: Any) -> None:
+        pass
+
+    def check_cancelled(self) -> None:
+        pass

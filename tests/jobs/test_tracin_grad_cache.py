@@ -1,0 +1,49 @@
+"""The training-gradient cache: a run that fills it and runs that read it give identical scores; a new test set
+reads every training block; a missing block is computed again; entries are listed and cleared."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from test_tracin_support import bert_adapter, save_checkpoints, text_dataset
+
+from gpuopt_tui.core import gradient_cache
+from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores
+from gpuopt_tui.jobs.tracin.grads import GradientComputer
+
+
+def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = bert_adapter(torch.float64)
+    checkpoints = save_checkpoints(adapter, tmp_path)
+    train, test = text_dataset(adapter, 11, seed=1), text_dataset(adapter, 4, seed=2)
+    other_test = text_dataset(adapter, 3, seed=5)
+    names = select_parameters(adapter, test.batch([0]), "all")
+    root = tmp_path / "cache"
+    options = TracInOptions(method="factored", projection_in=6, projection_out=6, shard_size=4, train_cache=root)
+    first = tracin_scores(adapter, checkpoints, train, test, names, options)
+    assert first.stats["cache_blocks"] == {"read": 0, "computed": 9}  # 3 blocks x 3 checkpoints
+
+    computed: list[int] = []
+    original = GradientComputer.features
+    monkeypatch.setattr(
+        GradientComputer, "features", lambda self, b: computed.append(len(b["labels"])) or original(self, b)
+    )
+    again = tracin_scores(adapter, checkpoints, train, test, names, options)
+    assert torch.equal(again.matrix, first.matrix) and torch.equal(again.self_influence, first.self_influence)
+    assert again.stats["cache_blocks"] == {"read": 9, "computed": 0}
+    assert sum(computed) == len(test) * len(checkpoints)  # only the test examples' gradients
+
+    entries = gradient_cache.entries(root)
+    assert len(entries) == len(checkpoints) and all(e.blocks == 3 for e in entries)
+    next(root.glob("*/block_00001.safetensors")).unlink()  # an interrupted run: one block missing
+    resumed = tracin_scores(adapter, checkpoints, train, other_test, names, options)
+    assert resumed.stats["cache_blocks"] == {"read": 8, "computed": 1}
+    uncached = tracin_scores(
+        adapter, checkpoints, train, other_test, names, dataclasses.replace(options, train_cache=None)
+    )
+    assert torch.allclose(resumed.matrix, uncached.matrix, rtol=2e-2, atol=1e-3 * float(uncached.matrix.abs().max()))
+
+    assert gradient_cache.clear(root)[0] == len(checkpoints) and gradient_cache.entries(root) == []
