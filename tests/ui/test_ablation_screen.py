@@ -265,9 +265,9 @@ async def test_probes_show_up_as_a_running_runs_events_arrive(running_run: Path)
         assert plot.data is not None and list(plot.data.series) == REPRESENTATIONS[:3]
         assert sum(len(points) for points in plot.data.series.values()) == 5
 
-        app.action_show("dashboard")  # hidden: its events are not read
         live = results._timer
-        assert live is not None
+        assert live is not None and live._active.is_set()  # following the run's events
+        app.action_show("dashboard")  # hidden: its events are not read
         await wait_for(pilot, lambda: not live._active.is_set())  # its next tick saw it hidden and stopped
         await settle(pilot)  # a read already in flight lands
         append(probe_at[9] + 1)
