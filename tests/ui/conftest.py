@@ -1,9 +1,10 @@
-"""Fixtures for driving the app: an isolated data directory, real run directories, and screen text."""
+"""Fixtures for driving the app: an isolated data directory, real run directories (made here or frozen from the
+engines by tests/fixtures/make_runs.py), waiting on the app's own progress, and screen text."""
 
 from __future__ import annotations
 
-import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,11 +13,16 @@ from pathlib import Path
 
 import pytest
 from textual.app import App
+from textual.command import Command, CommandList
+from textual.pilot import Pilot
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.ui.gpu_poller import GpuPoller
+
+FROZEN_RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +62,20 @@ def make_run(root: Path, *events: tuple[str, dict[str, object]], log: str = "") 
     return run_dir
 
 
+def frozen_source(kind: str) -> Path:
+    """The finished run of `kind`'s engine frozen in tests/fixtures/runs (read-only: copy it with `frozen_run`)."""
+    (run_dir,) = (p for p in (FROZEN_RUNS / kind).iterdir() if p.name != "cache")
+    return run_dir
+
+
+def frozen_run(kind: str, runs_root: Path) -> Path:
+    """The frozen finished run of `kind`, copied into `runs_root` under its own id."""
+    source = frozen_source(kind)
+    run_dir = Path(shutil.copytree(source, runs_root / source.name))
+    (run_dir / "state").mkdir(exist_ok=True)  # as create_run makes it; the fixture keeps no checkpoints
+    return run_dir
+
+
 @pytest.fixture
 def live_run(runs_root: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
     """A run directory whose recorded process is alive: a sleeping process in its own session, started with the
@@ -84,14 +104,50 @@ def notifications(app: App[object]) -> list[str]:
     return [n.message for n in app._notifications]
 
 
-async def wait_for(pilot: object, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Let the app run until `condition()` holds (polls land in between); fails after `timeout` seconds."""
+async def wait_for(pilot: Pilot[object], condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Let the app handle its messages until `condition()` holds (timers, workers and polls land in between).
+    The timeout only turns a hang into a failure: it is far above what any step takes on a busy machine."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
-        await pilot.pause(0.1)  # type: ignore[attr-defined]
-        await asyncio.sleep(0)
+        await pilot.pause()
+
+
+async def settle(pilot: Pilot[object]) -> None:
+    """Wait until the app has handled its pending messages and the workers they started have finished, and then
+    the messages those workers posted."""
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+class TickCounter:
+    """Counts the ticks of a GpuPoller's timer, whether they poll or are skipped: a clock that runs at the app's
+    pace, for checking that nothing is polled while it should not be."""
+
+    def __init__(self, poller: GpuPoller) -> None:
+        self.count = 0
+        tick = poller._tick
+
+        def counted() -> None:
+            self.count += 1
+            tick()
+
+        poller._tick = counted  # type: ignore[method-assign]  # what the poller arms its next timer with
+
+    async def wait(self, pilot: Pilot[object], ticks: int) -> None:
+        seen = self.count
+        await wait_for(pilot, lambda: self.count >= seen + ticks)
+
+
+def palette_highlight(app: App[object]) -> str:
+    """The command the command palette highlights now ('' while it shows none)."""
+    lists = app.screen.query(CommandList)
+    if not lists or lists.first().highlighted is None:
+        return ""
+    option = lists.first().get_option_at_index(lists.first().highlighted)  # type: ignore[arg-type]
+    return option.hit.text or "" if isinstance(option, Command) else ""
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,5 +1,5 @@
-"""The ablation screen's results on a real probing run (the engine on a small synthetic set, run once per module
-as a background run like the TUI starts it): the table equals results.json, the plot has a series per
+"""The ablation screen's results on a frozen probing run (tests/fixtures/runs/ablation: the engine on a small
+synthetic set, and the feature cache it filled): the table equals results.json, the plot has a series per
 representation, the feature cache is cleared only after confirmation, and a running run's probes show up as
 its events arrive (and are not read while the screen is hidden)."""
 
@@ -23,7 +23,7 @@ from gpuopt_tui.core.ablation_results import ReportedProbe, ReportedProbes, best
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventWriter
 from gpuopt_tui.core.feature_cache import FeatureCache, group_entries
-from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.ui.screens.ablation import ProbingResults
 from gpuopt_tui.ui.widgets.ablation_view import (
     BRAILLE_BLANK,
@@ -40,57 +40,30 @@ from gpuopt_tui.ui.widgets.ablation_view import (
 )
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 
-from .conftest import screen_text, wait_for, widget_text
+from .conftest import (
+    FROZEN_RUNS,
+    frozen_run,
+    frozen_source,
+    palette_highlight,
+    screen_text,
+    settle,
+    wait_for,
+    widget_text,
+)
 
-REPRESENTATIONS = ["svd_topk", "spectrum_stats", "mean_pool", "spectrum_stats_all_layers"]
-LAYERS = 6
+FROZEN = frozen_source("ablation")
+PROFILE = load_profile(FROZEN / "profile.toml")
+REPRESENTATIONS = list(PROFILE.ablation.representations)  # type: ignore[attr-defined]
+LAYERS = PROFILE.ablation.synthetic_layers  # type: ignore[attr-defined]
 SPLIT_CELLS = {"test acc": "test", "val acc": "val", "train acc": "train"}
 
 
-def _profile() -> Any:
-    settings = {
-        "source": "synthetic",
-        "synthetic_samples": 400,
-        "synthetic_layers": LAYERS,
-        "synthetic_signal_layer": 3,
-        "synthetic_rank": 4,
-        "synthetic_dim": 16,
-        "representations": REPRESENTATIONS,
-        "hidden_dim": 32,
-        "dropout": 0.1,
-        "learning_rate": 3e-3,
-        "batch_size": 64,
-        "max_epochs": 30,
-        "patience": 5,
-        "quick": True,
-    }
-    data = {"kind": "ablation", "name": "probe-test", "run": {"device": "cpu"}, "ablation": settings}
-    return profile_from_data(data, "test")
-
-
-@pytest.fixture(scope="module")
-def engine_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A finished run of the real engine in its own process (run directory, feature cache folder)."""
-    root = tmp_path_factory.mktemp("probing")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GPUOPT_TUI_CACHE_DIR", str(root / "cache"))
-        mp.setenv("OMP_NUM_THREADS", "1")
-        run_dir = runs.create_run(_profile(), root=root / "runs")
-        runs.launch(run_dir)
-        info = runs.wait_for(run_dir, TERMINAL_TYPES, timeout=180)
-    assert info.status == "finished", (run_dir / "log.txt").read_text()
-    return run_dir, root / "cache"
-
-
 @pytest.fixture
-def probing_run(
-    engine_run: tuple[Path, Path], runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Path:
-    """The finished run and its cached features, copied into this test's runs and cache folders."""
-    run_dir, cache = engine_run
-    shutil.copytree(cache, tmp_path / "cache")
+def probing_run(runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The frozen run and the feature cache it filled, copied into this test's runs and cache folders."""
+    shutil.copytree(FROZEN_RUNS / "ablation" / "cache", tmp_path / "cache")
     monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path / "cache"))
-    return Path(shutil.copytree(run_dir, runs_root / run_dir.name))
+    return frozen_run("ablation", runs_root)
 
 
 def raw_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -214,19 +187,19 @@ async def test_clearing_the_cache_empties_it_after_confirmation_and_not_before(p
         await pilot.press("ctrl+p")  # the command palette asks first, too
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
         await pilot.press(*"clear the feature")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: palette_highlight(app) == "Clear the feature cache")
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         assert len(cache.entries()) == 3 * LAYERS
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
-        await pilot.pause(0.3)
+        await settle(pilot)
         assert len(cache.entries()) == 3 * LAYERS and cache.size_bytes() > 0
 
         panel = results.query_one(CachePanel)  # the palette opened the cache view
         assert results.view == "cache" and panel.listing is not None and panel.listing.entries == 3 * LAYERS
         await pilot.press("ctrl+o")
-        await pilot.pause(0.2)
+        await settle(pilot)
         text = screen_text(app)
         assert f"{3 * LAYERS} entries" in text
         for name in REPRESENTATIONS[:3]:
@@ -247,7 +220,7 @@ def running_run(runs_root: Path) -> Iterator[Path]:
     """An ablation run directory whose recorded process is alive (a `sleep` stands in for the engine, so that
     the test decides when events arrive)."""
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    run_dir = runs.create_run(_profile(), root=runs_root)
+    run_dir = runs.create_run(load_profile(FROZEN / "profile.toml"), root=runs_root)
     atomic_write_text(run_dir / "pid.json", json.dumps({"pid": proc.pid, "attempt": 1}))
     writer = EventWriter(run_dir / "events.jsonl")
     writer.emit("started", pid=proc.pid, attempt=1, kind="ablation")
@@ -257,9 +230,9 @@ def running_run(runs_root: Path) -> Iterator[Path]:
     proc.wait()
 
 
-async def test_probes_show_up_as_a_running_runs_events_arrive(engine_run: tuple[Path, Path], running_run: Path) -> None:
-    """The real run's events, replayed into a running run's events file a part at a time."""
-    lines = (engine_run[0] / "events.jsonl").read_text().splitlines()
+async def test_probes_show_up_as_a_running_runs_events_arrive(running_run: Path) -> None:
+    """The frozen run's events, replayed into a running run's events file a part at a time."""
+    lines = (FROZEN / "events.jsonl").read_text().splitlines()
     replay = [line for line in lines if json.loads(line)["type"] not in ("started", *TERMINAL_TYPES)]
     probe_at = [i for i, line in enumerate(replay) if '"probe_test_acc"' in line]
     assert len(probe_at) == 3 * LAYERS + 1
@@ -293,11 +266,14 @@ async def test_probes_show_up_as_a_running_runs_events_arrive(engine_run: tuple[
         assert plot.data is not None and list(plot.data.series) == REPRESENTATIONS[:3]
         assert sum(len(points) for points in plot.data.series.values()) == 5
 
+        live = results._timer
+        assert live is not None and live._active.is_set()  # following the run's events
         app.action_show("dashboard")  # hidden: its events are not read
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: not live._active.is_set())  # its next tick saw it hidden and stopped
+        await settle(pilot)  # a read already in flight lands
         append(probe_at[9] + 1)
-        await pilot.pause(1.5)  # more than LIVE_INTERVAL_S
-        assert table.row_count == 5
+        await settle(pilot)
+        assert not live._active.is_set() and table.row_count == 5
         app.action_show("ablation")
         await wait_for(pilot, lambda: table.row_count == 10)
 
@@ -310,9 +286,11 @@ async def test_probes_show_up_as_a_running_runs_events_arrive(engine_run: tuple[
 
 def test_snapshot_of_the_zoomed_plot(probing_run: Path, snap_compare: Any) -> None:
     async def zoom_to_the_plot(pilot: Pilot[Any]) -> None:
-        await open_results(pilot, 3 * LAYERS + 1)
+        results = await open_results(pilot, 3 * LAYERS + 1)
         await pilot.press("ctrl+o", "v")
-        await pilot.pause(0.3)
+        plot = results.query_one(AccuracyPlot)
+        await wait_for(pilot, lambda: plot.display and plot.size.height > 20)
+        await settle(pilot)
 
     assert snap_compare(make_app(screen="ablation"), terminal_size=(120, 40), run_before=zoom_to_the_plot)
 

@@ -1,7 +1,7 @@
-"""The attribution screen's results on a run of the real engine (the demo classifier, 12 samples, with a check
-on 2): the sample list and the selected sample's heatmap against attributions.jsonl, search, the check action
-(its run's frozen profile), the check view against check.json, copying a path, a run still going, and a
-snapshot at 120x40."""
+"""The attribution screen's results on a frozen run of the real engine (tests/fixtures/runs/attribution: the demo
+classifier, 12 samples, with a check on 2): the sample list and the selected sample's heatmap against
+attributions.jsonl, search, the check action (its run's frozen profile), the check view against check.json,
+copying a path, a run still going, and a snapshot at 120x40."""
 
 from __future__ import annotations
 
@@ -17,61 +17,30 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core import runs as runs_module
-from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.paths import cache_dir
-from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.runs import RunWatcher, create_run
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.runs import RunWatcher
 from gpuopt_tui.ui.screens.attribution import CHECK_SAMPLES, AttributionScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.token_heatmap import NEGATIVE, POSITIVE, UNCOLOURED_BELOW, word_pieces
 
-from .conftest import make_run, wait_for
+from .conftest import frozen_run, frozen_source, make_run, settle, wait_for
 
-RUN_ID = "20250101-120000-attribution-0001"
-STARTED = 1_735_732_800.0  # a fixed clock for the run's lifecycle events (see finished_template)
-N_SAMPLES = 12
 STRONGEST = {POSITIVE[-1][0], NEGATIVE[-1][0]}
-
-
-@pytest.fixture(scope="module")
-def finished_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run directory whose results were written by the real engine on the demo classifier. Its lifecycle
-    events (started, last progress, finished) are written with a fixed clock and without the measured rate, so
-    the run's id, elapsed time and rate on screen are the same in every test run."""
-    from gpuopt_tui.jobs.attribution.job import run_job
-    from gpuopt_tui.jobs.context import JobContext
-
-    root = tmp_path_factory.mktemp("attribution-run")
-    source = find_profile("demo-attribution")
-    settings = (f"n_samples={N_SAMPLES}", "n_steps=8", "batch_size=4", "check_samples=2")
-    profile = load_profile(source, ["run.device=cpu", *(f"attribution.{s}" for s in settings)])
-    run_dir = create_run(profile, source=source, root=root).rename(root / RUN_ID)
-    engine_events = EventWriter(root / "engine-events.jsonl")
-    try:
-        summary = run_job(profile, JobContext(run_dir, engine_events, cache_dir()))
-    finally:
-        engine_events.close()
-    meta = json.loads((run_dir / "meta.json").read_text())
-    atomic_write_text(run_dir / "meta.json", json.dumps({**meta, "id": RUN_ID, "created": STARTED}))
-    events = [
-        {"t": STARTED + 1, "type": "started", "pid": 0, "attempt": 1, "kind": "attribution"},
-        {"t": STARTED + 5, "type": "progress", "done": N_SAMPLES, "total": N_SAMPLES, "unit": "samples"},
-        {"t": STARTED + 6, "type": "finished", "summary": summary},
-    ]
-    atomic_write_text(run_dir / "events.jsonl", "".join(json.dumps(e) + "\n" for e in events))
-    atomic_write_text(run_dir / "pid.json", '{"pid": 0, "attempt": 1}')
-    return run_dir
+FROZEN = frozen_source("attribution")
 
 
 @pytest.fixture
-def finished_run(finished_template: Path, runs_root: Path) -> Path:
-    return Path(shutil.copytree(finished_template, runs_root / RUN_ID))
+def finished_run(runs_root: Path) -> Path:
+    return frozen_run("attribution", runs_root)
 
 
 def jsonl_records(run_dir: Path) -> list[dict[str, Any]]:
     lines = (run_dir / "results" / "attributions.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines]
+
+
+N_SAMPLES = len(jsonl_records(FROZEN))
 
 
 async def open_results(pilot: Pilot[Any], rows: int = N_SAMPLES) -> AttributionRunResults:
@@ -226,7 +195,7 @@ async def test_copying_an_export_path(finished_run: Path) -> None:
 
 
 async def test_a_running_run_shows_the_results_it_has_written(
-    live_run: tuple[Path, Any], finished_template: Path
+    live_run: tuple[Path, Any],
 ) -> None:
     run_dir, _ = live_run
     app = make_app(screen="attribution")
@@ -236,7 +205,7 @@ async def test_a_running_run_shows_the_results_it_has_written(
         assert not results.has_results
         events = EventWriter(run_dir / "events.jsonl")
         for name in ("attributions.jsonl", "summary.json"):  # as the engine writes them before its check
-            shutil.copy(finished_template / "results" / name, run_dir / "results" / name)
+            shutil.copy(FROZEN / "results" / name, run_dir / "results" / name)
             events.emit("artifact", path=f"results/{name}", description=name)
         events.close()
         await open_results(pilot)
@@ -277,6 +246,6 @@ def test_snapshot_with_a_finished_run(finished_run: Path, snap_compare: Any) -> 
     async def loaded(pilot: Pilot[Any]) -> None:
         results = await open_results(pilot)
         results.query_one("#sample-table", DataTable).move_cursor(row=2)  # a sample other than the first
-        await pilot.pause(0.3)
+        await settle(pilot)
 
     assert snap_compare(make_app(screen="attribution"), terminal_size=(120, 40), run_before=loaded)

@@ -10,7 +10,6 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel, GpuRow, gpu_line
 
-from .conftest import make_run
+from .conftest import TickCounter, make_run, wait_for
 
 TRACES = Path(__file__).parents[1] / "fixtures" / "traces"
 SYNTHETIC = TRACES / "synthetic_3gpu.jsonl"
@@ -52,13 +51,6 @@ GIB = 1024**3
 
 def screen_text(app: App) -> str:
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
-
-
-async def until(pilot: Pilot, condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await pilot.pause(0.02)
 
 
 def replay_at(frame: int, loop: bool = True) -> ReplaySource:
@@ -96,7 +88,7 @@ async def test_the_panel_has_a_line_per_gpu_from_the_replayed_trace() -> None:
     panel = GpuPanel(replay_at(0), interval=SLOW)
     app = PanelApp(panel)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: panel.snapshot is not None and len(panel.query(GpuRow)) == 3)
+        await wait_for(pilot, lambda: panel.snapshot is not None and len(panel.query(GpuRow)) == 3)
         await pilot.pause()
         lines = [row.render().plain for row in panel.query(GpuRow)]
         assert lines[0].startswith("0 Synthetic GPU A 80GB") and "2.0/80.0G" in lines[0]
@@ -106,7 +98,7 @@ async def test_the_panel_has_a_line_per_gpu_from_the_replayed_trace() -> None:
         assert "replay of synthetic_3gpu.jsonl" in str(panel.border_title)
         assert not panel.query_one("#gpu-message").display
         await pilot.click(GpuRow, offset=(5, 0))
-        await until(pilot, lambda: app.selected == [0])
+        await wait_for(pilot, lambda: app.selected == [0])
 
 
 def shown(gpu: GpuSample) -> list[str]:
@@ -118,7 +110,7 @@ def shown(gpu: GpuSample) -> list[str]:
 async def test_the_panel_shows_the_recorded_h200() -> None:
     panel = GpuPanel(h200_still().source, interval=SLOW)
     async with PanelApp(panel).run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: len(panel.query(GpuRow)) == 1)
+        await wait_for(pilot, lambda: len(panel.query(GpuRow)) == 1)
         await pilot.pause()
         line = panel.query_one(GpuRow).render().plain
         gpu = read_trace(H200).snapshots[BUSY].gpus[0]
@@ -133,7 +125,7 @@ async def test_a_lost_gpu_is_shown_as_lost() -> None:
     lost_from = next(i for i, f in enumerate(frames) if f.gpus[2].lost)
     panel = GpuPanel(replay_at(lost_from), interval=SLOW)
     async with PanelApp(panel).run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: len(panel.query(GpuRow)) == 3)
+        await wait_for(pilot, lambda: len(panel.query(GpuRow)) == 3)
         await pilot.pause()
         text = screen_text(pilot.app)
         assert "2 Synthetic GPU C 80GB GPU LOST: reset it or reboot" in text
@@ -143,7 +135,7 @@ async def test_a_lost_gpu_is_shown_as_lost() -> None:
 async def test_no_driver_is_one_line_and_the_rest_works() -> None:
     panel = GpuPanel(NoGpuSource(NO_DRIVER), interval=SLOW)
     async with PanelApp(panel).run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: panel.snapshot is not None)
+        await wait_for(pilot, lambda: panel.snapshot is not None)
         await pilot.pause()
         text = screen_text(pilot.app)
         assert f"No GPU: {NO_DRIVER}" in text
@@ -176,7 +168,7 @@ async def test_eight_gpus_are_legible_at_100x30(tmp_path: Path) -> None:
     trace = eight_gpu_trace(tmp_path / "synthetic_8gpu.jsonl")
     panel = GpuPanel(ReplaySource(trace, speed=None), interval=SLOW)
     async with PanelApp(panel).run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: len(panel.query(GpuRow)) == 8)
+        await wait_for(pilot, lambda: len(panel.query(GpuRow)) == 8)
         await pilot.pause()
         text = screen_text(pilot.app)
         for i in range(8):
@@ -185,7 +177,7 @@ async def test_eight_gpus_are_legible_at_100x30(tmp_path: Path) -> None:
             assert f"{40 + i}°C" in line and f"{100 + 70 * i}/700W" in line
     app = GpuMonitorApp(ReplaySource(trace, speed=None), interval=SLOW)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: len(pilot.app.screen.query(GpuRow)) == 8)
+        await wait_for(pilot, lambda: len(pilot.app.screen.query(GpuRow)) == 8)
         await pilot.pause()
         text = screen_text(pilot.app)
         assert all(f"{i} H100 80GB HBM3" in text for i in range(8))
@@ -247,21 +239,28 @@ async def test_polls_never_overlap_and_stop_while_the_panel_is_hidden() -> None:
     source = CountingSource(replay_at(0))
     panel = GpuPanel(source, interval=0.25)
     async with PanelApp(panel).run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: source.polls >= 3)
+        poller = panel.query_one(GpuPoller)
+        ticks = TickCounter(poller)
+
+        async def polls_before_two_skipped_ticks() -> int:
+            """Once a tick has been skipped (ticks are armed only after a poll has landed, so none is in flight),
+            the polls so far; returns after two more ticks."""
+            await wait_for(pilot, lambda: poller._missed)
+            polls = source.polls
+            await ticks.wait(pilot, 2)
+            return polls
+
+        await wait_for(pilot, lambda: source.polls >= 3)
         panel.display = False
-        await pilot.pause(0.6)  # lets a poll already in flight land
-        hidden = source.polls
-        await pilot.pause(1.0)
+        hidden = await polls_before_two_skipped_ticks()
         assert source.polls == hidden
         panel.display = True
-        await until(pilot, lambda: source.polls >= hidden + 2)
+        await wait_for(pilot, lambda: source.polls >= hidden + 2)
         pilot.app.push_screen(Screen())  # another screen on top: the panel's screen is not current
-        await pilot.pause(0.6)
-        covered = source.polls
-        await pilot.pause(1.0)
+        covered = await polls_before_two_skipped_ticks()
         assert source.polls == covered
         pilot.app.pop_screen()
-        await until(pilot, lambda: source.polls >= covered + 2)
+        await wait_for(pilot, lambda: source.polls >= covered + 2)
     assert source.overlaps == 0
 
 
@@ -279,7 +278,7 @@ async def test_the_gpu_screen_shows_details_history_and_processes() -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         screen = pilot.app.screen
         assert isinstance(screen, GpuScreen)
-        await until(
+        await wait_for(
             pilot, lambda: screen.view.history.last_time is not None and len(screen.view.history.values(0, "util")) >= 4
         )
         await pilot.pause()
@@ -299,7 +298,7 @@ async def test_gpus_are_chosen_with_brackets_and_digits() -> None:
     app = GpuMonitorApp(replay_at(0), interval=SLOW)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = pilot.app.screen
-        await until(pilot, lambda: screen.view.snapshot is not None)
+        await wait_for(pilot, lambda: screen.view.snapshot is not None)
         await pilot.pause()
         assert "GPU 0  Synthetic GPU A 80GB" in screen_text(pilot.app)
         await pilot.press("right_square_bracket")
@@ -315,8 +314,8 @@ async def test_the_process_table_follows_processes_that_come_and_go() -> None:
     app = GpuMonitorApp(replay_at(lost_from - 2), interval=0.25)
     async with app.run_test(size=(100, 30)) as pilot:
         table = pilot.app.screen.query_one(ProcessList)
-        await until(pilot, lambda: 7171 in {p.pid for p in table.processes.values()})
-        await until(pilot, lambda: 7171 not in {p.pid for p in table.processes.values()})
+        await wait_for(pilot, lambda: 7171 in {p.pid for p in table.processes.values()})
+        await wait_for(pilot, lambda: 7171 not in {p.pid for p in table.processes.values()})
         assert len(table.processes) == 3
         assert "GPU LOST" in screen_text(pilot.app)
 
@@ -364,20 +363,20 @@ async def test_a_process_is_signalled_only_after_confirmation() -> None:
         screen = GpuScreen(LiveSource(child.pid), interval=SLOW)
         async with ScreenApp(screen).run_test(size=(100, 30)) as pilot:
             table = screen.query_one(ProcessList)
-            await until(pilot, lambda: len(table.processes) == 1)
+            await wait_for(pilot, lambda: len(table.processes) == 1)
             table.focus()
             await pilot.press("T")
-            await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
+            await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
             await pilot.press("n")
-            await until(pilot, lambda: pilot.app.screen is screen)
+            await wait_for(pilot, lambda: pilot.app.screen is screen)
             assert child.poll() is None
             await pilot.press("T")
-            await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
+            await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
             await pilot.press("y")
-            await until(pilot, lambda: pilot.app.screen is screen)
+            await wait_for(pilot, lambda: pilot.app.screen is screen)
             assert child.wait(timeout=5) == -15
             await pilot.press("escape")  # pushed screens can be closed
-            await until(pilot, lambda: pilot.app.screen is not screen)
+            await wait_for(pilot, lambda: pilot.app.screen is not screen)
     finally:
         if child.poll() is None:
             child.kill()
@@ -388,7 +387,7 @@ async def test_read_only_turns_signals_off() -> None:
     screen = GpuScreen(LiveSource(os.getpid()), interval=SLOW, readonly=True)
     async with ScreenApp(screen).run_test(size=(100, 30)) as pilot:
         table = screen.query_one(ProcessList)
-        await until(pilot, lambda: len(table.processes) == 1)
+        await wait_for(pilot, lambda: len(table.processes) == 1)
         table.focus()
         for key in ("I", "T", "K"):
             await pilot.press(key)
@@ -403,11 +402,11 @@ async def test_enter_on_a_process_of_a_run_asks_for_the_run() -> None:
     app = ScreenApp(screen)
     async with app.run_test(size=(100, 30)) as pilot:
         table = screen.query_one(ProcessList)
-        await until(pilot, lambda: len(table.processes) == 4)
+        await wait_for(pilot, lambda: len(table.processes) == 4)
         table.focus()
         table.move_to("0:4242")
         await pilot.press("enter")
-        await until(pilot, lambda: app.runs_requested == ["20261126-101500-ig"])
+        await wait_for(pilot, lambda: app.runs_requested == ["20261126-101500-ig"])
 
 
 # --- in the app -----------------------------------------------------------------------------------------------
@@ -422,7 +421,7 @@ async def test_the_apps_gpu_screen_has_the_navigation_bar_and_leaves_the_screen_
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
         assert isinstance(screen, GpuAppScreen)
-        await until(pilot, lambda: screen.view.snapshot is not None)
+        await wait_for(pilot, lambda: screen.view.snapshot is not None)
         await pilot.pause()
         lines = screen_text(app).splitlines()
         assert all(s.label in lines[0] for s in SCREENS), lines[0]
@@ -438,13 +437,13 @@ async def test_the_replay_option_plays_the_h200_trace_on_the_panel_and_the_scree
     app = make_app(replay=H200)  # what `gpuopt-tui --replay FILE` runs
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.screen.query_one(GpuPanel)
-        await until(pilot, lambda: panel.snapshot is not None)
+        await wait_for(pilot, lambda: panel.snapshot is not None)
         assert panel.snapshot.gpus[0].name == "NVIDIA H200" and "replay of h200_ig_bench.jsonl" in str(
             panel.border_title
         )
         await pilot.press("g")
         view = app.screen.query_one(GpuView)
-        await until(pilot, lambda: view.snapshot is not None)
+        await wait_for(pilot, lambda: view.snapshot is not None)
         await pilot.pause()
         assert "GPU 0  NVIDIA H200" in screen_text(app) and "read-only" in screen_text(app)
         assert view.history is panel.history  # the screen's plots go on from what the panel saw
@@ -453,13 +452,13 @@ async def test_the_replay_option_plays_the_h200_trace_on_the_panel_and_the_scree
 async def test_the_panel_opens_the_gpu_screen_on_the_gpu_clicked() -> None:
     app = make_app(telemetry=GpuTelemetry(replay_at(len(read_trace(SYNTHETIC).snapshots) - 1, loop=False)))
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: len(app.screen.query(GpuRow)) == 3)
+        await wait_for(pilot, lambda: len(app.screen.query(GpuRow)) == 3)
         await pilot.pause()
         row = list(app.screen.query(GpuRow))[1]
         await pilot.click(row, offset=(5, 0))
-        await until(pilot, lambda: app.current_mode == "gpu")
+        await wait_for(pilot, lambda: app.current_mode == "gpu")
         view = app.screen.query_one(GpuView)
-        await until(pilot, lambda: view.snapshot is not None and view.selected == 1)
+        await wait_for(pilot, lambda: view.snapshot is not None and view.selected == 1)
         await pilot.pause()
         assert "GPU 1  Synthetic GPU B 80GB" in screen_text(app)
 
@@ -486,19 +485,19 @@ async def test_a_process_of_a_run_opens_that_run_and_signals_ask_first(runs_root
         app = make_app(screen="gpu", telemetry=GpuTelemetry(RunProcessSource(child.pid, wanted)))
         async with app.run_test(size=(120, 40)) as pilot:
             table = app.screen.query_one(ProcessList)
-            await until(pilot, lambda: len(table.processes) == 1 and len(app.runs.runs) == 2)
+            await wait_for(pilot, lambda: len(table.processes) == 1 and len(app.runs.runs) == 2)
             table.focus()
             assert "SIGTERM" in footer_line(app)
             await pilot.press("T")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
             await pilot.press("n")
-            await until(pilot, lambda: isinstance(app.screen, GpuAppScreen))
+            await wait_for(pilot, lambda: isinstance(app.screen, GpuAppScreen))
             assert child.poll() is None
             await pilot.press("enter")
-            await until(pilot, lambda: app.current_mode == "runs")
+            await wait_for(pilot, lambda: app.current_mode == "runs")
             screen = app.screen
             assert isinstance(screen, RunsScreen)
-            await until(pilot, lambda: screen.table.selected_id == wanted)
+            await wait_for(pilot, lambda: screen.table.selected_id == wanted)
     finally:
         child.kill()
         child.wait()

@@ -13,7 +13,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 
-from .conftest import notifications, screen_lines, wait_for
+from .conftest import notifications, palette_highlight, screen_lines, wait_for
 
 
 async def test_every_screen_has_a_key() -> None:
@@ -64,7 +64,7 @@ async def test_command_palette_switches_screens() -> None:
         await pilot.press("ctrl+p")
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
         await pilot.press(*"go to ablation")
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: palette_highlight(app) == "Go to Ablation")
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.current_mode == "ablation")
 
@@ -75,8 +75,7 @@ async def test_command_palette_offers_profiles_to_run() -> None:
         await pilot.press("ctrl+p")
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
         await pilot.press(*"run profile demo-attr")
-        await pilot.pause(0.5)
-        assert "Run profile demo-attribution" in "\n".join(screen_lines(app))
+        await wait_for(pilot, lambda: "Run profile demo-attribution" in "\n".join(screen_lines(app)))
         await pilot.press("escape")
 
 

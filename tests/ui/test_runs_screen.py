@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from rich.text import Text
@@ -17,16 +18,16 @@ from gpuopt_tui.app import make_app
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.telemetry import GpuSample, ProcessSample, ReplaySource, Snapshot
-from gpuopt_tui.ui.run_poller import RunsPolled
+from gpuopt_tui.ui.run_poller import IDLE_INTERVAL_S, RunsPolled
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.log_view import LogScreen
-from gpuopt_tui.ui.widgets.run_progress import GPU_INTERVAL_S, RunGpuPoller
+from gpuopt_tui.ui.widgets.run_progress import RunGpuPoller
 from gpuopt_tui.ui.widgets.run_text import elapsed_seconds
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 
-from .conftest import flat_text, make_run, notifications, wait_for, widget_text
+from .conftest import TickCounter, flat_text, make_run, notifications, wait_for, widget_text
 
 TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "h200_ig_bench.jsonl"
 FAILED_LOG = "[info] loading\nTraceback (most recent call last):\nValueError: shapes do not match\n"
@@ -190,9 +191,10 @@ async def test_idle_polls_redraw_nothing(runs_root: Path) -> None:
         updates: list[object] = []
         screen.runs_updated = updates.append  # type: ignore[method-assign]
         seen = len(polls)
-        await pilot.pause(2.5)
+        await wait_for(pilot, lambda: len(polls) >= seen + 3)
         idle = polls[seen:]
-        assert 2 <= len(idle) <= 3  # one poll a second while no run is active, never two at once
+        gaps = [b.time - a.time for a, b in pairwise(idle)]
+        assert min(gaps) >= IDLE_INTERVAL_S * 0.99  # one poll a second while no run is active, never two at once
         assert not any(p.changed for p in idle)
         assert updates == []  # nothing changed, so nothing was redrawn
 
@@ -248,7 +250,7 @@ async def test_gpus_are_polled_for_a_run_only_while_an_active_run_is_shown(runs_
     app = make_app(screen="runs", telemetry=GpuTelemetry(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: "finished" in widget_text(app, "#detail-progress"))
-        await pilot.pause(GPU_INTERVAL_S + 0.5)
+        await TickCounter(app.screen.query_one(RunGpuPoller)).wait(pilot, 1)
         assert source.polls == 0 and run_dir.name in widget_text(app, "#detail-progress")
     replayed = make_app(screen="runs", telemetry=GpuTelemetry(ReplaySource(TRACE, speed=None)))
     async with replayed.run_test(size=(120, 40)) as pilot:

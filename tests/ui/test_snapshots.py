@@ -22,7 +22,7 @@ from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.prompt import TextPrompt
 
-from .conftest import screen_lines
+from .conftest import screen_lines, settle
 
 # what each screen must show even at 80x24, and the widget that must keep a usable height there (a kind screen
 # shows its form there; its run pane is the other tab)
@@ -51,12 +51,6 @@ BUSY = busiest_sample(read_trace(H200))  # the benchmark's largest batch
 def app_on(screen: str) -> GpuOptApp:
     """The app on `screen`, its GPU panel and GPU screen still on one sample of the H200 trace."""
     return make_app(screen=screen, telemetry=GpuTelemetry.from_trace(H200, BUSY, BUSY + 1, speed=None, loop=False))
-
-
-async def settle(pilot: Pilot[Any]) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause(0.3)
 
 
 SCREEN_NAMES = [s.name for s in SCREENS]

@@ -1,16 +1,15 @@
-"""The TracIn screen's results, on a real run of the demo profile (the engine run once by the CLI, in a separate
-process: the UI test process never loads torch): test examples with their proponents and opponents, the
-self-influence ranking read a page at a time, the files with their copy key, a run that has not written
-results yet; a run over all layers with projected gradients, the gradient cache and the check against exact
-TracIn; the profile form's mode, projection and cache fields."""
+"""The TracIn screen's results, on a frozen run of the real engine (tests/fixtures/runs/tracin: the demo profile on
+6 test and 500 training examples; the UI test process never loads torch): test examples with their proponents
+and opponents, the self-influence ranking read a page at a time, the files with their copy key, and a run that
+has not written results yet; a run over all layers with projected gradients, the gradient cache and the check
+against exact TracIn (made by the CLI, its numbers read from its own files); the profile form's mode, projection
+and cache fields."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,7 @@ from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import create_run
 from gpuopt_tui.ui.widgets.tracin_view import PAGE, score_text
 
-from .conftest import flat_text, screen_text, wait_for, widget_text
-
-N_TEST = 6
-N_TRAIN = 500  # more than two pages of the self-influence ranking
+from .conftest import flat_text, frozen_run, frozen_source, screen_text, settle, wait_for, widget_text
 
 
 def cli_run(home: Path, *settings: str) -> Path:
@@ -47,11 +43,6 @@ def cli_run(home: Path, *settings: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cli_run(tmp_path_factory.mktemp("tracin-home"), f"tracin.n_test={N_TEST}", f"tracin.n_train={N_TRAIN}")
-
-
-@pytest.fixture(scope="module")
 def factored_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """All layers, gradients projected to 8 x 8 per layer, the training-gradient cache on, and the check against
     exact all-parameter TracIn on 40 training examples."""
@@ -61,13 +52,17 @@ def factored_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def run_dir(demo_run: Path, runs_root: Path) -> Path:
-    """The demo run, copied into this test's runs directory."""
-    return Path(shutil.copytree(demo_run, runs_root / demo_run.name))
+def run_dir(runs_root: Path) -> Path:
+    return frozen_run("tracin", runs_root)
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+FROZEN = frozen_source("tracin")
+N_TEST = len(jsonl(FROZEN / "results" / "influence.jsonl"))
+N_TRAIN = len(jsonl(FROZEN / "results" / "self_influence.jsonl"))  # more than two pages of the ranking
 
 
 def rows(table: DataTable[Text]) -> list[list[str]]:
@@ -80,7 +75,7 @@ def table(pilot: Pilot[Any], selector: str) -> DataTable[Text]:
 
 async def open_results(pilot: Pilot[Any]) -> None:
     """Wait for the latest run's results, then show them on the whole screen."""
-    await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == N_TEST, timeout=30)
+    await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == N_TEST)
     await pilot.press("ctrl+o")
     await pilot.pause()
 
@@ -204,12 +199,12 @@ async def test_a_run_without_results_yet_says_so(running_tracin: Path) -> None:
         assert not app.screen.query_one("#tracin-tabs").display
 
 
-async def test_a_run_in_progress_shows_the_files_it_has(running_tracin: Path, demo_run: Path) -> None:
+async def test_a_run_in_progress_shows_the_files_it_has(running_tracin: Path) -> None:
     (running_tracin / "results").mkdir(exist_ok=True)
-    shutil.copy(demo_run / "results" / "influence.jsonl", running_tracin / "results")
+    shutil.copy(FROZEN / "results" / "influence.jsonl", running_tracin / "results")
     app = make_app(screen="tracin")
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == N_TEST, timeout=30)
+        await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == N_TEST)
         assert "No summary.json yet" in widget_text(app, "#results-text")
         assert widget_text(app, "#tracin-self-note") == "No self_influence.jsonl or .csv in this run."
         assert table(pilot, "#tracin-self").row_count == 0
@@ -219,8 +214,7 @@ def test_results_snapshot(run_dir: Path, snap_compare: Any) -> None:
     async def second_example(pilot: Pilot[Any]) -> None:
         await open_results(pilot)
         await pilot.press("down")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await settle(pilot)
 
     assert snap_compare(make_app(screen="tracin"), terminal_size=(120, 40), run_before=second_example)
 
