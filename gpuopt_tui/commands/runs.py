@@ -7,6 +7,7 @@ import json
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpuopt_tui.core.format import human_duration, human_time
 from gpuopt_tui.core.runs import RunWatcher
@@ -54,14 +55,28 @@ def run(args: argparse.Namespace) -> int:
     if not infos:
         Console().print(f"no runs yet in {watcher.root}. Start one with: gpuopt-tui run demo-attribution")
         return 0
-    table = Table(box=None, header_style="bold")
-    for col in ("id", "kind", "name", "status", "progress", "eta", "created", "message"):
-        table.add_column(col, overflow="fold")
+    rows = []
     for i in infos:
         frac = i.fraction
         prog = f"{i.progress.get('done')}/{i.progress.get('total')} ({frac:.0%})" if frac is not None else ""
         eta = human_duration(i.progress.get("eta")) if i.active and i.progress.get("eta") else ""
         style = STATUS_STYLE.get(i.status, "")
-        table.add_row(i.id, i.kind, i.name, f"[{style}]{i.status}[/]", prog, eta, human_time(i.created), i.message[:80])
+        status = Text(i.status, style=style)
+        rows.append((i.id, i.kind, i.name, status, prog, eta, human_time(i.created), i.message[:80]))
+    # ids and names are never cut or wrapped (an id is what other commands take); columns empty in every row are
+    # left out, and the rest give way: the message wraps, short fields are cut with an ellipsis
+    columns = ("id", "kind", "name", "status", "progress", "eta", "created", "message")
+    shown = [c for c, name in enumerate(columns) if name in ("id", "kind", "name") or any(str(r[c]) for r in rows)]
+    table = Table(box=None, header_style="bold")
+    for c in shown:
+        name = columns[c]
+        if name in ("id", "name"):
+            table.add_column(name, no_wrap=True, min_width=max(len(str(row[c])) for row in rows))
+        elif name == "message":
+            table.add_column(name, overflow="fold", min_width=len(name), ratio=1)
+        else:
+            table.add_column(name, no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*(Text(str(row[c])) if isinstance(row[c], str) else row[c] for c in shown))  # never markup
     Console().print(table)
     return 0
