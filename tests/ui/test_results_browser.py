@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from gpuopt_tui.app import GpuOptApp, make_app
@@ -226,3 +229,36 @@ async def test_quitting_with_a_run_going_on_says_it_goes_on(
     assert proc.poll() is None  # the run goes on
     said = " ".join(capsys.readouterr().err.split())  # printed on the terminal after the app's last frame
     assert f"gpuopt-tui attach {run_dir.name}" in said
+
+
+SNAPSHOT_RUNS = Path("/tmp/gpuopt-tui-browse-snapshots/runs")  # the same path on screen in every test run
+READY = {  # when each kind's view has drawn its results
+    "attribution": lambda v: v.query_one("#sample-table", DataTable).row_count > 0,
+    "tracin": lambda v: v.query_one("#tracin-tests", DataTable).row_count > 0,
+    "ablation": lambda v: v.results is not None,
+    "plan": lambda v: v.query_one(PlanView).plan is not None,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(READY))
+def test_results_snapshot(kind: str, monkeypatch: pytest.MonkeyPatch, snap_compare: Any) -> None:
+    """Each kind's view of a frozen run, opened from the Runs screen, at 120x40."""
+    shutil.rmtree(SNAPSHOT_RUNS, ignore_errors=True)
+    shutil.copytree(FROZEN, SNAPSHOT_RUNS, ignore=shutil.ignore_patterns("README.md"))
+    monkeypatch.setenv("GPUOPT_TUI_RUNS_DIR", str(SNAPSHOT_RUNS))
+    monkeypatch.setenv("TZ", "UTC")  # creation times on screen
+    time.tzset()
+
+    async def opened(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, GpuOptApp)
+        screen = await open_from_runs(pilot, app, RUNS[kind])
+        await wait_for(pilot, lambda: READY[kind](screen.view))
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+
+    try:
+        assert snap_compare(make_app(screen="runs"), terminal_size=(120, 40), run_before=opened)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
