@@ -108,6 +108,9 @@ class RunsTable(KeyedTable):
         event.stop()
         self.sort_by(str(event.column_key.value))
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.row_count > 0 if action == "select_cursor" else True
+
     def action_select_cursor(self) -> None:
         run_id = self.selected_id
         if run_id is not None:
