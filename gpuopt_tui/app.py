@@ -54,6 +54,16 @@ def process_age() -> float | None:
     return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
+def continuing_runs_note(active: list[RunInfo]) -> str:
+    """What quitting means for runs going on: they go on, and how to follow them again."""
+    listed = ", ".join(r.id for r in active[:3]) + (f" and {len(active) - 3} more" if len(active) > 3 else "")
+    runs = "1 run is" if len(active) == 1 else f"{len(active)} runs are"
+    return (
+        f"{runs} still going ({listed}): they go on after you quit. Follow one again with "
+        f"`gpuopt-tui attach {active[0].id}`, or start gpuopt-tui again to see them all."
+    )
+
+
 class GpuOptCommands(Provider):
     """Command palette: go to a screen, or start a run of any profile."""
 
@@ -115,6 +125,7 @@ class GpuOptApp(App[int]):
         self.startup_seconds: float | None = None
         self._previous_screen = "dashboard"
         self._recent_errors: dict[str, float] = {}
+        self._quit_dialog: ConfirmDialog | None = None  # the question asked on quitting with runs going on
         self._telemetry = telemetry
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
@@ -160,6 +171,16 @@ class GpuOptApp(App[int]):
     def show_run(self, run_id: str) -> None:
         """Open the runs screen on one run."""
         self._show_on("runs", "select_run", run_id)
+
+    def open_results(self, run_id: str) -> None:
+        """Show one run's results in its kind's view, over the current screen (escape comes back)."""
+        from gpuopt_tui.ui.screens.results import ResultsScreen  # its kind views are imported on first use
+
+        info = self.runs.get(run_id)
+        if info is None:
+            self.report_error(f"run {run_id} is no longer listed", title="No results")
+            return
+        self.push_screen(ResultsScreen(info, self.current_mode))
 
     def on_gpu_view_run_requested(self, message: GpuView.RunRequested) -> None:
         self.show_run(message.run_id)
@@ -230,6 +251,25 @@ class GpuOptApp(App[int]):
         self.push_screen(
             ConfirmDialog(f"Cancel run {info.id} ({info.kind}: {info.name})?", "Cancel run", "Keep"), answered
         )
+
+    async def action_quit(self) -> None:
+        """Quit; with runs going on, say first that they go on and how to come back to them."""
+        active = [r for r in self.runs.runs if r.active]
+        if not active:
+            self.exit()
+            return
+        note = continuing_runs_note(active)
+        if self.screen is self._quit_dialog:  # quit again while asked: yes
+            self.exit(message=note)
+            return
+
+        def answered(yes: bool | None) -> None:
+            self._quit_dialog = None
+            if yes:
+                self.exit(message=note)
+
+        self._quit_dialog = ConfirmDialog(note, "Quit", "Stay")
+        self.push_screen(self._quit_dialog, answered)
 
     # -- errors -------------------------------------------------------------------------------------------------
 

@@ -109,6 +109,24 @@ def test_profiles_listing_and_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert "n_steps = 9" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("columns", [80, 120])
+def test_listings_never_cut_or_wrap_ids_and_names(columns: int, tmp_path: Path) -> None:
+    """Run ids and profile names stay whole on their line at 80 and 120 columns; the other columns give way."""
+    frozen = Path(__file__).parent / "fixtures" / "browse_runs"
+    env = {"COLUMNS": str(columns), "GPUOPT_TUI_HOME": str(tmp_path), "GPUOPT_TUI_RUNS_DIR": str(frozen)}
+    runs = cli("runs", env=env)
+    assert runs.returncode == 0, runs.stderr
+    ids = sorted(p.name for p in frozen.iterdir() if p.is_dir())
+    lines = runs.stdout.splitlines()
+    assert all(len(line.rstrip()) <= columns for line in lines)
+    assert sorted(line.split()[0] for line in lines[1:]) == ids
+    profiles = cli("profiles", env=env)
+    assert profiles.returncode == 0, profiles.stderr
+    names = sorted(p.stem for p in (Path(__file__).parents[1] / "profiles").glob("*.toml"))
+    starts = [line.split()[0] for line in profiles.stdout.splitlines()[1:] if not line.startswith(" " * 3)]
+    assert sorted(starts) == names
+
+
 def test_internal_errors_go_to_a_log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("GPUOPT_TUI_HOME", str(tmp_path))
 

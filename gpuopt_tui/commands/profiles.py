@@ -61,10 +61,14 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(f.key, kind, repr(f.default), f.help)
         out.print(table)
         return 0
+    entries = list_profiles()
+    # names are never cut or wrapped (they are what `run` takes): the path and the description give way
     table = Table(box=None, header_style="bold")
-    for col in ("name", "kind", "where", "description"):
-        table.add_column(col, overflow="fold")
-    for e in list_profiles():  # names, descriptions and errors come from files: plain text, never markup
+    table.add_column("name", no_wrap=True, min_width=max((len(safe_text(e.name)) for e in entries), default=4))
+    table.add_column("kind", no_wrap=True)
+    table.add_column("where", overflow="fold", min_width=len("shipped"))
+    table.add_column("description", overflow="fold", min_width=len("description"), ratio=1)
+    for e in entries:  # names, descriptions and errors come from files: plain text, never markup
         where = "shipped" if e.shipped else str(e.path)
         desc = Text(safe_text(e.error), style="red") if e.error else Text(safe_text(e.description))
         table.add_row(*(Text(safe_text(cell)) for cell in (e.name, e.kind, where)), desc)

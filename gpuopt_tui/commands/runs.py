@@ -68,17 +68,29 @@ def run(args: argparse.Namespace) -> int:
     if not infos:
         Console().print(f"no runs yet in {watcher.root}. Start one with: gpuopt-tui run demo-attribution", markup=False)
         return 0
-    table = Table(box=None, header_style="bold")
-    for col in ("id", "kind", "name", "status", "progress", "eta", "created", "message"):
-        table.add_column(col, overflow="fold")
+    rows = []
     for i in shown:
         frac = i.fraction
         prog = f"{i.progress.get('done')}/{i.progress.get('total')} ({frac:.0%})" if frac is not None else ""
         eta = human_duration(i.progress.get("eta")) if i.active and i.progress.get("eta") else ""
-        cells = (i.id, i.kind, i.name, prog, eta, human_time(i.created), i.message[:80])
-        row = [Text(c) for c in cells]
-        row.insert(3, Text(i.status, style=STATUS_STYLE.get(i.status, "")))
-        table.add_row(*row)
+        style = STATUS_STYLE.get(i.status, "")
+        status = Text(i.status, style=style)
+        rows.append((i.id, i.kind, i.name, status, prog, eta, human_time(i.created), i.message[:80]))
+    # ids and names are never cut or wrapped (an id is what other commands take); columns empty in every row are
+    # left out, and the rest give way: the message wraps, short fields are cut with an ellipsis
+    columns = ("id", "kind", "name", "status", "progress", "eta", "created", "message")
+    kept = [c for c, name in enumerate(columns) if name in ("id", "kind", "name") or any(str(r[c]) for r in rows)]
+    table = Table(box=None, header_style="bold")
+    for c in kept:
+        name = columns[c]
+        if name in ("id", "name"):
+            table.add_column(name, no_wrap=True, min_width=max(len(str(row[c])) for row in rows))
+        elif name == "message":
+            table.add_column(name, overflow="fold", min_width=len(name), ratio=1)
+        else:
+            table.add_column(name, no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*(Text(str(row[c])) if isinstance(row[c], str) else row[c] for c in kept))  # never markup
     Console().print(table)
     if len(shown) < len(infos):
         Console().print(f"{len(infos) - len(shown)} older run(s) not shown (--limit 0 shows all)")

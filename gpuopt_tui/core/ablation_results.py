@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -85,23 +86,37 @@ class ProbeRow(Protocol):
 
 Row = TypeVar("Row", bound=ProbeRow)
 COLUMNS = tuple(f.name for f in fields(ResultRow))
-TABLE_HEADER = ("representation", "layer", "test acc", "val acc", "train acc", "dim", "time", "cached")
+TABLE_HEADER = ("representation", "layer", "test acc", "val acc", "train acc", "dim", "features", "probes", "cached")
 
 
-def row_cells(row: ResultRow | ReportedProbe) -> tuple[str, ...]:
-    """The row's cells under TABLE_HEADER: accuracies as mean ± std, time in seconds; "" where not known yet."""
-    accuracies = [_mean_std(row.accuracy(split)) for split in SPLITS]
-    if isinstance(row, ReportedProbe):
-        return (row.representation, row.layer, *accuracies, "", "", "")
-    seconds = row.feature_time_s + row.probe_time_s
-    return (
-        row.representation,
-        row.layer,
-        *accuracies,
-        str(row.feature_dim),
-        f"{seconds:.2f}s",
-        "yes" if row.cached else "",
-    )
+def table_cells(rows: Sequence[ResultRow | ReportedProbe]) -> list[tuple[str, ...]]:
+    """The rows' cells under TABLE_HEADER, in the order given: accuracies as mean ± std, the time of the row's
+    features, and the time of the probes trained together in one batch (they share `probe_time_s`) once, on the
+    first of them, with how many they are; "" where not known yet."""
+    group_sizes = Counter(r.probe_time_s for r in rows if isinstance(r, ResultRow))
+    seen: set[float] = set()
+    cells = []
+    for row in rows:
+        accuracies = [_mean_std(row.accuracy(split)) for split in SPLITS]
+        if isinstance(row, ReportedProbe):
+            cells.append((row.representation, row.layer, *accuracies, "", "", "", ""))
+            continue
+        group = row.probe_time_s
+        size = group_sizes[group]
+        probes = "" if group in seen else f"{group:.2f}s" + (f" ×{size}" if size > 1 else "")
+        seen.add(group)
+        cells.append(
+            (
+                row.representation,
+                row.layer,
+                *accuracies,
+                str(row.feature_dim),
+                f"{row.feature_time_s:.2f}s",
+                probes,
+                "yes" if row.cached else "",
+            )
+        )
+    return cells
 
 
 def _mean_std(value: tuple[float, float] | None) -> str:
@@ -173,8 +188,10 @@ def _sort_value(row: ProbeRow, column: str) -> float | None:
         return None
     if column == "dim":
         return float(row.feature_dim)
-    if column == "time":
-        return row.feature_time_s + row.probe_time_s
+    if column == "features":
+        return row.feature_time_s
+    if column == "probes":
+        return row.probe_time_s
     return float(row.cached)
 
 
@@ -257,8 +274,8 @@ class AblationResults:
         return float(value) if isinstance(value, (int, float)) else None
 
     def table(self) -> list[tuple[str, ...]]:
-        """Rows for a table with TABLE_HEADER: accuracies as mean ± std, time in seconds."""
-        return [row_cells(r) for r in self.rows]
+        """Rows for a table with TABLE_HEADER (see table_cells)."""
+        return table_cells(self.rows)
 
     def series(self, split: str = "test") -> dict[str, list[tuple[int, float, float]]]:
         """Per representation, (layer index, accuracy mean, std) over the probed layers, in layer order

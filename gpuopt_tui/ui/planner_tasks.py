@@ -140,7 +140,7 @@ def read_plan_run(info: RunInfo) -> PlanRun:
     if not isinstance(profile, PlanProfile):
         return PlanRun(info, False, 0)
     run = PlanRun(info, profile.plan.measure, session.device_index(profile.run.device))
-    if info.status != "finished" or not run.measure:
+    if info.status != "finished":
         return run
     try:
         return dataclasses.replace(run, saved=read_saved_plan(info.dir))
@@ -154,13 +154,18 @@ def newest_measuring_run(runs: Sequence[RunInfo]) -> PlanRun | None:
 
 
 def measured_plan(run: PlanRun, saved: SavedPlan) -> TierPlan:
+    """The plan a run saved: measured on its GPU, or (plan.measure = false) the closed-form estimate it made."""
     rec = saved.recommendation
     budget = rec.budget
     probes = [probes_text(saved.probes.results, budget.limit, saved.probes.confirmed)] if saved.probes else []
+    how = "peaks fitted to probes on the GPU (see its log)" if run.measure else "closed-form estimate, saved"
     return TierPlan(
-        head=Text(f"measured on GPU {run.gpu} of {saved.model}", style="bold"),
+        head=Text(
+            f"measured on GPU {run.gpu} of {saved.model}" if run.measure else f"closed-form estimate of {saved.model}",
+            style="bold",
+        ),
         details=[
-            Text(f"run {run.info.id} ({run.info.name}): peaks fitted to probes on the GPU (see its log)"),
+            Text(f"run {run.info.id} ({run.info.name}): {how}"),
             *probes,
             Text(f"budget {budget.margin:.0%} of {human_bytes(budget.gpu_total)} = {human_bytes(budget.limit)}"),
             *([values_table(saved.values)] if saved.values else []),

@@ -139,6 +139,31 @@ def test_save_keeps_comments_and_changes_only_values(tmp_path: Path) -> None:
     assert to_plain(load_profile(path)) == to_plain(profile)
 
 
+@pytest.mark.parametrize("name", ["demo-attribution", "demo-tracin", "demo-ablation", "demo-plan"])
+def test_saving_a_shipped_profile_writes_no_defaults(tmp_path: Path, name: str) -> None:
+    """A copy saved unchanged is the file as it was; a changed value is added, a count as a number."""
+    shipped = (shipped_profiles_dir() / f"{name}.toml").read_text()
+    path = write(tmp_path, shipped)
+    profile = load_profile(path)
+    save_profile(profile, path)
+    assert path.read_text() == shipped
+    if hasattr(profile.run, "devices"):
+        profile.run.devices = "2"
+        save_profile(profile, path)
+        assert "devices = 2\n" in path.read_text()
+        assert to_plain(load_profile(path)) == to_plain(profile)
+
+
+def test_a_count_in_the_file_keeps_its_type(tmp_path: Path) -> None:
+    for text in (
+        'kind = "tracin"\nname = "p"\n[run]\ndevices = "2"\nnodes = 1\n',
+        'kind = "tracin"\nname = "p"\n[run]\ndevices = 2\n',
+    ):
+        path = write(tmp_path, text)
+        save_profile(load_profile(path), path)
+        assert path.read_text() == text
+
+
 def test_frozen_toml_round_trips() -> None:
     for cls in PROFILE_CLASSES.values():
         profile = profile_from_data({"kind": cls.kind}, "x.toml")

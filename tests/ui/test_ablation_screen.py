@@ -103,13 +103,18 @@ async def test_the_table_equals_results_json_marks_the_best_layers_and_sorts(pro
         shown = table_cells(table)
         assert len(shown) == len(rows) == 3 * LAYERS + 1
         starred = {}
+        groups: dict[float, int] = {}  # probes trained in one batch share their time: shown on the first only
+        for row in rows:
+            groups[row["probe_time_s"]] = groups.get(row["probe_time_s"], 0) + 1
         for cells, row in zip(shown, rows):  # results.json order: representation, then layer
             layer = cells["layer"].removesuffix(" ★")
             assert (cells["representation"], layer) == (row["representation"], row["layer"])
             for column, split in SPLIT_CELLS.items():
                 assert cells[column] == mean_std(row, split)
             assert cells["dim"] == str(row["feature_dim"])
-            assert cells["time"] == f"{row['feature_time_s'] + row['probe_time_s']:.2f}s"
+            assert cells["features"] == f"{row['feature_time_s']:.2f}s"
+            group, size = row["probe_time_s"], groups.pop(row["probe_time_s"], None)
+            assert cells["probes"] == ("" if size is None else f"{group:.2f}s" + (f" ×{size}" if size > 1 else ""))
             assert cells["cached"] == ("yes" if row["cached"] else "")
             if cells["layer"].endswith(" ★"):
                 starred[row["representation"]] = layer
@@ -261,7 +266,7 @@ async def test_probes_show_up_as_a_running_runs_events_arrive(running_run: Path)
             cells = shown[event["representation"], event["layer"]]
             assert cells["test acc"] == f"{event['value']:.3f} ± {event['std']:.3f}"
             assert cells["val acc"] == f"{event['val']:.3f} ± {event['val_std']:.3f}"  # the layer is selected on it
-            assert cells["time"] == ""  # known only when the run ends
+            assert cells["features"] == cells["probes"] == ""  # known only when the run ends
         plot = results.query_one(AccuracyPlot)  # every representation has its place (and colour) from the start
         assert plot.data is not None and list(plot.data.series) == REPRESENTATIONS[:3]
         assert sum(len(points) for points in plot.data.series.values()) == 5

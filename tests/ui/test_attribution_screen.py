@@ -170,8 +170,11 @@ async def test_the_check_action_starts_a_small_run_with_check_samples(
         assert profile.attribution.n_steps == form_steps  # type: ignore[attr-defined]
         assert profile.name == "demo-attribution check"
         assert results.active_tab == "tab-check"
-        await wait_for(pilot, lambda: screen.latest is not None and screen.latest.dir == launched[0])
-        assert not results.has_results  # the new run has written nothing yet
+        # the check run shows in the Check tab; the run in view stays, with its results
+        check_id = launched[0].name
+        await wait_for(pilot, lambda: f"Check run {check_id}" in str(results.query_one("#check-text", Static).content))
+        assert screen.latest is not None and screen.latest.dir == finished_run
+        assert results.has_results
 
 
 async def test_copying_an_export_path(finished_run: Path) -> None:

@@ -20,6 +20,7 @@ from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.telemetry import GpuSample, ProcessSample, ReplaySource, Snapshot
 from gpuopt_tui.ui.run_poller import IDLE_INTERVAL_S, RunsPolled
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
+from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.log_view import LogScreen
@@ -166,7 +167,12 @@ async def test_log_viewer_and_dashboard_open_the_selected_run(runs_root: Path) -
         await wait_for(pilot, lambda: len(app.runs.runs) == 2)
         await pilot.pause()
         second_row = app.runs.runs[1].id
-        await pilot.press("tab", "down", "enter")  # the dashboard's table: open the second run
+        await pilot.press("tab", "down", "enter")  # the dashboard's table: the second run's results
+        await wait_for(pilot, lambda: isinstance(app.screen, ResultsScreen) and app.screen.run_id == second_row)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ResultsScreen))
+        table = app.screen.query_one(RunsTable)
+        await pilot.click(table, offset=(2, 2))  # a click on its row: the run in the Runs screen
         await wait_for(pilot, lambda: app.current_mode == "runs")
         await pilot.pause()
         screen = app.screen

@@ -159,24 +159,52 @@ def profile_to_toml(profile: ProfileBase) -> str:
     return tomlkit.dumps(doc)
 
 
-def _update(node: Any, values: Mapping[str, Any]) -> None:
-    """Set changed values in a tomlkit container in place, keeping comments and order."""
+_UNSET = object()
+
+
+def _differences(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The values (tables walked into) that differ from the defaults; tables left empty are dropped."""
+    found: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, Mapping) and key in node and isinstance(node[key], Mapping):
-            _update(node[key], value)
-        elif key not in node or node[key] != value:
+        default = defaults.get(key, _UNSET)
+        if isinstance(value, Mapping) and isinstance(default, Mapping):
+            inner = _differences(value, default)
+            if inner:
+                found[key] = inner
+        elif value != default:
+            found[key] = value
+    return found
+
+
+def _update(node: Any, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Set values in a tomlkit container in place, keeping comments and order: keys the file has are updated
+    where they changed; a key it lacks is added only where it differs from the default."""
+    for key, value in values.items():
+        default = defaults.get(key, _UNSET)
+        if key in node and isinstance(value, Mapping) and isinstance(node[key], Mapping):
+            _update(node[key], value, default if isinstance(default, Mapping) else {})
+        elif key in node:
+            held = node[key]
+            if held != value and not (isinstance(held, str) and isinstance(value, int) and held == str(value)):
+                node[key] = value  # (a count the file writes as text, devices = "2", is left as it is)
+        elif isinstance(value, Mapping) and isinstance(default, Mapping):
+            inner = _differences(value, default)
+            if inner:
+                node[key] = inner
+        elif value != default:
             node[key] = value
 
 
 def save_profile(profile: ProfileBase, path: Path) -> None:
-    """Write `profile` to `path`; when the file exists its comments and layout are kept."""
+    """Write `profile` to `path`: the keys its file has (comments and layout kept) and those that differ from
+    the defaults, never a default the file did not set."""
     try:
         original = path.read_text(encoding="utf-8-sig") if path.exists() else ""
         doc = tomlkit.parse(original) if original else tomlkit.document()
     except (OSError, tomlkit.exceptions.ParseError) as e:
         raise UserError(f"{path}: cannot update the existing file ({e})") from None
-    values = {"kind": profile.kind, **to_plain(profile)}
-    _update(doc, values)
+    values = {"kind": profile.kind, **to_plain(profile, counts_as_numbers=True)}
+    _update(doc, values, to_plain(type(profile)(), counts_as_numbers=True))
     atomic_write_text(path, tomlkit.dumps(doc))
 
 

@@ -211,12 +211,20 @@ def describe(cls: type, prefix: str = "") -> Iterator[FieldInfo]:
         )
 
 
-def to_plain(value: Any) -> Any:
-    """A schema object (or value) as plain dicts, lists and scalars."""
+def to_plain(value: Any, counts_as_numbers: bool = False) -> Any:
+    """A schema object (or value) as plain dicts, lists and scalars. With `counts_as_numbers`, a `counts` text
+    field that holds a whole number gives that number (`devices = 1`, as a profile writes it, not "1")."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in fields(value) if f.init}
+        plain = {}
+        for f in fields(value):
+            if not f.init:
+                continue
+            item = getattr(value, f.name)
+            number = counts_as_numbers and f.metadata.get("counts") and isinstance(item, str) and item.isdigit()
+            plain[f.name] = int(item) if number else to_plain(item, counts_as_numbers)
+        return plain
     if isinstance(value, list):
-        return [to_plain(v) for v in value]
+        return [to_plain(v, counts_as_numbers) for v in value]
     return value
 
 

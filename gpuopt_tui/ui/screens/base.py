@@ -21,11 +21,16 @@ class AppScreen(Screen[None]):
     SCREEN_NAME: ClassVar[str] = ""
 
     @property
+    def nav_name(self) -> str:
+        """The screen the navigation bar shows as the current one."""
+        return self.SCREEN_NAME
+
+    @property
     def gapp(self) -> GpuOptApp:
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
-        yield NavBar(self.SCREEN_NAME)
+        yield NavBar(self.nav_name)
         yield from self.compose_body()
         yield Footer()
 

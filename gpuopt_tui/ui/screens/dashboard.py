@@ -34,7 +34,11 @@ class DashboardScreen(AppScreen):
         elif not snapshot.runs:
             hint.update(Content.from_markup("No runs yet in $root. $hint", root=str(snapshot.root), hint=START_HINT))
         else:
-            hint.update("enter: open the run · r: all runs with cancel, resume and logs")
+            hint.update("enter: the run's results · click: the run in Runs · r: all runs with cancel, resume and logs")
+
+    @on(RunsTable.Open)
+    def _open_results(self, event: RunsTable.Open) -> None:
+        self.gapp.open_results(event.run_id)
 
     @on(DataTable.RowSelected, "#dashboard-runs")
     def _open_run(self, event: DataTable.RowSelected) -> None:

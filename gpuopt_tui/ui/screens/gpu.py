@@ -54,7 +54,7 @@ def plot_text(values: list[float | None], height: int, style: str) -> Text:
 class HistoryPlot(Widget):
     """One series of one GPU over the history window; redraws only when its columns change."""
 
-    DEFAULT_CSS = "HistoryPlot { height: 3; }"
+    DEFAULT_CSS = "HistoryPlot { height: 1fr; min-height: 3; }"  # grows with the terminal
 
     def __init__(self, series: str, style: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -213,15 +213,15 @@ class GpuView(Vertical):
     GpuView #gpu-title { background: $boost; padding: 0 1; }
     GpuView #gpu-message { padding: 0 1; color: $text-muted; }
     GpuView GpuRows { padding: 0 1; }
-    GpuView #gpu-detail { height: auto; max-height: 8; margin-top: 1; padding: 0 1; }
+    GpuView #gpu-detail { height: 1fr; min-height: 8; margin-top: 1; padding: 0 1; }
     GpuView #gpu-fields {
         width: 1fr; min-width: 48; max-width: 60; height: auto; text-wrap: nowrap; text-overflow: ellipsis;
     }
-    GpuView #gpu-plots { width: 1fr; height: auto; }
+    GpuView #gpu-plots { width: 1fr; height: 1fr; }
     GpuView .plot-label { color: $text-muted; }
     GpuView #gpu-note { color: $warning; padding: 0 1; }
     GpuView #process-header { margin-top: 1; padding: 0 1; text-style: bold; background: $boost; }
-    GpuView ProcessList { min-height: 3; padding: 0 1; }
+    GpuView ProcessList { height: auto; min-height: 3; max-height: 45%; padding: 0 1; }
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [

@@ -57,6 +57,9 @@ class KindScreen(AppScreen):
 
     KIND: ClassVar[str] = ""
     RESULTS: ClassVar[type[RunResults]] = RunResults
+    BROWSE_RESULTS: ClassVar[type[RunResults] | None] = (
+        None  # the view of one run in the results browser: RESULTS if None
+    )
     HELP_WIDGETS: ClassVar[tuple[type[Widget], ...]] = ()  # widgets inside RESULTS whose keys the help lists too
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -371,8 +374,12 @@ class KindScreen(AppScreen):
 
     # -- runs ---------------------------------------------------------------------------------------------------
 
+    def shown_run(self, snapshot: RunsSnapshot) -> RunInfo | None:
+        """The run whose progress and results this screen shows: the newest of its kind."""
+        return snapshot.latest(self.KIND)
+
     def runs_updated(self, snapshot: RunsSnapshot) -> None:
-        self.latest = snapshot.latest(self.KIND)
+        self.latest = self.shown_run(snapshot)
         self.query_one("#run-progress", RunProgress).show(self.latest)
         self.query_one("#cancel", Button).display = self.latest is not None and self.latest.active
         self.results.show(self.latest)

@@ -39,6 +39,7 @@ from gpuopt_tui.ui import planner_tasks as tasks
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
+from gpuopt_tui.ui.widgets.plan_run_view import PlanRunResults
 from gpuopt_tui.ui.widgets.planner_view import PlanView
 from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE, ProfileForm
 
@@ -53,6 +54,7 @@ NO_MEASUREMENT = (
 class PlannerScreen(KindScreen):
     SCREEN_NAME = "planner"
     KIND = "plan"
+    BROWSE_RESULTS = PlanRunResults
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+e", "estimate", "Estimate", id="planner.estimate", tooltip="Closed-form memory estimate"),

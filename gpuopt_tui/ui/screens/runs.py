@@ -1,5 +1,5 @@
-"""Every run: status and progress in a table; cancel, resume, delete; details, ranks and the log of the selected
-run."""
+"""Every run: status and progress in a table, filtered (`/`) and sorted (`o` or a header); enter opens a run's
+results; cancel, resume, delete; details, ranks and the log of the selected run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_time
@@ -28,15 +28,29 @@ RANKS_DETAIL_HEIGHT = "60%"
 
 class RunsScreen(AppScreen):
     SCREEN_NAME = "runs"
+    AUTO_FOCUS = "#runs-table"  # not the filter field, hidden until `/`
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "cancel", "Cancel", id="runs.cancel", tooltip="Stop the selected run (SIGTERM)"),
         Binding("s", "resume", "Resume", id="runs.resume", tooltip="Start a stopped run again from its shards"),
         Binding("x", "delete", "Delete", id="runs.delete", tooltip="Delete the run directory"),
         Binding("l", "log", "Log", id="runs.log", tooltip="Follow the run's log"),
+        Binding(
+            "slash",
+            "filter",
+            "Filter",
+            id="runs.filter",
+            tooltip="Show only runs whose id, kind, name or status has a text",
+        ),
+        Binding("o", "sort", "Sort", id="runs.sort", tooltip="Sort by the next column (or click a header)"),
     ]
 
     def compose_body(self) -> ComposeResult:
+        runs_filter = Input(
+            placeholder="filter: part of an id, kind, profile name or status", id="runs-filter", compact=True
+        )
+        runs_filter.display = False
+        yield runs_filter
         yield RunsTable(FULL_COLUMNS, id="runs-table")
         with Vertical(id="run-detail"):
             yield RunProgress("No run selected.", gpu=self.gapp.gpu_telemetry().source, id="detail-progress")
@@ -65,6 +79,35 @@ class RunsScreen(AppScreen):
     def _highlighted(self) -> None:
         self._show_detail()
 
+    @on(RunsTable.Open)
+    def _open(self, event: RunsTable.Open) -> None:
+        self.gapp.open_results(event.run_id)
+
+    def action_filter(self) -> None:
+        field = self.query_one("#runs-filter", Input)
+        field.display = True
+        field.focus()
+
+    @on(Input.Changed, "#runs-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.table.set_filter(event.value)
+        self._show_detail()
+
+    @on(Input.Submitted, "#runs-filter")
+    def _filter_done(self) -> None:
+        self.table.focus()
+
+    def key_escape(self) -> None:
+        """Escape in the filter clears it and hides it."""
+        field = self.query_one("#runs-filter", Input)
+        if field.has_focus or field.value:
+            field.value = ""
+            field.display = False
+            self.table.focus()
+
+    def action_sort(self) -> None:
+        self.table.next_sort()
+
     def _show_detail(self) -> None:
         info = self.selected
         snapshot = self.gapp.runs
@@ -75,7 +118,9 @@ class RunsScreen(AppScreen):
         details = self.query_one("#detail-info", Static)
         if info is None:
             empty = snapshot.error or f"No runs yet in {snapshot.root}."
-            details.update("" if snapshot.runs else empty)
+            if snapshot.runs and self.table.filter_text:
+                empty = f"No run matches {self.table.filter_text!r} (escape clears the filter)."
+            details.update(empty if not self.table.row_count else "")
         else:
             where = f" on {info.host}" if info.remote else ""
             details.update(

@@ -18,7 +18,7 @@ from textual.widget import Widget
 from textual.widgets import Button, DataTable, Static
 from textual.worker import Worker, WorkerState
 
-from gpuopt_tui.core.ablation_results import TABLE_HEADER, ReportedProbe, ResultRow, best_of, row_cells, sort_rows
+from gpuopt_tui.core.ablation_results import TABLE_HEADER, ReportedProbe, ResultRow, best_of, sort_rows, table_cells
 from gpuopt_tui.core.feature_cache import EntryGroup, FeatureCache, group_entries, natural_key
 from gpuopt_tui.core.format import human_bytes, human_time
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -266,7 +266,7 @@ class ProbeTable(DataTable[Text]):
     whatever split is charted) is bold with a ★. Clicking a column header sorts by it (again: the other way);
     `next_sort` steps through columns."""
 
-    SORTS: ClassVar[tuple[str | None, ...]] = (None, "test acc", "val acc", "train acc", "layer", "time")
+    SORTS: ClassVar[tuple[str | None, ...]] = (None, "test acc", "val acc", "train acc", "layer", "features", "probes")
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
@@ -306,9 +306,10 @@ class ProbeTable(DataTable[Text]):
         for column in TABLE_HEADER:
             arrow = (" ▼" if self.descending else " ▲") if column == self.sort_column else ""
             self.add_column(column + arrow, key=column)
-        for row in sort_rows(self._data_rows, self.sort_column, self.descending):
+        rows = sort_rows(self._data_rows, self.sort_column, self.descending)
+        for row, row_cells in zip(rows, table_cells(rows)):
             key = row_key(row)
-            cells = list(row_cells(row))
+            cells = list(row_cells)
             if key in best:
                 cells[1] += " ★"
             style = f"bold {success}" if key in best else ""

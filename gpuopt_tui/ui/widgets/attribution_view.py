@@ -23,11 +23,19 @@ from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
-from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, RunFiles, load_run_files
+from gpuopt_tui.core.attribution_results import (
+    AttributionSummary,
+    CheckResult,
+    RunFiles,
+    load_check,
+    load_run_files,
+)
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
 from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.run_text import progress_text
 from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
 
@@ -65,12 +73,22 @@ class AttributionRunResults(RunResults):
             self.run_id = run_id
             self.files = files
 
+    class CheckRead(Message):
+        """check.json of the check run `run_id`, or why it cannot be read (read by a worker)."""
+
+        def __init__(self, run_id: str, check: CheckResult | str) -> None:
+            super().__init__()
+            self.run_id = run_id
+            self.check = check
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._info: RunInfo | None = None
         self._files: RunFiles | None = None
         self._loading = False  # result files of the shown run are being read
         self._read_artifacts: int | None = None  # the run's artifact count when its files were last read
+        self._check_run: RunInfo | None = None  # a check run started beside the run shown (see show_check_run)
+        self._check_run_result: CheckResult | str | None = None  # its check.json, or why it cannot be read
 
     def compose(self) -> ComposeResult:
         yield from super().compose()
@@ -182,6 +200,56 @@ class AttributionRunResults(RunResults):
         self._show_files(files)
         self.refresh_bindings()
 
+    def show_check_run(self, info: RunInfo | None) -> None:
+        """Show the check run started from the kind screen in the Check tab, beside (not instead of) the run
+        shown; its check.json is read once it finished."""
+        before = self._check_run
+        if before is not None and info is not None and (before.id, before.status) == (info.id, info.status):
+            self._check_run = info  # only its progress moved on
+        else:
+            self._check_run, self._check_run_result = info, None
+            if info is not None and info.status == "finished":
+                run_id, results_dir = info.id, info.dir / "results"
+
+                def read() -> None:
+                    try:
+                        check: CheckResult | str | None = load_check(results_dir)
+                    except UserError as e:
+                        check = str(e)
+                    if check is None:
+                        check = f"the check run wrote no {results_dir / 'check.json'}"
+                    self.post_message(self.CheckRead(run_id, check))
+
+                self.run_worker(read, name="check results", group="check-run", thread=True, exit_on_error=False)
+        self._show_check(self._files.check if self._files is not None else None)
+
+    @on(CheckRead)
+    def _check_read(self, message: CheckRead) -> None:
+        if self._check_run is not None and message.run_id == self._check_run.id:
+            self._check_run_result = message.check
+            self._show_check(self._files.check if self._files is not None else None)
+
+    def _check_run_report(self, run: RunInfo) -> Content:
+        lead = Content.from_markup(
+            "[b]Check run $id[/] ($name): $status $progress",
+            id=run.id,
+            name=run.name,
+            status=run.status,
+            progress=progress_text(run),
+        )
+        result = self._check_run_result
+        if run.active:
+            body = Content("Its figures appear here when it finishes; the run above stays in view.")
+        elif run.status != "finished":
+            body = Content.styled(run.message or f"it is {run.status}", "$error")
+        elif isinstance(result, CheckResult):
+            body = check_report(result)
+        elif isinstance(result, str):
+            body = Content.styled(result, "$error")
+        else:
+            body = Content("Reading its check.json…")
+        return Content("\n").join([lead, body])
+
     # -- the other tabs -----------------------------------------------------------------------------------------
 
     def _show_top(self, summary: AttributionSummary | None) -> None:
@@ -213,8 +281,12 @@ class AttributionRunResults(RunResults):
         text = self.query_one("#check-text", Static)
         button = self.query_one("#check-run", Button)
         button.label = "Run the check again" if check else "Run a check"
-        button.display = info is None or not info.active
-        if check is not None:
+        check_run = self._check_run
+        button.display = not self.in_browser and not (info is not None and info.active)
+        if check_run is not None:
+            button.display = button.display and not check_run.active
+            text.update(self._check_run_report(check_run))
+        elif check is not None:
             text.update(check_report(check))
         elif info is not None and info.active and files is not None and files.check_samples:
             text.update(
@@ -222,10 +294,11 @@ class AttributionRunResults(RunResults):
                 "attribution; the figures appear here when that is done."
             )
         else:
+            how = "The Attribution screen's ctrl+t" if self.in_browser else "ctrl+t (or the button)"
             text.update(
-                "This run has no check of the optimized path against the original. ctrl+t (or the button) runs "
-                "the profile in the form on a few samples with check_samples set: both paths attribute them and "
-                "the relative difference of their token scores shows here."
+                f"This run has no check of the optimized path against the original. {how} runs the profile in the "
+                "form on a few samples with check_samples set: both paths attribute them and the relative "
+                "difference of their token scores shows " + ("there." if self.in_browser else "here.")
             )
 
     def _show_files(self, files: RunFiles) -> None:

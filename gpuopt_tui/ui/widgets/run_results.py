@@ -78,6 +78,7 @@ class RunResults(VerticalScroll):
     """
 
     ALLOW_MAXIMIZE = True
+    in_browser = False  # shown by the results browser, where no profile form is at hand to start a run from
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="run-results")

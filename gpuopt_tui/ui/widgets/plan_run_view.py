@@ -1,0 +1,72 @@
+"""The plan a plan run saved (results/plan.json), drawn as the planner's tiers are: bars of GPU memory, the
+recommendation beside the other candidates, and each value with where it came from."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import Static
+
+from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui import planner_tasks as tasks
+from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.run_results import RunResults
+
+
+class PlanRunResults(RunResults):
+    """A plan run's saved plan, read in a thread once the run finished; a failed run shows its log's end."""
+
+    DEFAULT_CSS = """
+    PlanRunResults { overflow-y: hidden; }
+    PlanRunResults #results-text { height: auto; }
+    PlanRunResults #saved-plan { height: 1fr; }
+    """
+
+    class Read(Message):
+        def __init__(self, run: tasks.PlanRun) -> None:
+            super().__init__()
+            self.run = run
+
+    def compose(self) -> ComposeResult:
+        yield from super().compose()
+        yield PlanView("", id="saved-plan")
+
+    _run_id: str | None = None  # the run shown
+
+    def run_changed(self, info: RunInfo | None) -> None:
+        super().run_changed(info)
+        self._run_id = info.id if info is not None else None
+        failed = info is not None and info.status in ("failed", "crashed")
+        self.query_one("#results-text", Static).display = failed
+        view = self.query_one("#saved-plan", PlanView)
+        view.display = not failed
+        if info is None or info.status != "finished":
+            view.show_message("" if info is None or not info.active else "The plan shows here when the run finishes.")
+            return
+        view.show_message("Reading the plan…")
+        self.run_worker(
+            lambda: self.post_message(self.Read(tasks.read_plan_run(info))),
+            name="saved plan",
+            group="saved-plan",
+            thread=True,
+            exclusive=True,
+            exit_on_error=False,
+        )
+
+    def describe(self, info: RunInfo | None) -> Content:
+        """Only a failed run's words: the plan itself says the rest."""
+        return super().describe(info) if info is not None and info.status in ("failed", "crashed") else Content("")
+
+    def on_plan_run_results_read(self, message: Read) -> None:
+        run = message.run
+        if run.info.id != self._run_id:
+            return  # read for a run no longer shown
+        view = self.query_one("#saved-plan", PlanView)
+        if run.saved is not None:
+            view.show_plan(tasks.measured_plan(run, run.saved))
+        else:
+            view.show_message(Content.styled(run.error or f"run {run.info.id} saved no plan", "$error"))
+
+    def focus_first(self) -> None:
+        self.query_one("#saved-plan", PlanView).focus()
