@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -138,11 +139,10 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], load: tup
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {args.machine}, {os.cpu_count()} logical CPUs, "
         f"{platform.processor() or platform.machine()}; {_versions()}.",
         f"Load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in load[0])}, "
-        f"at end {'/'.join(f'{v:.2f}' for v in load[1])}."
-        + (f" {args.note}" if args.note else ""),
+        f"at end {'/'.join(f'{v:.2f}' for v in load[1])}." + (f" {args.note}" if args.note else ""),
         f"Terminal {args.width}x{args.height} (headless Pilot), {args.processes} fresh processes x {args.rounds} "
         f"rounds of keys {' '.join(KEYS)}; GPU source: {args.replay or 'live NVML (none on this machine)'}.",
-        f"Command: `{' '.join(['python', 'benchmarks/screen_latency.py', *args.argv])}`",
+        f"Command: `{shlex.join(['python', 'benchmarks/screen_latency.py', *args.argv])}`",
         f"Goal: {GOALS}. Definitions: the docstring of benchmarks/screen_latency.py.",
         "",
         f"First frame (process start to the first painted screen): median {statistics.median(firsts):.2f} s, "
