@@ -12,7 +12,9 @@ GPU source the CLI would use (live NVML, or `--replay TRACE`). Each of `--proces
   empty (Pilot's `_wait_for_screen`, repeated until a pass finds nothing queued); the screen's pending layout
   and repaint were done (its update timer's handler, called at once as `pilot.pause()` does, so the up to
   16 ms until that timer fires is not counted). Work handed to thread workers is not waited for. Between two
-  switches the app is left idle (`pilot.pause()`, not timed).
+  switches the app is left idle (`pilot.pause()`, not timed). Beside this wall-clock latency, the process's CPU
+  time over the same interval (`time.process_time()`, all its threads): on a shared machine it moves much less
+  with other processes' load than the wall-clock figure.
   The first press of a key in a process is a first visit (the screen is built: its module imported, composed,
   mounted, styled); later presses are later visits. The dashboard is built at start-up: all its visits are later
   visits.
@@ -24,6 +26,8 @@ other processes' work inflates every figure.
 
     python benchmarks/screen_latency.py --out benchmarks/results/screen_latency_cpu.md
     python benchmarks/screen_latency.py --quick   # 2 processes x 2 rounds, printed only
+
+The processes import gpuopt_tui from this script's checkout: do not edit it while a measurement runs.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ async def _drive(size: tuple[int, int], rounds: int, replay: Path | None) -> dic
     names = {s.key: s.name for s in SCREENS}
     app = make_app(replay=replay)
     visits: dict[str, list[float]] = {names[k]: [] for k in KEYS}
+    cpu: dict[str, list[float]] = {names[k]: [] for k in KEYS}
     widgets: dict[str, int] = {}
     async with app.run_test(size=size) as pilot:
         while app.startup_seconds is None:
@@ -76,13 +81,14 @@ async def _drive(size: tuple[int, int], rounds: int, replay: Path | None) -> dic
         for _ in range(rounds):
             for key in KEYS:
                 name = names[key]
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 app._driver.send_message(events.Key(key, key))  # type: ignore[union-attr]
                 await _settled(pilot, app, name)
                 visits[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
                 widgets[name] = len(list(app.screen.walk_children()))
                 await pilot.pause()
-    return {"first_frame": app.startup_seconds, "visits": visits, "widgets": widgets}
+    return {"first_frame": app.startup_seconds, "visits": visits, "cpu": cpu, "widgets": widgets}
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -99,6 +105,18 @@ def ms(values: list[float]) -> str:
     if not values:
         return "n/a | n/a"
     return f"{statistics.median(values) * 1000:.0f} | {p95(values) * 1000:.0f}"
+
+
+def median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f}" if values else "n/a"
+
+
+def visits(results: list[dict[str, object]], field: str, screen: str) -> tuple[list[float], list[float]]:
+    """First visits (one a process; none for the dashboard, built at start) and later visits, pooled."""
+    runs = [r[field][screen] for r in results]  # type: ignore[index]
+    if screen == "dashboard":
+        return [], [x for v in runs for x in v]
+    return [v[0] for v in runs], [x for v in runs for x in v[1:]]
 
 
 def _run_processes(args: argparse.Namespace) -> list[dict[str, object]]:
@@ -148,18 +166,20 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], load: tup
         f"First frame (process start to the first painted screen): median {statistics.median(firsts):.2f} s, "
         f"p95 {p95(firsts):.2f} s (n = {len(firsts)}).",
         "",
-        "| screen | key | widgets | first visit median ms | first visit p95 ms | later visits median ms "
-        "| later visits p95 ms | later n |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| screen | key | widgets | first visit median ms | first visit p95 ms | first visit CPU median ms "
+        "| later visits median ms | later visits p95 ms | later visits CPU median ms | later n |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     from gpuopt_tui.ui.screens.registry import SCREENS
 
     for spec in (s for key in KEYS for s in SCREENS if s.key == key):
-        runs = [r["visits"][spec.name] for r in results]  # type: ignore[index]
-        first = [] if spec.name == "dashboard" else [v[0] for v in runs]
-        later = [x for v in runs for x in (v if spec.name == "dashboard" else v[1:])]
+        first, later = visits(results, "visits", spec.name)
+        first_cpu, later_cpu = visits(results, "cpu", spec.name)
         widgets = results[-1]["widgets"][spec.name]  # type: ignore[index]
-        lines.append(f"| {spec.label} | {spec.key} | {widgets} | {ms(first)} | {ms(later)} | {len(later)} |")
+        lines.append(
+            f"| {spec.label} | {spec.key} | {widgets} | {ms(first)} | {median_ms(first_cpu)} | {ms(later)} "
+            f"| {median_ms(later_cpu)} | {len(later)} |"
+        )
     lines += ["", "The dashboard is the first screen: its first visit is the first frame above."]
     return "\n".join(lines) + "\n"
 
