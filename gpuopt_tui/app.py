@@ -32,7 +32,7 @@ from gpuopt_tui.core.telemetry.backend import NoGpuSource
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
-from gpuopt_tui.ui.screens.registry import KIND_SCREENS, SCREEN_NAMES, SCREENS
+from gpuopt_tui.ui.screens.registry import KIND_SCREENS, SCREEN_NAMES, SCREENS, import_screens
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
@@ -140,6 +140,7 @@ class GpuOptApp(App[int]):
         self.startup_seconds = age if age is not None else time.perf_counter() - _IMPORTED_AT
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
+        self.run_worker(import_screens, name="loading screens", thread=True, exit_on_error=False)
 
     def on_unmount(self) -> None:
         if self._telemetry is not None:

@@ -35,7 +35,7 @@ from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.runs import RunInfo, resolve_paths
 from gpuopt_tui.ui.screens.kind import display_path
 from gpuopt_tui.ui.widgets.planner_view import TierPlan
-from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE
+from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 
 CLOSED_FORM = "closed-form estimate"
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from textual.command import CommandPalette
-from textual.widgets import Input
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.errors import UserError
@@ -41,8 +40,7 @@ async def test_help_key_toggles_and_escape_goes_back() -> None:
 async def test_keys_do_not_switch_while_typing_in_a_field() -> None:
     app = make_app(screen="attribution")
     async with app.run_test(size=(120, 40)) as pilot:
-        field = app.screen.query_one("#field-name", Input)
-        field.focus()
+        field = app.screen.form.edit_key("name")  # focused
         await pilot.press("end", "r", "d")
         assert app.current_mode == "attribution"
         assert field.value.endswith("rd")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input, Select, TabbedContent
+from textual.widgets import DataTable, TabbedContent
 
 import gpuopt_tui.app as app_module
 from gpuopt_tui.app import GpuOptApp, make_app
@@ -189,8 +189,8 @@ async def test_estimate_is_labelled_adds_up_shows_candidates_and_stages_and_foll
         assert f"model  {work['model']}/config.json  profile demo-plan" in one_space(values)
         # an edit of the form is estimated again; a value the config sets still wins over the form's (the profile's)
         first = view.plan
-        planner(app).query_one("#field-plan--seq_len", Input).value = "64"
-        planner(app).query_one("#field-plan--optimizer", Select).value = "sgd"
+        planner(app).form.edit_key("plan.seq_len").value = "64"
+        planner(app).form.edit_key("plan.optimizer").value = "sgd"
         await wait_for(pilot, lambda: view.plan is not first and "sgd" in view.plan.details[1].plain)
         assert view.plan is not None
         assert "setup bf16-mixed, sgd" in view.plan.details[1].plain and "seq 128," in view.plan.details[1].plain

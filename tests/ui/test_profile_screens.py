@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input, Select, Switch
+from textual.widgets import Input, Select
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.paths import shipped_profiles_dir
@@ -21,7 +21,7 @@ from gpuopt_tui.ui import planner_tasks
 from gpuopt_tui.ui.screens import kind as kind_screen
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
-from gpuopt_tui.ui.widgets.profile_form import field_error, field_text, parse_field
+from gpuopt_tui.ui.widgets.profile_values import field_error, field_text, parse_field
 from gpuopt_tui.ui.widgets.prompt import TextPrompt
 
 from .conftest import flat_text, notifications, screen_text, wait_for, widget_text
@@ -57,8 +57,8 @@ async def test_form_shows_the_shipped_demo_profile() -> None:
         assert screen.path == shipped_profiles_dir() / "demo-attribution.toml"
         expected = load_profile(screen.path)
         assert screen.form.values()["attribution"]["n_steps"] == expected.attribution.n_steps
-        assert screen.query_one("#field-model--adapter", Select).value == "demo"
-        assert screen.query_one("#field-attribution--use_amp", Switch).value is expected.attribution.use_amp
+        assert screen.form.edit_key("model.adapter").value == "demo"
+        assert screen.form.edit_key("attribution.use_amp").value is expected.attribution.use_amp
         assert "shipped: demo-attribution.toml" in screen_text(app)
 
 
@@ -68,8 +68,7 @@ async def test_bad_values_are_marked_inline_and_block_save_and_run(runs_root: Pa
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, KindScreen)
-        steps = screen.query_one("#field-attribution--n_steps", Input)
-        steps.focus()
+        steps = screen.form.edit_key("attribution.n_steps")  # the cursor on the key, the focus in its editor
         steps.value = ""
         await pilot.press(*"12x")
         await pilot.pause()
@@ -92,7 +91,7 @@ async def test_rule_between_fields_is_shown_at_the_field_it_names() -> None:
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, KindScreen)
-        screen.query_one("#field-attribution--baseline", Select).value = "custom"
+        screen.form.edit_key("attribution.baseline").value = "custom"
         await pilot.pause()
         assert screen.form.errors == {"attribution.custom_baseline_token": "baseline = custom needs the token to use"}
 
@@ -103,8 +102,8 @@ async def test_missing_model_directory_is_reported_and_no_run_starts(runs_root: 
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, KindScreen)
-        screen.query_one("#field-model--adapter", Select).value = "hf"
-        screen.query_one("#field-model--path", Input).value = str(tmp_path / "no-such-model")
+        screen.form.edit_key("model.adapter").value = "hf"
+        screen.form.edit_key("model.path").value = str(tmp_path / "no-such-model")
         await pilot.pause()
         assert screen.form.errors == {}  # the schema is satisfied; the directory is checked when a run starts
         await pilot.press("ctrl+r")
@@ -123,7 +122,7 @@ async def test_saving_a_shipped_profile_writes_a_user_copy_that_keeps_its_commen
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, KindScreen)
-        screen.query_one("#field-attribution--n_steps", Input).value = "77"
+        screen.form.edit_key("attribution.n_steps").value = "77"
         await pilot.pause()
         assert "(modified)" in screen_text(app)
         await pilot.press("ctrl+s")
@@ -261,8 +260,8 @@ async def test_bool_or_auto_fields_keep_auto_through_save_and_estimate(
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, KindScreen)
-        editor = screen.query_one("#field-plan--gradient_checkpointing", Select)
-        assert editor.value == "auto"
+        editor = screen.form.edit_key("plan.gradient_checkpointing", focus=False)
+        assert isinstance(editor, Select) and editor.value == "auto"
         await pilot.press("ctrl+e")
         await wait_for(pilot, lambda: "total on the GPU" in screen_text(app))
         await pilot.press("ctrl+s")

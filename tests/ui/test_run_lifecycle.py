@@ -26,16 +26,14 @@ ENGINE = Path(__file__).resolve().parents[2] / "gpuopt_tui" / "jobs" / ENGINE_MO
 
 TUI_STARTS_A_RUN = """
 import asyncio, json, sys
-from textual.widgets import Input
 from gpuopt_tui.app import make_app
 
 async def main():
     app = make_app(screen="attribution")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        for key, value in (("attribution--n_steps", "2000"), ("attribution--batch_size", "1")):
-            field = app.screen.query_one(f"#field-{key}", Input)
-            field.focus()
+        for key, value in (("attribution.n_steps", "2000"), ("attribution.batch_size", "1")):
+            field = app.screen.form.edit_key(key)  # focused
             field.value = ""
             await pilot.press(*value)
         await pilot.press("escape", "ctrl+r")

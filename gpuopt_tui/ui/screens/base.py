@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
+from textual.events import ScreenResume
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from gpuopt_tui.ui.run_poller import RunsSnapshot
+from gpuopt_tui.ui.widgets.app_footer import AppFooter
 from gpuopt_tui.ui.widgets.nav_bar import NavBar
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ class AppScreen(Screen[None]):
     """Subclasses set SCREEN_NAME, implement `compose_body`, and may override `runs_updated`."""
 
     SCREEN_NAME: ClassVar[str] = ""
+    _styled_for: object = None  # what the app's styles depended on when this screen was last styled
 
     @property
     def nav_name(self) -> str:
@@ -32,12 +34,24 @@ class AppScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield NavBar(self.nav_name)
         yield from self.compose_body()
-        yield Footer()
+        yield AppFooter()
 
     def compose_body(self) -> ComposeResult:
         yield from ()
 
-    def on_screen_resume(self) -> None:
+    def _style_inputs(self) -> object:
+        app = self.app
+        return app.theme, app.ansi_color, app.app_focus
+
+    def on_screen_resume(self, event: ScreenResume) -> None:
+        # Textual restyles every widget of a screen each time it is shown (most of a later visit's time), in case
+        # something its styles depend on changed meanwhile; here only the first time (styles made while the screen
+        # was mounted are not final until then) and when one of those changed. (A change of CSS, e.g. of the theme,
+        # is also applied by Textual itself when the screen is shown.)
+        styled_for = self._style_inputs()
+        if styled_for == self._styled_for:
+            event.refresh_styles = False
+        self._styled_for = styled_for
         # hidden screens are not redrawn on each poll; catch up when shown again
         self.runs_updated(self.gapp.runs)
 

@@ -26,7 +26,8 @@ from gpuopt_tui.core.runs import RunInfo, engine_available
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
-from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE, ProfileForm
+from gpuopt_tui.ui.widgets.profile_form import ProfileForm
+from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 from gpuopt_tui.ui.widgets.prompt import TextPrompt
 from gpuopt_tui.ui.widgets.run_progress import RunProgress
 from gpuopt_tui.ui.widgets.run_results import RunResults
@@ -273,7 +274,12 @@ class KindScreen(AppScreen):
         self.show_pane("form" if self.has_class("-run-pane") else "run")
 
     def action_leave_field(self) -> None:
-        self.set_focus(None)
+        """Escape: from the form's editor back to its table; elsewhere, no focus (keys then switch screens)."""
+        editor = self.form.query_one("#form-editor")
+        if self.focused is not None and editor in self.focused.ancestors:
+            self.form.table.focus()
+        else:
+            self.set_focus(None)
 
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:

@@ -41,7 +41,8 @@ from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
 from gpuopt_tui.ui.widgets.plan_run_view import PlanRunResults
 from gpuopt_tui.ui.widgets.planner_view import PlanView
-from gpuopt_tui.ui.widgets.profile_form import FORM_SOURCE, ProfileForm
+from gpuopt_tui.ui.widgets.profile_form import ProfileForm
+from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 
 ESTIMATE_DELAY_S = 0.8  # after the last edit of the form
 NO_MEASUREMENT = (

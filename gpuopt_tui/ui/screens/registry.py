@@ -25,7 +25,14 @@ class ScreenSpec:
 
     def create(self, app: Any) -> Screen:
         factory = getattr(importlib.import_module(self.module), self.factory)
-        return factory() if isinstance(factory, type) else factory(app)
+        screen: Screen = factory() if isinstance(factory, type) else factory(app)
+        # Textual re-reads and re-applies the whole stylesheet when it first shows a screen that has not seen the
+        # app's latest CSS update (a theme change): a new screen's widgets are styled with the current CSS as they
+        # mount, so after the first frame it has seen it. (Textual's own counter; without this, every first visit
+        # parses all CSS again. The first screen keeps the refresh: it is what applies the theme at start-up.)
+        if getattr(app, "startup_seconds", None) is not None:
+            screen._css_update_count = app._css_update_count
+        return screen
 
 
 _SCREENS_PACKAGE = "gpuopt_tui.ui.screens"
@@ -111,6 +118,12 @@ KIND_SCREENS: dict[str, str] = {
     "ablation": "ablation",
     "plan": "planner",
 }
+
+
+def import_screens() -> None:
+    """Import every screen's module (for a thread after the first frame: a first visit then only builds it)."""
+    for module in (*(s.module for s in SCREENS), f"{_SCREENS_PACKAGE}.gpu"):  # gpu_slot imports gpu when shown
+        importlib.import_module(module)
 
 
 def spec(name: str) -> ScreenSpec:

@@ -1,154 +1,73 @@
-"""A form generated from a profile schema: one row per field, validated by the schema itself.
+"""A profile as one property table (key | value | where the value comes from, or what is wrong with it), rows
+grouped by section, and one editor for the key under the cursor.
 
-Numbers and lists are read the way `--set key=value` reads them (a TOML value; a bare word stays a string), so
-the form, the CLI and the files accept the same things and give the same messages.
+A widget per key made a form of 60 keys about 250 widgets, and Textual restyles every widget of a screen each
+time the screen is shown: seconds per switch on a small machine. Here the form is a table and a few editors,
+whatever the number of keys.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
-from typing import Any
+from typing import Any, ClassVar, Literal
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.events import DescendantFocus
 from textual.message import Message
-from textual.widget import Widget
-from textual.widgets import Input, Label, Select, Static, Switch
+from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static
 
 from gpuopt_tui.core.errors import ProfileError
 from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import parse_override, profile_from_data
-from gpuopt_tui.core.profiles.schema import AUTO, FieldInfo, describe, get_path, to_plain
+from gpuopt_tui.core.profiles.schema import FieldInfo, describe, get_path, to_plain
+from gpuopt_tui.ui.widgets.keyed_table import KeyedTable
+from gpuopt_tui.ui.widgets.profile_values import (
+    FORM_SOURCE,
+    build,
+    field_error,
+    field_text,
+    parse_field,
+    range_text,
+    row_key,
+    select_options,
+    set_path,
+)
 
-FORM_SOURCE = "form"
-FORM_HINT = "tab / shift+tab: next / previous field · the focused field's help shows here"
-
-
-def toml_inline(value: Any) -> str:
-    """A value as inline TOML (what a user types for lists and tables)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_inline(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_inline(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
-def field_text(info: FieldInfo, value: Any) -> str:
-    if info.type_name == "list[str]" and isinstance(value, list):
-        return ", ".join(str(v) for v in value)
-    if isinstance(value, str):
-        return value
-    return toml_inline(value)
+FORM_HINT = "↑↓ choose a key · enter edits it (toggles a true/false) · enter or escape back to the table"
+SECTION = "section:"  # row keys of section titles
+# longer values and messages are cut in the table (so that it fits half of 120 columns); the editor and the error
+# line below the table show them whole
+VALUE_WIDTH = 24
+NOTE_WIDTH = 18
+Editor = Literal["text", "choice", "toggle"]
 
 
-def parse_field(info: FieldInfo, text: str) -> Any:
-    """The value typed into a field, before validation (a wrong type is left for the schema to report)."""
-    if info.type_name == "str":
-        return text
-    text = text.strip()
-    if info.auto and text == AUTO:
-        return AUTO
-    if info.type_name == "list[str]":
-        return [part.strip() for part in text.split(",") if part.strip()]
-    if not text:
-        return ""
-    return parse_override(f"value={text}")[1]
+def editor_kind(info: FieldInfo) -> Editor:
+    if info.type_name == "bool" and not info.auto:
+        return "toggle"
+    if info.choices or info.type_name == "bool":
+        return "choice"  # a `bool | "auto"` key too: a toggle cannot show "auto"
+    return "text"
 
 
-def set_path(data: dict[str, Any], key: str, value: Any) -> None:
-    *parents, leaf = key.split(".")
-    for part in parents:
-        data = data.setdefault(part, {})
-    data[leaf] = value
+def cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def build(cls: type[ProfileBase], data: dict[str, Any], source: str) -> ProfileBase:
-    """Validate form data into a profile (raises ProfileError naming the key)."""
-    return profile_from_data({"kind": cls.kind, **data}, source)
-
-
-def field_error(cls: type[ProfileBase], key: str, value: Any) -> str:
-    """The schema's complaint about one value on its own, or ""."""
-    data: dict[str, Any] = {}
-    set_path(data, key, value)
-    try:
-        build(cls, data, FORM_SOURCE)
-    except ProfileError as e:
-        if e.key == key or e.key.startswith(key + "["):
-            return e.detail
-    return ""
-
-
-def _row_key(key: str) -> str:
-    """The field an error key belongs to: tracin.checkpoints[0].path -> tracin.checkpoints."""
-    return key.split("[", 1)[0]
-
-
-def switch_text(value: bool) -> str:
-    return "on (true)" if value else "off (false)"
-
-
-def select_options(info: FieldInfo) -> list[tuple[str, Any]]:
-    """A Select's (label, value) pairs: the choices, or auto / true / false for a `bool | "auto"` field (a Switch
-    cannot show "auto"), whose values are what the profile holds so that a form round-trips exactly."""
-    if info.choices:
-        return [(c, c) for c in info.choices]
-    return [(AUTO, AUTO), ("true", True), ("false", False)]
-
-
-def field_id(key: str) -> str:
-    return "field-" + key.replace(".", "--")
-
-
-def range_text(info: FieldInfo) -> str:
-    bounds = []
-    if info.min is not None:
-        bounds.append(f">= {info.min:g}")
-    if info.max is not None:
-        bounds.append(f"<= {info.max:g}")
-    kind = info.type_name + (' or "auto"' if info.auto else "")
-    return f"{kind}{', ' + ', '.join(bounds) if bounds else ''}"
-
-
-class FieldRow(Vertical):
-    """Label, editor and an inline error line for one field."""
-
-    def __init__(self, info: FieldInfo, editor: Widget) -> None:
-        super().__init__(classes="field-row")
-        self.info = info
-        self.editor = editor
-        self.error = ""
-
-    def compose(self) -> ComposeResult:
-        with Horizontal(classes="field-line"):
-            yield Label(self.info.key.rsplit(".", 1)[-1], classes="field-label")
-            yield self.editor
-            if isinstance(self.editor, Switch):
-                yield Label(switch_text(self.editor.value), classes="switch-state")
-        yield Static("", classes="field-error", markup=False)
-
-    def on_switch_changed(self, event: Switch.Changed) -> None:
-        self.query_one(".switch-state", Label).update(switch_text(event.value))
-
-    def set_error(self, message: str) -> None:
-        if message == self.error:
-            return  # restyling is the costly part of a form this size: only on change
-        self.error = message
-        self.set_class(bool(message), "-error")
-        self.editor.set_class(bool(message), "-invalid")
-        self.query_one(".field-error", Static).update(message)
+def section_of(key: str) -> str:
+    return key.split(".")[0] if "." in key else ""
 
 
 class ProfileForm(Vertical):
     """Edits a profile of one kind. `values()` returns the nested data; `profile(source)` validates it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(-1)", "Previous key", show=False),
+        Binding("down", "move(1)", "Next key", show=False),
+    ]
 
     class Changed(Message):
         """A value changed; `dirty`: the form differs from what was loaded."""
@@ -162,125 +81,244 @@ class ProfileForm(Vertical):
         super().__init__(id=id, classes="profile-form")
         self.cls = cls
         self.infos = {info.key: info for info in describe(cls)}
-        self._rows: dict[str, FieldRow] = {}
-        self._loaded: dict[str, Any] = {}
-        self._own_errors: dict[str, str] = {}  # each field checked on its own
-        self.errors: dict[str, str] = {}  # what is shown, by field key
+        self._sections = {f.name: f.metadata.get("help", "") for f in fields(cls)}
+        self._values: dict[str, Any] = {key: info.default for key, info in self.infos.items()}
+        self._texts: dict[str, str] = {k: field_text(i, i.default) for k, i in self.infos.items()}  # as typed
+        self._loaded: dict[str, Any] = dict(self._values)
+        self._own_errors: dict[str, str] = {}  # each key checked on its own
+        self.errors: dict[str, str] = {}  # what is shown, by key
+        self.current: str | None = None  # the key in the editor
 
     def compose(self) -> ComposeResult:
-        sections = {f.name: f.metadata.get("help", "") for f in fields(self.cls)}
-        with VerticalScroll(classes="form-fields"):
-            current = None
-            for info in self.infos.values():
-                section = info.key.split(".")[0] if "." in info.key else ""
-                if section != current:
-                    current = section
-                    title = f"[{section}]  {sections.get(section, '')}" if section else "profile"
-                    yield Static(title, classes="form-section", markup=False)
-                row = FieldRow(info, self._editor(info))
-                self._rows[info.key] = row
-                yield row
+        yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
+        with Horizontal(id="form-editor"):
+            yield Label("", id="editor-key")
+            text = Input(id="editor-text", compact=True)
+            text.cursor_blink = False  # a blinking cursor redraws twice a second: bytes over SSH for nothing
+            yield text
+            yield Select[Any]([("", "")], id="editor-choice", allow_blank=False, compact=True)
+            yield Checkbox("", id="editor-toggle", compact=True)
+        yield Static("", id="form-error", markup=False)
         yield Static(FORM_HINT, classes="form-help", markup=False)
 
-    def _editor(self, info: FieldInfo) -> Widget:
-        editor_id = field_id(info.key)
-        tooltip = f"{info.help} ({range_text(info)})"
-        if info.type_name == "bool" and not info.auto:
-            return Switch(bool(info.default), animate=False, id=editor_id, tooltip=tooltip)
-        if info.choices or info.type_name == "bool":
-            return Select(
-                select_options(info), allow_blank=False, value=info.default, id=editor_id, compact=True, tooltip=tooltip
-            )
-        placeholder = "(empty)" if info.type_name == "str" else range_text(info)
-        editor = Input(
-            field_text(info, info.default), placeholder=placeholder, id=editor_id, compact=True, tooltip=tooltip
-        )
-        editor.cursor_blink = False  # a blinking cursor redraws twice a second: bytes over SSH for nothing
-        return editor
+    def on_mount(self) -> None:
+        self._show_rows()
+        self._show_key(next(iter(self.infos)))
+
+    @property
+    def table(self) -> KeyedTable:
+        return self.query_one("#form-table", KeyedTable)
 
     # -- values -------------------------------------------------------------------------------------------------
 
     def load(self, profile: ProfileBase) -> None:
         plain = to_plain(profile)
-        for key, row in self._rows.items():
-            self._set_editor(row, get_path(plain, key))
-        self._loaded = self.values()
+        for key, info in self.infos.items():
+            value = get_path(plain, key)
+            self._values[key] = value
+            self._texts[key] = field_text(info, value)
+        self._loaded = dict(self._values)
+        current, self.current = self.current, None
+        self._show_key(current or next(iter(self.infos)))  # the editor shows the loaded value
         self.validate()
-
-    def _set_editor(self, row: FieldRow, value: Any) -> None:
-        editor = row.editor
-        if isinstance(editor, Switch):
-            editor.value = bool(value)
-        elif isinstance(editor, Select):
-            editor.value = value
-        elif isinstance(editor, Input):
-            editor.value = field_text(row.info, value)
-
-    def _read(self, key: str) -> Any:
-        editor = self._rows[key].editor
-        if isinstance(editor, Switch):
-            return editor.value
-        if isinstance(editor, Select):
-            return editor.value
-        return parse_field(self.infos[key], editor.value if isinstance(editor, Input) else "")
 
     def values(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
-        for key in self._rows:
-            set_path(data, key, self._read(key))
+        for key, value in self._values.items():
+            set_path(data, key, value)
         return data
 
     @property
     def dirty(self) -> bool:
-        return self.values() != self._loaded
+        return self._values != self._loaded
 
     def profile(self, source: str) -> ProfileBase:
-        """The form as a validated profile; raises ProfileError (and marks the field) when it does not validate."""
+        """The form as a validated profile; raises ProfileError (and marks the key) when it does not validate."""
         try:
             return build(self.cls, self.values(), source)
         except ProfileError as e:
             self.show_error(e.key, e.detail)
             raise
 
+    def _set(self, key: str, value: Any) -> None:
+        self._values[key] = value
+        self.validate(key)
+        self.post_message(self.Changed(self, self.dirty))
+
     # -- validation ---------------------------------------------------------------------------------------------
 
     def validate(self, changed: str | None = None) -> bool:
-        """Check each field on its own (only `changed` when given), then the rules between fields."""
-        keys = [changed] if changed else list(self._rows)
-        for key in keys:
-            self._own_errors[key] = field_error(self.cls, key, self._read(key))
+        """Check each key on its own (only `changed` when given), then the rules between keys."""
+        for key in [changed] if changed else self.infos:
+            self._own_errors[key] = field_error(self.cls, key, self._values[key])
         between: dict[str, str] = {}
         if not any(self._own_errors.values()):
             try:
                 build(self.cls, self.values(), FORM_SOURCE)
             except ProfileError as e:
-                between[_row_key(e.key)] = e.detail
-        self.errors = {k: m for k in self._rows if (m := self._own_errors.get(k) or between.get(k, ""))}
-        for key, row in self._rows.items():
-            row.set_error(self.errors.get(key, ""))
+                between[row_key(e.key)] = e.detail
+        self.errors = {k: m for k in self.infos if (m := self._own_errors.get(k) or between.get(k, ""))}
+        self._show_rows()
         return not self.errors
 
     def show_error(self, key: str, message: str) -> None:
-        row = self._rows.get(_row_key(key))
-        if row is not None:
-            self.errors[row.info.key] = message
-            row.set_error(message)
-            row.scroll_visible()
+        """Mark `key` (or the key a nested key belongs to) with `message` and put the cursor on it."""
+        key = row_key(key)
+        if key in self.infos:
+            self.errors[key] = message
+            self._show_rows()
+            self.edit_key(key, focus=False)
 
-    @on(Input.Changed)
-    @on(Select.Changed)
-    @on(Switch.Changed)
-    def _changed(self, event: Input.Changed | Select.Changed | Switch.Changed) -> None:
-        event.stop()
-        key = next((k for k, row in self._rows.items() if row.editor is event.control), None)
-        self.validate(key)
-        self.post_message(self.Changed(self, self.dirty))
+    # -- the table ----------------------------------------------------------------------------------------------
 
-    def on_descendant_focus(self, event: DescendantFocus) -> None:
-        row = next((r for r in self._rows.values() if r.editor is event.widget), None)
-        if row is None:
-            return
-        info = row.info
-        self.query_one(".form-help", Static).update(
-            Content.from_markup("[b]$key[/] ($range): $help", key=info.key, range=range_text(info), help=info.help)
+    def _show_rows(self) -> None:
+        rows: dict[str, tuple[Text, Text, Text]] = {}
+        section = None
+        for key, info in self.infos.items():
+            if section_of(key) != section:
+                section = section_of(key)
+                title = f"[{section}]" if section else "profile"
+                rows[SECTION + section] = (Text(title, "bold"), Text(""), Text(""))
+            rows[key] = (Text("  " + key.rsplit(".", 1)[-1]), self._value_cell(key), self._note_cell(key, info))
+        self.table.set_rows(rows)
+        self._show_error_line()
+
+    def _value_cell(self, key: str) -> Text:
+        text = (
+            self._texts[key]
+            if editor_kind(self.infos[key]) == "text"
+            else field_text(self.infos[key], self._values[key])
         )
+        if not text:
+            return Text("(empty)", "dim")
+        return Text(cut(text, VALUE_WIDTH), "red" if key in self.errors else "")
+
+    def _note_cell(self, key: str, info: FieldInfo) -> Text:
+        if key in self.errors:
+            return Text(cut("✗ " + self.errors[key], NOTE_WIDTH), "bold red")
+        if self._values[key] != self._loaded[key]:
+            return Text("edited", "yellow")
+        return Text("default", "dim") if self._values[key] == info.default else Text("profile")
+
+    def _show_error_line(self) -> None:
+        line = self.query_one("#form-error", Static)
+        line.display = bool(self.errors)
+        if self.errors:
+            key = self.current if self.current in self.errors else next(iter(self.errors))
+            more = f"   ({len(self.errors)} keys to fix)" if len(self.errors) > 1 else ""
+            line.update(f"✗ {key}: {self.errors[key]}{more}")
+
+    @on(DataTable.RowHighlighted, "#form-table")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self._show_key(event.row_key.value)
+
+    @on(DataTable.RowSelected, "#form-table")
+    def _selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a key: a true/false flips, anything else is edited."""
+        event.stop()
+        key = event.row_key.value
+        if key in self.infos and not self.disabled:
+            if editor_kind(self.infos[key]) == "toggle":
+                self.query_one("#editor-toggle", Checkbox).toggle()
+            else:
+                self.edit_key(key)
+
+    def action_move(self, delta: int) -> None:
+        """Up/down in an editor (the table moves its own cursor): edit the previous/next key (not a section)."""
+        keys = list(self.infos)
+        if self.current in keys:
+            self.edit_key(keys[min(max(keys.index(self.current) + delta, 0), len(keys) - 1)])
+
+    # -- the editor ---------------------------------------------------------------------------------------------
+
+    def edit_key(self, key: str, focus: bool = True) -> Input | Select[Any] | Checkbox:
+        """Put the cursor on `key` and, with `focus`, the focus in its editor; returns that editor."""
+        self._show_key(key)
+        self.table.select(key)
+        editor = self._editor(editor_kind(self.infos[key]))
+        if focus:
+            editor.focus()
+        return editor
+
+    def _editor(self, kind: Editor) -> Input | Select[Any] | Checkbox:
+        editor = self.query_one(f"#editor-{kind}")
+        assert isinstance(editor, (Input, Select, Checkbox))
+        return editor
+
+    def _show_key(self, key: str) -> None:
+        """Show `key` in the editor (a section title: its help only)."""
+        if key == self.current:
+            return
+        self._commit_editor()
+        info = self.infos.get(key)
+        self.current = key if info else None
+        kind = editor_kind(info) if info else None
+        for name in ("text", "choice", "toggle"):
+            self.query_one(f"#editor-{name}").display = name == kind
+        self.query_one("#editor-key", Label).update(key if info else "")
+        help_line = self.query_one(".form-help", Static)
+        if info is None:
+            section = key.removeprefix(SECTION)
+            help_line.update(f"[{section}] {self._sections.get(section, '')}" if section else "profile")
+            return
+        help_line.update(
+            Content.from_markup("[b]$key[/] ($range): $help", key=key, range=range_text(info), help=info.help)
+        )
+        editor = self._editor(editor_kind(info))
+        if isinstance(editor, Input):
+            editor.value = self._texts[key]
+        elif isinstance(editor, Select):
+            editor.set_options(select_options(info))
+            editor.value = self._values[key]
+        else:
+            editor.value = bool(self._values[key])
+        self._show_error_line()
+
+    def _commit_editor(self) -> None:
+        """Keep the value in the editor for the key being left, even if its Changed message has not come yet."""
+        if self.current is None:
+            return
+        kind = editor_kind(self.infos[self.current])
+        value = self._editor(kind).value
+        if kind == "text":
+            self._typed_text(str(value))
+        else:
+            self._picked_value(value)
+
+    def _typed_text(self, text: str) -> None:
+        key = self.current
+        if key is None or text == self._texts[key]:
+            return
+        self._texts[key] = text
+        self._set(key, parse_field(self.infos[key], text))
+
+    # An editor's Changed message comes after the value was set: one that no longer matches its editor (the
+    # cursor moved on) or the value held (it was set from the held value) is not an edit.
+
+    @on(Input.Changed, "#editor-text")
+    def _text_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        if event.value == event.input.value:
+            self._typed_text(event.value)
+
+    @on(Input.Submitted, "#editor-text")
+    def _submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.table.focus()
+
+    @on(Select.Changed, "#editor-choice")
+    @on(Checkbox.Changed, "#editor-toggle")
+    def _picked(self, event: Select.Changed | Checkbox.Changed) -> None:
+        event.stop()
+        if event.value == event.control.value:
+            self._picked_value(event.value)
+
+    def _picked_value(self, value: Any) -> None:
+        key = self.current
+        if key is None or editor_kind(self.infos[key]) == "text":
+            return
+        held = self._values[key]
+        if value != held or type(value) is not type(held):
+            self._set(key, value)
