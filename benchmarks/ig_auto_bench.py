@@ -1,21 +1,25 @@
 """Integrated Gradients to a tolerance (n_steps = "auto") against fixed step counts and Captum, on a BERT-base
 classifier fine-tuned briefly on a synthetic task with signal.
 
-The model: BERT-base from a BertConfig (random init), trained for a few hundred steps to tell texts with planted
-"positive" words from texts with planted "negative" ones (random filler words around them), so that the
-paths from baseline to input are those of a model that has learned something. The texts: variable length
-(14 to 126 words by default), attributed the way `gpuopt-tui run` does (jobs/attribution/engine.py): sorted by
-length, batches trimmed to their longest text, the lean forward, the steps on an fp16 copy of the weights
-(the profile default), F(x) and F(baseline) in fp32, [PAD] baseline keeping [CLS]/[SEP], target = the
-prediction.
+The model: BERT-base from a BertConfig (random init), fine-tuned to tell texts with planted "positive" words
+from texts with planted "negative" ones (1 to 3 of them among random filler words: they alone decide the label),
+with AdamW (lr 1e-4, linear warmup over a tenth of --train-steps, then decay) until the held-out accuracy
+reaches --target-accuracy or --train-seconds are spent, so that the paths from baseline to input are those of
+a model that has learned something. Below --min-accuracy (0.9) the script reports nothing: a model at chance
+has attributions near 0, and relative errors of rounding noise. The texts: variable length (14 to 126 words by
+default), attributed the way `gpuopt-tui run` does (jobs/attribution/engine.py): sorted by length, batches
+trimmed to their longest text, the lean forward, the steps on an fp16 copy of the weights (the profile
+default), F(x) and F(baseline) in fp32, [PAD] baseline keeping [CLS]/[SEP], target = the fp32 prediction.
 
-Rows: fixed 2000 steps (gausslegendre, the seed job's setting) as the reference, on the first
-`--reference-samples` texts (by length order: the same texts for every row); auto at each tolerance; fixed 50
-and 200 steps; Captum's LayerIntegratedGradients written the usual way (bf16 autocast around the forward,
-internal_batch_size = 8 x steps, batches of 8 texts padded per batch, [PAD] baseline ids keeping [CLS]/[SEP],
-the same target), on `--captum-samples` texts. Every row's error is measured on the reference texts: per
-sample max |a - b| / max |b| of the token scores (as ig_bench.py), median and max over samples. Rates of rows
-run on fewer texts than the whole set are extrapolated from those texts (the table says on how many).
+Rows: fixed 2000 steps (gausslegendre, the seed job's setting) in strict fp32 as the reference, on
+--reference-samples texts spread evenly over the lengths (every row starts with the same texts); the same
+2000 steps in the engine's fp16 (what the precision alone costs); auto at each tolerance; fixed 50 and 200
+steps; Captum's LayerIntegratedGradients written the usual way (bf16 autocast around the forward,
+internal_batch_size = 8 x steps, batches of 8 texts padded per batch, the same [PAD] baseline ids keeping
+[CLS]/[SEP] and the same fp32-predicted target), on --captum-samples of those texts. Every row's error is
+measured against the fp32 reference on its texts: per sample max |a - b| / max |b| of the token scores (as
+ig_bench.py), median and max over samples. Rates of rows run on fewer texts than the whole set are
+extrapolated from those texts (the table says on how many).
 
     python benchmarks/ig_auto_bench.py --out benchmarks/results/ig_auto_h100.md   # GPU, ~6 min on an H100
     python benchmarks/ig_auto_bench.py --quick                                   # tiny model on the CPU
@@ -43,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ig_bench import _version, device_name, sync
 from gpuopt_tui.core.profiles.attribution import AttributionSection
+from gpuopt_tui.jobs.attribution.adaptive import precision_floor, tolerance_warning
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
 from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter
@@ -62,17 +67,37 @@ def vocabulary(size: int) -> list[str]:
     )
 
 
-def make_texts(n: int, low: int, high: int, filler: int, gen: torch.Generator) -> tuple[list[str], Tensor]:
-    """Texts of low..high words: random filler with 1 to 3 planted words of the label's class."""
+def planted_ids(n: int, low: int, high: int, filler: int, gen: torch.Generator) -> tuple[list[list[int]], Tensor]:
+    """Word ids of `n` texts of low..high words: random filler with 1 to 3 planted words of the label's class
+    (the label is decided by them alone: positive words for 1, negative ones for 0)."""
+    first_filler = len(SPECIAL) + 2 * SIGNAL
     texts, labels = [], torch.randint(0, 2, (n,), generator=gen)
     for label in labels.tolist():
         length = int(torch.randint(low, high + 1, (1,), generator=gen))
-        words = [f"w{int(i)}" for i in torch.randint(0, filler, (length,), generator=gen)]
+        words = (first_filler + torch.randint(0, filler, (length,), generator=gen)).tolist()
         for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
-            planted = f"{'pos' if label else 'neg'}{int(torch.randint(0, SIGNAL, (1,), generator=gen))}"
+            planted = len(SPECIAL) + (0 if label else SIGNAL) + int(torch.randint(0, SIGNAL, (1,), generator=gen))
             words[int(torch.randint(0, length, (1,), generator=gen))] = planted
-        texts.append(" ".join(words))
+        texts.append(words)
     return texts, labels
+
+
+def make_texts(n: int, low: int, high: int, filler: int, gen: torch.Generator) -> tuple[list[str], Tensor]:
+    """The texts of `planted_ids` as words (what the attribution runs tokenize)."""
+    vocab = vocabulary(len(SPECIAL) + 2 * SIGNAL + filler)
+    ids, labels = planted_ids(n, low, high, filler, gen)
+    return [" ".join(vocab[i] for i in words) for words in ids], labels
+
+
+def id_batch(ids: list[list[int]], max_length: int, device: torch.device) -> dict[str, Tensor]:
+    """[CLS] words [SEP], padded: what the tokenizer makes of the texts (the vocabulary is one id per word),
+    without its cost in the training loop."""
+    rows = [[SPECIAL.index("[CLS]"), *words[: max_length - 2], SPECIAL.index("[SEP]")] for words in ids]
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), SPECIAL.index("[PAD]"), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+    return {"input_ids": input_ids.to(device), "attention_mask": (input_ids != 0).long().to(device)}
 
 
 def build(args: argparse.Namespace, device: torch.device) -> SequenceClassifierAdapter:
@@ -82,11 +107,11 @@ def build(args: argparse.Namespace, device: torch.device) -> SequenceClassifierA
     if args.quick:
         config = BertConfig(
             vocab_size=len(vocab),
-            hidden_size=64,
+            hidden_size=128,
             num_hidden_layers=2,
             num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=64,
+            intermediate_size=512,
+            max_position_embeddings=args.max_length,
         )
     else:
         config = BertConfig(vocab_size=len(vocab))  # BERT-base otherwise: 12 layers, hidden 768
@@ -97,35 +122,62 @@ def build(args: argparse.Namespace, device: torch.device) -> SequenceClassifierA
 
 
 def fine_tune(adapter: SequenceClassifierAdapter, args: argparse.Namespace) -> dict[str, float]:
-    """A few hundred AdamW steps on fresh synthetic texts; returns the held-out accuracy and the seconds."""
+    """AdamW with a linear warmup and decay over `args.train_steps` steps on fresh synthetic texts, stopped
+    early once the held-out accuracy (checked every `args.eval_every` steps) reaches `args.target_accuracy`,
+    or when `args.train_seconds` are spent. Returns the steps, seconds, final loss and held-out accuracy."""
     model, device = adapter.model, adapter.device
     gen = torch.Generator().manual_seed(1)
     filler = args.vocab - len(SPECIAL) - 2 * SIGNAL
-    texts, labels = make_texts(args.train_steps * args.train_batch, args.min_words, args.max_words, filler, gen)
+    held, held_labels = planted_ids(512, args.min_words, args.max_words, filler, gen)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    model.train()
-    start = time.perf_counter()
+    warmup = max(1, args.train_steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (args.train_steps - s) / (args.train_steps - warmup)))
+    )
     amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
-    for step in range(args.train_steps):
-        rows = slice(step * args.train_batch, (step + 1) * args.train_batch)
-        batch = {k: v.to(device) for k, v in adapter.tokenize(texts[rows], args.max_length).items()}
+    start, step, accuracy, loss = time.perf_counter(), 0, 0.0, torch.zeros(())
+    while step < args.train_steps:
+        model.train()
+        ids, labels = planted_ids(args.train_batch, args.min_words, args.max_words, filler, gen)
         with amp:
-            loss = model(**batch, labels=labels[rows].to(device)).loss
+            loss = model(**id_batch(ids, args.max_length, device), labels=labels.to(device)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-    sync(device)
-    seconds = time.perf_counter() - start
+        schedule.step()
+        step += 1
+        if step % args.eval_every and step < args.train_steps:
+            continue
+        accuracy = held_out_accuracy(adapter, held, held_labels, args.max_length)
+        seconds = time.perf_counter() - start
+        print(
+            f"  step {step}: loss {float(loss.detach()):.3f}, held-out accuracy {accuracy:.3f} ({seconds:.0f} s)",
+            flush=True,
+        )
+        if accuracy >= args.target_accuracy or seconds > args.train_seconds:
+            break
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    held, held_labels = make_texts(256, args.min_words, args.max_words, filler, gen)
+    return {
+        "steps": step,
+        "accuracy": accuracy,
+        "seconds": time.perf_counter() - start,
+        "final_loss": float(loss.detach()),
+    }
+
+
+def held_out_accuracy(
+    adapter: SequenceClassifierAdapter, ids: list[list[int]], labels: Tensor, max_length: int
+) -> float:
+    adapter.model.eval()
     correct = 0
     with torch.no_grad():
-        for i in range(0, len(held), 64):
-            batch = {k: v.to(device) for k, v in adapter.tokenize(held[i : i + 64], args.max_length).items()}
-            correct += int((model(**batch).logits.argmax(-1).cpu() == held_labels[i : i + 64]).sum())
-    return {"accuracy": correct / len(held), "seconds": seconds, "final_loss": float(loss)}
+        for i in range(0, len(ids), 128):
+            logits = adapter.model(**id_batch(ids[i : i + 128], max_length, adapter.device)).logits
+            correct += int((logits.argmax(-1).cpu() == labels[i : i + 128]).sum())
+    return correct / len(ids)
 
 
 # --- the rows ----------------------------------------------------------------------------------------------------
@@ -149,6 +201,9 @@ def engine_row(
     """The engine over `texts` (already in length order), `args.batch` at a time, as the job runs it."""
     section = AttributionSection(batch_size=args.batch, compile="off", **attribution)
     settings = Settings.resolve(section, adapter, adapter.device, len(texts))
+    print(f"  {name}: {len(texts)} texts, {settings.precision} steps ...", flush=True)
+    if section.n_steps == "auto" and (warning := tolerance_warning(section.tolerance, settings.precision)):
+        print(f"    note: {warning}", flush=True)
     planner = settings.planner()
     scores = torch.zeros(len(texts), args.max_length)
     steps = torch.zeros(len(texts), dtype=torch.long)
@@ -166,7 +221,7 @@ def engine_row(
         steps[rows] = out["steps"]
     sync(adapter.device)
     row = Row(name, len(texts), time.perf_counter() - start, scores, steps)
-    print(f"  {name:<44} {row.rate:9.2f} samples/s  {int(steps.sum()):>10,} sample-steps", flush=True)
+    print(f"    {row.rate:9.2f} samples/s, {int(steps.sum()):,} sample-steps in {row.seconds:.0f} s", flush=True)
     return row
 
 
@@ -201,6 +256,7 @@ def captum_row(adapter: SequenceClassifierAdapter, texts: list[str], targets: Te
             )
             scores[i : i + ids.shape[0], : ids.shape[1]] = attributions.sum(-1).float().cpu()
 
+    print(f"  Captum LIG: {len(texts)} texts, bf16 autocast, {steps} steps ...", flush=True)
     run(range(0, min(8, len(texts))))  # warm-up
     sync(device)
     start = time.perf_counter()
@@ -208,7 +264,7 @@ def captum_row(adapter: SequenceClassifierAdapter, texts: list[str], targets: Te
     sync(device)
     row = Row(f"Captum LIG, bf16 autocast, {steps} steps", len(texts), time.perf_counter() - start, scores,
               torch.full((len(texts),), steps), captum=True)  # fmt: skip
-    print(f"  {row.name:<44} {row.rate:9.2f} samples/s", flush=True)
+    print(f"    {row.rate:9.2f} samples/s in {row.seconds:.0f} s", flush=True)
     return row
 
 
@@ -244,16 +300,19 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         f"- device: {meta['device']}",
         f"- torch {meta['torch']}, transformers {meta['transformers']}, captum {meta['captum'] or 'not run'}",
         f"- command: `{meta['command']}`",
-        f"- model: {meta['model']}, fine-tuned {meta['train']['steps']} steps in {meta['train']['seconds']:.0f} s; "
-        f"held-out accuracy {meta['train']['accuracy']:.3f}",
+        f"- model: {meta['model']}, fine-tuned {meta['train']['steps']} steps of {meta['train']['batch']} texts in "
+        f"{meta['train']['seconds']:.0f} s (AdamW, lr {meta['train']['lr']:g}, linear warmup and decay); held-out "
+        f"accuracy {meta['train']['accuracy']:.3f}",
         f"- texts: {meta['samples']} of {meta['min_words']}..{meta['max_words']} words (mean {meta['mean_tokens']:.0f} "
         f"tokens), batches of {meta['batch']} in length order; ours: {meta['precision']} steps, F(x) and F(baseline) "
         "in fp32, [PAD] baseline keeping [CLS]/[SEP]",
-        f"- reference: fixed {meta['reference_steps']} steps (gausslegendre) on the first {meta['reference_samples']} "
-        "texts; rel. error: per sample max |a - b| / max |b| of the token scores against it, median / max over those "
-        "texts",
-        "- auto: nested clenshaw_curtis levels (9, 17, 33, ... steps) until the relative convergence delta and the "
-        f"change of the token scores from the previous level are within the tolerance; cap {meta['max_steps']} steps",
+        f"- reference: fixed {meta['reference_steps']} steps (gausslegendre) in strict fp32 (no TF32) on "
+        f"{meta['reference_samples']} texts spread over the lengths; rel. error (every row, on those texts): per "
+        "sample max |a - b| / max |b| of the token scores against it, median / max; x reference: samples/s over "
+        "the reference's",
+        "- auto: nested clenshaw_curtis levels (9, 17, 33, ... steps) until the convergence delta and the change of "
+        "the token scores from the previous level are within the tolerance (raised to the steps' precision floor, "
+        f"{meta['floor']:.0e}, plus that floor x |F(x)| absolute); cap {meta['max_steps']} steps",
         f"- min for 40k: {FULL_SET:,} / samples/s (the seed job's sample count), extrapolated",
         "",
         "| method | texts | samples/s | sample-steps | mean steps | rel. error (median / max) | x reference | "
@@ -278,6 +337,7 @@ ERROR_GOAL, SPEEDUP_GOAL, MINUTES_GOAL, CAPTUM_GOAL = 1e-2, 10.0, 10.0, 10.0
 
 
 def goals(entries: list[dict[str, Any]]) -> list[str]:
+    """entries[0] is the fp32 reference, entries[1] the same steps in the engine's precision."""
     ours = [e for e in entries if not e["captum"] and e is not entries[0]]
     within = [e for e in ours if e["rel_err_max"] <= ERROR_GOAL]
     if not within:
@@ -288,7 +348,8 @@ def goals(entries: list[dict[str, Any]]) -> list[str]:
         f"{best['speedup_vs_reference']:.1f}x the reference's rate (goal {SPEEDUP_GOAL:.0f}x: "
         f"{'met' if best['speedup_vs_reference'] >= SPEEDUP_GOAL else 'not met'}); 40k samples in "
         f"{best['minutes_for_40k']:.1f} min (goal {MINUTES_GOAL:.0f}: "
-        f"{'met' if best['minutes_for_40k'] <= MINUTES_GOAL else 'not met'})"
+        f"{'met' if best['minutes_for_40k'] <= MINUTES_GOAL else 'not met'}); "
+        f"{best['samples_per_s'] / entries[1]['samples_per_s']:.1f}x the rate of {entries[1]['method']}"
     ]
     for captum in (e for e in entries if e["captum"]):
         ratio = best["samples_per_s"] / captum["samples_per_s"]
@@ -310,21 +371,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--train-steps", type=int, default=1500, help="most fine-tuning steps (the schedule's length)")
     parser.add_argument("--train-batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--train-seconds", type=float, default=90, help="fine-tuning stops after about this long")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out accuracy checks")
+    parser.add_argument("--target-accuracy", type=float, default=0.99, help="fine-tuning stops once reached")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--min-accuracy", type=float, default=0.9, help="report nothing below this accuracy")
     parser.add_argument("--reference-steps", type=int, default=2000)
-    parser.add_argument("--reference-samples", type=int, default=256)
+    parser.add_argument("--reference-samples", type=int, default=128, help="texts of the fp32 reference")
     parser.add_argument("--fixed-steps", type=int, nargs="+", default=[50, 200])
     parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
     parser.add_argument("--max-steps", type=int, default=513, help="cap of the auto rows")
     parser.add_argument("--captum-steps", type=int, default=50)
-    parser.add_argument("--captum-samples", type=int, default=256)
+    parser.add_argument("--captum-samples", type=int, default=128)
     parser.add_argument("--skip-captum", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.min_words, args.max_words, args.max_length = 32, 3, 20, 32
-        args.batch, args.vocab, args.train_steps, args.train_batch, args.lr = 8, 300, 20, 16, 2e-3
+        args.batch, args.vocab, args.train_steps, args.train_seconds = 8, 2048, 600, 120
         args.reference_steps, args.reference_samples, args.fixed_steps = 100, 8, [8, 16]
         args.max_steps, args.captum_steps, args.captum_samples = 65, 8, 8
         args.device = "cpu" if args.device == "auto" else args.device
@@ -335,9 +400,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     adapter = build(args, device)
-    print(f"{device_name(device)}: fine-tuning {args.train_steps} steps", flush=True)
+    print(
+        f"{device_name(device)}: fine-tuning (at most {args.train_steps} steps, ~{args.train_seconds:.0f} s)",
+        flush=True,
+    )
     train = fine_tune(adapter, args)
-    print(f"  held-out accuracy {train['accuracy']:.3f} after {train['seconds']:.0f} s", flush=True)
+    print(
+        f"  held-out accuracy {train['accuracy']:.3f} after {train['steps']} steps, {train['seconds']:.0f} s",
+        flush=True,
+    )
+    if train["accuracy"] < args.min_accuracy:
+        print(
+            f"error: the model did not learn the task (held-out accuracy {train['accuracy']:.3f} < "
+            f"{args.min_accuracy}): its attributions would be rounding noise, so nothing is reported; "
+            "raise --train-steps/--train-seconds or change --lr",
+            file=sys.stderr,
+        )
+        return 1
 
     gen = torch.Generator().manual_seed(2)
     filler = args.vocab - len(SPECIAL) - 2 * SIGNAL
@@ -351,13 +430,18 @@ def main(argv: list[str] | None = None) -> int:
     subset_texts = texts[: len(subset)]
 
     reference = engine_row(
-        f"fixed {args.reference_steps} steps (reference)",
+        f"fixed {args.reference_steps} steps, fp32 (reference)",
         adapter,
         subset_texts,
         args,
         n_steps=args.reference_steps,
+        use_amp=False,
+        tf32=False,
     )
-    rows = [reference]
+    rows = [
+        reference,
+        engine_row(f"fixed {args.reference_steps} steps", adapter, subset_texts, args, n_steps=args.reference_steps),
+    ]
     for tolerance in args.tolerances:
         rows.append(
             engine_row(
@@ -391,13 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         "captum": captum_version,
         "command": "python " + shlex.join(sys.argv),
         "model": "BERT-base" if not args.quick else "tiny BERT (quick check)",
-        "train": {"steps": args.train_steps, **train},
+        "train": {"lr": args.lr, "batch": args.train_batch, **train},
         "samples": args.samples,
         "min_words": args.min_words,
         "max_words": args.max_words,
         "mean_tokens": sum(lengths) / len(lengths),
         "batch": args.batch,
         "precision": "fp16 weights" if device.type == "cuda" else "fp32",
+        "floor": precision_floor("fp16" if device.type == "cuda" else "fp32"),
         "reference_steps": args.reference_steps,
         "reference_samples": len(subset),
         "max_steps": args.max_steps,

@@ -11,7 +11,8 @@ from transformers import BertConfig, BertForSequenceClassification, RobertaConfi
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution import integrated_gradients
-from gpuopt_tui.jobs.attribution.adaptive import level_points, nested_levels
+from gpuopt_tui.jobs.attribution.adaptive import level_points, nested_levels, precision_floor, tolerance_warning
+from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 from gpuopt_tui.jobs.attribution.rules import step_rule
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
@@ -113,3 +114,30 @@ def test_levels_nest_and_each_level_is_its_clenshaw_curtis_rule() -> None:
         assert np.allclose(own[order], weights, rtol=0, atol=1e-15)
     with pytest.raises(UserError, match="max_steps must be at least 9"):
         level_points(8)
+
+
+def test_a_sample_whose_output_does_not_move_stops_instead_of_refining_rounding_noise() -> None:
+    """F(e) = logits(e) + logits(-e) on the path from -x to x: F(x) = F(baseline) exactly and every attribution
+    is 0 but for rounding, so |delta| / |F(x) - F(baseline)| and the token changes are noise over ~0. The
+    denominators' floor (a few fp32 rounding units of |F(x)|) stops every sample at the first test."""
+    torch.manual_seed(0)
+    config = BertConfig(**SIZES, vocab_size=100, max_position_embeddings=40, initializer_range=0.3, num_labels=3)
+    model = BertForSequenceClassification(config).eval()
+    emb = model.get_input_embeddings()(torch.randint(5, 100, (8, 14))).detach()
+    mask = torch.ones(8, 14, dtype=torch.long)
+
+    def forward(e: torch.Tensor, m: torch.Tensor, c: dict) -> torch.Tensor:
+        return model(inputs_embeds=e, attention_mask=m).logits + model(inputs_embeds=-e, attention_mask=m).logits
+
+    auto = integrated_gradients(forward, emb, -emb, mask, n_steps="auto", tolerance=1e-2, max_steps=257)
+    assert torch.equal(auto.scores, auto.baseline_scores)
+    assert auto.attributions.abs().max() < 1e-4 * auto.scores.abs().min()  # rounding only
+    assert auto.steps.tolist() == [9] * 8  # not 257: the cap, where the noise would have sent them
+
+
+def test_a_tolerance_below_the_steps_precision_is_raised_to_it_with_a_warning() -> None:
+    assert precision_floor("fp16") == RELATIVE_ERROR["fp16"] and precision_floor("bf16") == RELATIVE_ERROR["bf16"]
+    assert precision_floor("fp32", torch.float64) < 1e-13 < precision_floor("fp32") < 1e-5
+    warning = tolerance_warning(1e-3, "fp16")
+    assert warning is not None and "fp16" in warning and "4e-03" in warning
+    assert tolerance_warning(1e-2, "fp16") is None and tolerance_warning(1e-4, "fp32") is None

@@ -233,6 +233,14 @@ def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monke
     assert all(math.isfinite(s) for r in records for s in r["scores"]) and any(r["scores"][1] != 0 for r in records)
 
 
+def test_a_tolerance_below_what_the_steps_resolve_is_named_up_front(workdir: Path) -> None:
+    run_dir = workdir / "runs" / "auto-fine"
+    run_job(profile(workdir, n_steps="auto", tolerance=1e-7, max_steps=17, n_samples=4), context(run_dir))
+    events, _ = read_events(run_dir / "events.jsonl")
+    warnings = [e["message"] for e in events if e["type"] == "warning"]
+    assert any("tolerance 1e-07 is below what fp32 steps can resolve" in w for w in warnings), warnings
+
+
 def test_auto_steps_are_recorded_per_sample_and_resume(workdir: Path) -> None:
     auto = {"n_steps": "auto", "tolerance": 1e-3, "max_steps": 65}
     run_dir = workdir / "runs" / "auto"

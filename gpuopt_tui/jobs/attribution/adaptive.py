@@ -7,10 +7,16 @@ every weight is known once the levels are fixed, so when a point's gradient is c
 its weight in each level from its own up to the cap, into one running sum per level. The sum of level k is
 then exactly level k's rule applied to all its points, with no gradient kept and none computed twice.
 
-A sample stops at the first level (from the second on) where both its |delta| / |F(x) - F(baseline)| and the
-change of its token scores from the previous level (max |change| / max |score|) are within the tolerance, or
-at the last level (the cap). The delta alone is one number: the token errors can cancel in it, so that a
-coarse level looks converged by chance. The change from the previous level estimates the previous level's
+A sample stops at the first level (from the second on) where both its |delta| and the change of its token
+scores from the previous level (max |change|) are within the tolerance, or at the last level (the cap). The
+steps' precision bounds what either test can resolve (`precision_floor`, "floor" below): a tolerance below
+the floor is raised to it (`tolerance_warning` says so up front), and each test has an absolute part as well
+(as numpy.isclose), floor x max(|F(x)|, |F(baseline)|), so that a sample whose output hardly moves between
+baseline and input is not refined to the cap on rounding noise over ~0:
+    |delta|      <= max(tolerance, floor) x |F(x) - F(baseline)| + floor x max(|F(x)|, |F(baseline)|)
+    max |change| <= max(tolerance, floor) x max |score|          + floor x max(|F(x)|, |F(baseline)|)
+The delta alone is one number: the token errors can cancel in it, so that a coarse level looks converged by
+chance. The change from the previous level estimates the previous level's
 error, which the finer level's is usually far below. Every sample of a batch that goes on needs the same new
 points, so a refinement pass is an ordinary pass of the engine over the unconverged samples only, its chunks
 filled with more steps as fewer samples remain.
@@ -22,12 +28,33 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 from gpuopt_tui.jobs.attribution.rules import clenshaw_curtis
 
 FIRST_INTERVALS = 4  # the first level: 5 points (no sample stops there: the second level, 9 points, is the least)
 RULE = "clenshaw_curtis"
+ROUNDING_FLOOR = 64  # in full precision: the floor in units of the accumulation dtype's eps
+
+
+def precision_floor(precision: str, dtype: torch.dtype = torch.float32) -> float:
+    """The smallest relative delta and level-to-level change that steps in `precision` can resolve: the
+    relative error of their forward against fp32 (precision.RELATIVE_ERROR: 4e-3 in fp16, 8e-3 in bf16), or a
+    few rounding units of `dtype` (the accumulation dtype) in full precision."""
+    return max(RELATIVE_ERROR[precision], ROUNDING_FLOOR * torch.finfo(dtype).eps)
+
+
+def tolerance_warning(tolerance: float, precision: str, dtype: torch.dtype = torch.float32) -> str | None:
+    """What a run to `tolerance` with steps in `precision` should say up front, if anything."""
+    floor = precision_floor(precision, dtype)
+    if tolerance >= floor:
+        return None
+    return (
+        f"tolerance {tolerance:g} is below what {precision} steps can resolve (about {floor:.0e} relative): "
+        f"samples stop once within {floor:.0e}; for a tighter result run the steps in fp32 (use_amp = false)"
+    )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,23 @@ def relative_deltas(deltas: Tensor, scores: Tensor, baseline_scores: Tensor) -> 
     return deltas.abs() / (scores - baseline_scores).abs().clamp_min(MIN_DIFFERENCE)
 
 
+def output_floor(scores: Tensor, baseline_scores: Tensor, floor: float) -> Tensor:
+    """The absolute part of a tolerance: `floor` (the relative error of the steps' precision, see
+    adaptive.precision_floor) x max(|F(x)|, |F(baseline)|), what rounding alone can move a sum of
+    attributions by, however little the output moves between baseline and input."""
+    return floor * torch.maximum(scores.abs(), baseline_scores.abs())
+
+
+def within_tolerance(
+    deltas: Tensor, scores: Tensor, baseline_scores: Tensor, tolerance: float, floor: float = 0.0
+) -> Tensor:
+    """Per sample: |delta| <= max(tolerance, floor) x |F(x) - F(baseline)| + `output_floor` (as in
+    numpy.isclose: a relative part and an absolute one, so that a sample whose output hardly moves is not
+    held to a relative delta of rounding noise over ~0)."""
+    change = (scores - baseline_scores).abs()
+    return deltas.abs() <= max(tolerance, floor) * change + output_floor(scores, baseline_scores, floor)
+
+
 def delta_summary(
     deltas: Tensor, scores: Tensor, baseline_scores: Tensor, *, n_steps: int | str, method: str, threshold: float
 ) -> dict[str, Any]:
@@ -68,10 +85,10 @@ def _round_up(n: int) -> int:
     return -(-n // unit) * unit
 
 
-def steps_summary(steps: Tensor, relative: Tensor, *, tolerance: float | None, max_steps: int) -> dict[str, Any]:
+def steps_summary(steps: Tensor, within: Tensor, *, tolerance: float | None, max_steps: int) -> dict[str, Any]:
     """The steps the samples used: total, mean, a histogram [[steps, samples], ...]; with "auto" steps
-    (`tolerance` given) also how many samples stopped at the last level with a delta above the tolerance, and
-    a warning when there are any."""
+    (`tolerance` given) also how many samples stopped at the last level with a delta that is not `within` the
+    tolerance (see `within_tolerance`), and a warning when there are any."""
     values, counts = steps.unique(return_counts=True)
     summary: dict[str, Any] = {
         "mode": "fixed" if tolerance is None else "auto",
@@ -84,7 +101,7 @@ def steps_summary(steps: Tensor, relative: Tensor, *, tolerance: float | None, m
         "warning": None,
     }
     if tolerance is not None:
-        above = int((relative > tolerance).sum())
+        above = int((~within).sum())
         summary["above_tolerance"] = above
         if above:
             summary["warning"] = (

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gpuopt_tui.jobs.attribution.adaptive import nested_levels
+from gpuopt_tui.jobs.attribution.adaptive import nested_levels, precision_floor
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -28,7 +28,7 @@ from gpuopt_tui.jobs.attribution.common import (
     selected,
 )
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import MIN_DIFFERENCE
+from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
 from gpuopt_tui.jobs.attribution.precision import StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
 from gpuopt_tui.jobs.device import autocast, free_memory, is_oom
@@ -66,8 +66,9 @@ def integrated_gradients(
     `torch.autograd.grad` with respect to the interpolated embeddings only (the parameters of `model`, by
     default the forward's own module, are frozen meanwhile) and are weighted and summed in fp32.
     With `n_steps = "auto"` each sample is refined over nested Clenshaw-Curtis levels until its relative
-    completeness delta is within `tolerance`, or it has used the last level within `max_steps` (see
-    adaptive.py; `method` is not used); each refinement pass runs the unconverged samples only.
+    completeness delta is within `tolerance` (raised to what `precision` can resolve), or it has used the last
+    level within `max_steps` (see adaptive.py; `method` is not used); each refinement pass runs the
+    unconverged samples only.
     F(x) and F(baseline) (and so the target, the prediction and the convergence deltas) run eagerly on the
     original weights, never autocast: in fp32 by default, or "tf32" with `endpoint_precision`.
     `context` tensors (first dim B) are tiled to the rows of each chunk and handed to the forward.
@@ -92,8 +93,8 @@ def integrated_gradients(
         passes = _Passes(forward, step, planner, compiler, on_chunk)
         with weights_cast(module, step.weights):
             if n_steps == "auto":
-                change = selected(out_x, target) - selected(out_b, target)
-                total, steps = _refined(passes, rows, change, tolerance, max_steps)
+                ends = selected(out_x, target), selected(out_b, target)
+                total, steps = _refined(passes, rows, ends, tolerance, max_steps, precision_floor(precision, acc))
             else:
                 alphas, weights = (
                     torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps)
@@ -149,15 +150,18 @@ class _Passes:
             self.on_chunk(index * PROGRESS_UNITS + PROGRESS_UNITS * done // n, count * PROGRESS_UNITS)
 
 
-def _refined(passes: _Passes, rows: _Chunk, change: Tensor, tolerance: float, max_steps: int) -> tuple[Tensor, Tensor]:
-    """Integrated gradients [B, numel] over nested levels and the points each sample used [B] (adaptive.py)."""
+def _refined(
+    passes: _Passes, rows: _Chunk, ends: tuple[Tensor, Tensor], tolerance: float, max_steps: int, floor: float
+) -> tuple[Tensor, Tensor]:
+    """Integrated gradients [B, numel] over nested levels and the points each sample used [B], from the
+    explained outputs `ends` (F(x), F(baseline)) and the precision's `floor` (adaptive.py)."""
     levels = nested_levels(max_steps)
     batch, device, dtype = rows.rows, rows.diff.device, rows.diff.dtype
     hidden = rows.diff.shape[-1]
     diff = rows.diff.reshape(batch, -1)
     sums = torch.zeros(len(levels), batch, diff.shape[1], dtype=dtype, device=device)
     total, steps = torch.zeros_like(diff), torch.zeros(batch, dtype=torch.long, device=device)
-    scale = change.abs().clamp_min(MIN_DIFFERENCE)
+    atol, rtol = output_floor(*ends, floor), max(tolerance, floor)
     active = torch.arange(batch, device=device)
     previous = None  # token scores of the active samples at the previous level
     for k, level in enumerate(levels):
@@ -172,9 +176,10 @@ def _refined(passes: _Passes, rows: _Chunk, change: Tensor, tolerance: float, ma
         elif previous is None:  # no error estimate yet
             stop = torch.zeros(active.numel(), dtype=torch.bool, device=device)
         else:
-            delta = (tokens.sum(1) - change[active]).abs() / scale[active]
-            moved = (tokens - previous).abs().amax(1) / tokens.abs().amax(1).clamp_min(1e-30)
-            stop = (delta <= tolerance) & (moved <= tolerance)
+            ends_now = ends[0][active], ends[1][active]
+            converged = within_tolerance(tokens.sum(1) - (ends_now[0] - ends_now[1]), *ends_now, tolerance, floor)
+            moved = (tokens - previous).abs().amax(1) <= rtol * tokens.abs().amax(1) + atol[active]
+            stop = converged & moved
         total[active[stop]] = estimate[stop]
         steps[active[stop]] = level.points
         active, previous = active[~stop], tokens[~stop]

@@ -22,10 +22,10 @@ from gpuopt_tui.core.atomic import write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import level_points
+from gpuopt_tui.jobs.attribution.adaptive import level_points, precision_floor, tolerance_warning
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary
+from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary, within_tolerance
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
@@ -69,6 +69,8 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {_describe_steps(settings)} "
         f"({settings.method}, {_describe_mode(settings, lean, device)})"
     )
+    if settings.n_steps == "auto" and (warning := tolerance_warning(settings.tolerance, settings.precision)):
+        ctx.warn(warning)
     compiler = step_compiler(settings, ctx.event)
     start = time.perf_counter()
     attributed = _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
@@ -291,10 +293,12 @@ def _write_results(
     if deltas["warning"]:
         ctx.warn(deltas["warning"])
     auto = settings.n_steps == "auto"
+    floor = precision_floor(settings.precision)  # the stopping rule's (adaptive.py)
+    within = within_tolerance(collected.deltas, collected.scores, collected.baseline_scores, settings.tolerance, floor)
     steps = steps_summary(
         collected.steps,
-        collected.relative_deltas,
-        tolerance=settings.tolerance if auto else None,
+        within,
+        tolerance=max(settings.tolerance, floor) if auto else None,
         max_steps=settings.max_steps,
     )
     if steps["warning"]:
