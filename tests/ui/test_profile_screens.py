@@ -40,8 +40,8 @@ def test_fields_read_like_set_overrides() -> None:
 
 
 def test_field_errors_come_from_the_schema() -> None:
-    assert field_error(AttributionProfile, "attribution.n_steps", "many") == 'expected an integer, got "many"'
-    assert field_error(AttributionProfile, "attribution.n_steps", 0) == "expected an integer >= 1, got 0"
+    assert field_error(AttributionProfile, "attribution.n_steps", "many") == 'expected an integer or "auto", got "many"'
+    assert field_error(AttributionProfile, "attribution.n_steps", 0) == "expected an integer >= 1 or \"auto\", got 0"
     assert "expected one of" in field_error(AttributionProfile, "attribution.method", "simpson")
     assert field_error(AttributionProfile, "attribution.n_steps", 64) == ""
     # a rule between fields is not blamed on the field being checked alone
@@ -72,8 +72,8 @@ async def test_bad_values_are_marked_inline_and_block_save_and_run(runs_root: Pa
         steps.value = ""
         await pilot.press(*"12x")
         await pilot.pause()
-        assert screen.form.errors == {"attribution.n_steps": 'expected an integer, got "12x"'}
-        assert 'expected an integer, got "12x"' in screen_text(app)
+        assert screen.form.errors == {"attribution.n_steps": 'expected an integer or "auto", got "12x"'}
+        assert 'expected an integer or "auto", got "12x"' in screen_text(app)
         await pilot.press("ctrl+s")
         await pilot.press("ctrl+r")
         await pilot.pause()

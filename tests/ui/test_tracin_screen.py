@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from rich.text import Text
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input, Select, Switch, TabbedContent
+from textual.widgets import DataTable, Select, TabbedContent
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.atomic import atomic_write_text
@@ -257,18 +257,20 @@ async def test_profile_form_offers_the_mode_projection_sizes_and_cache() -> None
         screen.query_one("#profile-picker", Select).value = str(path)
         await wait_for(pilot, lambda: screen.path == path)
         profile = load_profile(path)
-        assert screen.query_one("#field-tracin--layers", Select).value == profile.tracin.layers == "all"
-        method = screen.query_one("#field-tracin--method", Select)
-        assert method.value == "factored"
+        form = screen.form
+        assert form.edit_key("tracin.layers").value == profile.tracin.layers == "all"
+        method = form.edit_key("tracin.method")
+        assert isinstance(method, Select) and method.value == "factored"
         assert {value for _, value in method._options} >= {"closed_form", "vmap", "factored"}
-        assert screen.query_one("#field-tracin--train_cache", Switch).value is True
+        assert form.edit_key("tracin.train_cache").value is True
         for key, expected in [("projection_in", "32"), ("projection_out", "32"), ("agreement_train", "0")]:
-            field = screen.query_one(f"#field-tracin--{key}", Input)
+            field = form.edit_key(f"tracin.{key}")
             assert field.value == expected
-            field.focus()
             await pilot.pause()
             help_line = widget_text(app, ".form-help")
-            assert help_line.startswith(f"tracin.{key}") and len(help_line) > 60  # the schema's help, shown
-        screen.query_one("#field-tracin--method", Select).value = "closed_form"  # sizes of another method
+            assert f"tracin.{key}" in help_line and len(help_line) > 60  # the schema's help, shown
+        form.edit_key("tracin.method").value = "closed_form"  # sizes of another method
+        await pilot.pause()
+        form.edit_key("tracin.projection_in")
         await pilot.pause()
         assert "apply to method = factored only" in screen.form.errors["tracin.projection_in"]
