@@ -41,7 +41,7 @@ def test_fields_read_like_set_overrides() -> None:
 
 def test_field_errors_come_from_the_schema() -> None:
     assert field_error(AttributionProfile, "attribution.n_steps", "many") == 'expected an integer or "auto", got "many"'
-    assert field_error(AttributionProfile, "attribution.n_steps", 0) == "expected an integer >= 1 or \"auto\", got 0"
+    assert field_error(AttributionProfile, "attribution.n_steps", 0) == 'expected an integer >= 1 or "auto", got 0'
     assert "expected one of" in field_error(AttributionProfile, "attribution.method", "simpson")
     assert field_error(AttributionProfile, "attribution.n_steps", 64) == ""
     # a rule between fields is not blamed on the field being checked alone
