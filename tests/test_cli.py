@@ -67,7 +67,7 @@ def test_help_runs_as_a_process_without_importing_torch() -> None:
         ('kind = "attribution"\n[attribution\n', [], "not valid TOML"),
         ('kind = "probing"\n', [], "unknown run kind 'probing'"),
         ('kind = "attribution"\n[model]\nadapter = "hf"\npath = "no/such/model"\n', [], "key 'model.path'"),
-        ('kind = "attribution"\n', ["--set", "n_steps=zero"], 'expected an integer, got "zero"'),
+        ('kind = "attribution"\n', ["--set", "n_steps=zero"], 'expected an integer or "auto", got "zero"'),
     ],
 )
 def test_run_with_bad_input_fails_cleanly(tmp_path: Path, profile_text: str, args: list[str], message: str) -> None:
