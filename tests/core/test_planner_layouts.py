@@ -231,6 +231,25 @@ def test_a_model_named_but_not_here_stops_the_plan(work: Path, capsys: pytest.Ca
     assert rows(out)["model"][1:3] == ["--model", "org/not-downloaded (hf.yaml:4)"]
 
 
+def test_a_task_guessed_from_a_config_without_architectures_is_a_warning(
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = work / "bert"
+    model.mkdir()
+    named = ["--config", "hf_trainer.yaml", "--model", str(model), "--gpu-memory", "24", "--show"]
+    (model / "config.json").write_text(json.dumps(BERT_BASE))  # BertForSequenceClassification
+    code, out, err = plan(capsys, *named)
+    assert code == 0, err
+    assert "names no architecture" not in out
+    (model / "config.json").write_text(json.dumps({k: v for k, v in BERT_BASE.items() if k != "architectures"}))
+    code, out, err = plan(capsys, *named)
+    assert code == 0, err
+    assert "warning the model's config.json names no architecture: planning for classification" in " ".join(out.split())
+    code, out, err = plan(capsys, *named, "--set", "plan.task=masked_lm")
+    assert code == 0, err
+    assert "names no architecture" not in out and "bert masked_lm" in out
+
+
 def test_accumulation_is_looked_for_under_train_and_keys_still_override(work: Path) -> None:
     config = trainconfig.read(work / "curriculum.yaml")
     assert config.require("accumulate").file_key == "train.gradient_accumulation_steps"

@@ -152,6 +152,11 @@ def _task(config: Mapping[str, Any], model_type: str, task: str, source: str) ->
         if (task == "masked_lm" and model_type in DECODERS) or (task == "causal_lm" and model_type == "distilbert"):
             raise UserError(f"{source}: task {task} does not exist for {model_type} models")
         return task
+    return named_task(config) or ("causal_lm" if model_type in DECODERS else "classification")
+
+
+def named_task(config: Mapping[str, Any]) -> str | None:
+    """The task the model config's `architectures` name, or None when they name none the planner knows."""
     for arch in config.get("architectures") or ():
         name = str(arch)
         if name.endswith("ForSequenceClassification"):
@@ -162,7 +167,7 @@ def _task(config: Mapping[str, Any], model_type: str, task: str, source: str) ->
             return "causal_lm"
         if name.endswith("Model"):
             return "embedding"
-    return "causal_lm" if model_type in DECODERS else "classification"
+    return None
 
 
 class _Reader:

@@ -30,7 +30,7 @@ from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
 from gpuopt_tui.core.planner.estimate import Estimate, TrainSetup, estimate
 from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
-from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, spec_from_config
+from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, named_task, spec_from_config
 from gpuopt_tui.core.planner.resolve import CONFIG, DEFAULT, PROFILE, Origins, Resolved, resolve_setup_roles, warnings
 from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
@@ -185,6 +185,7 @@ def prepare(
     source, model = model_source_resolved(profile, config, origins)
     task = p.task if p.task != "auto" else source.task
     spec = spec_from_config(source.config, source.label, task)
+    guessed = [] if task != "auto" or named_task(source.config) else [_guessed_task(spec)]
     resolved = resolve_setup_roles(p, config, origins, partial_default(spec))
     values = {name: r.value for name, r in resolved.items()}
     setup = TrainSetup(optimizer=p.optimizer, **values)
@@ -214,8 +215,16 @@ def prepare(
         target=p.effective_batch or setup.effective_batch,
         notes=tuple(notes),
         values=every,
-        warnings=tuple(model_warning(model) + warnings(resolved)),
+        warnings=tuple(model_warning(model) + guessed + warnings(resolved)),
         layout=config.layout.label if config is not None else "",
+    )
+
+
+def _guessed_task(spec: ModelSpec) -> str:
+    return (
+        f"the model's config.json names no architecture: planning for {spec.task.replace('_', ' ')}, the usual head "
+        f"of {spec.model_type} models (plan.task, or --set plan.task=..., says which head trains: classification, "
+        "masked_lm, causal_lm or embedding)"
     )
 
 
