@@ -71,7 +71,7 @@ LORA_TARGETS_GPT2 = ("c_attn",)
 class ModelSource:
     config: dict[str, Any]  # the Hugging Face config mapping
     label: str
-    task: str = "auto"  # a task the source implies (the two-tower demo is an embedding model)
+    task: str = "auto"  # a task the source implies (the demos: a classifier and an embedding model)
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,9 @@ def model_source(model: ModelSection) -> ModelSource:
         return ModelSource(config, label)
     if model.adapter == "demo":
         return ModelSource(
-            demo_config(model.demo), f"demo {model.demo}", "embedding" if model.demo == "two_tower" else "auto"
+            demo_config(model.demo),
+            f"demo {model.demo}",
+            "embedding" if model.demo == "two_tower" else "classification",
         )
     raise UserError(
         f"model adapter = plugin ({model.factory}): the planner reads architectures from a Hugging Face config; "
