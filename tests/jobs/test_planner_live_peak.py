@@ -144,3 +144,23 @@ def test_decoder_lm_steps_match_the_live_peak(family: str, setup: TrainSetup) ->
     assert not result.get("error"), result.get("error")
     closed = estimate(spec_from_config(config, family, "causal_lm"), setup).allocated
     assert closed == pytest.approx(result["max_allocated"], rel=0.03)
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_lora_checkpointing_keeps_no_frozen_weight_copies(family: str) -> None:
+    """LoRA on every linear with checkpointing, on layers wide enough that the frozen linears' 16-bit copies
+    would be a sixth of the peak: the checkpointed forward saves none of them."""
+    config = {**DECODERS[family].to_dict(), "hidden_size": 256, "intermediate_size": 768, "head_dim": 64}
+    setup = TrainSetup(
+        micro_batch=2,
+        seq_len=32,
+        loop="plain",
+        trainable="lora",
+        lora_rank=16,
+        lora_targets=("all-linear",),
+        gradient_checkpointing=True,
+    )
+    result = probe(probe_request(config, "causal_lm", setup, device="cpu", steps=1, warmup=1))
+    assert not result.get("error"), result.get("error")
+    closed = estimate(spec_from_config(config, family, "causal_lm"), setup).allocated
+    assert closed == pytest.approx(result["max_allocated"], rel=0.03)

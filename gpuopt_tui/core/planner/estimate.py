@@ -205,12 +205,15 @@ def _trainable(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int, Callable[[
 def _cast_cache_weights(spec: ModelSpec, setup: TrainSetup) -> int:
     """Weights whose 16-bit copies autocast makes once and that stay for the forward pass: the trainable ones (its
     cache), and under LoRA the frozen linears too: not cached, but each copy is saved for backward, which needs
-    the weight for the gradient of the layer's input."""
+    the weight for the gradient of the layer's input. With gradient checkpointing the layers save nothing, so a
+    frozen linear's copy lives only while its layer runs (the layer working buffers cover it)."""
     if setup.trainable == "all":
         return spec.layers * spec.layer_linear_params + spec.head_linear_weights
     if setup.trainable == "lora":
-        frozen = spec.layers * sum(lin.d_in * lin.d_out for lin in spec.layer_linears)
-        return spec.lora_params(setup.lora_rank, setup.lora_targets) + frozen + spec.head_linear_weights
+        saved = (
+            0 if setup.gradient_checkpointing else spec.layers * sum(lin.d_in * lin.d_out for lin in spec.layer_linears)
+        )
+        return spec.lora_params(setup.lora_rank, setup.lora_targets) + saved + spec.head_linear_weights
     return spec.head_linear_weights
 
 
