@@ -8,14 +8,17 @@ case can run alone under a time limit and the JSON files be merged afterwards:
 - accuracy: measured truth, the loop at the case's batch for --steps steps in a fresh process: footprint =
   torch's peak reserved memory over all steps + the memory outside torch (CUDA context and kernels: total - free
   - reserved), and torch's peak allocated (tensors alone); the closed form, `estimate(...).total`, no GPU
-  involved; the measured tier's line through probes (3 warm-up + 5 measured steps) at 1/2 and 3/4 of the batch
-  (not the truth run), extrapolated; accelerate's estimate-memory figure (largest of its training components,
-  batch 1) when accelerate imports.
+  involved; the measured tier at the case's batch as `plan --show --profile` prints it (one probe of 3 warm-up +
+  5 measured steps in a fresh process: its footprint); a line through such probes at 1/2 and 3/4 of the batch,
+  extrapolated to it (how far a fit from smaller batches is off); accelerate's estimate-memory figure (largest
+  of its training components, batch 1) when accelerate imports.
 - closed-form: the closed form's recommendation for the GPU's budget (--margin x its memory as NVML reports it;
   the planner's rule: the largest micro-batch under the budget less `CLOSED_FORM_HEADROOM`) runs --steps steps.
 - measured-plan: the measured tier as `gpuopt-tui plan --profile` runs it (probes from the closed-form guess, a
-  line fit, a confirming probe that shrinks x0.9 while it does not fit) and its recommended batch;
-- measured-run: that batch runs --steps steps (after measured-plan, or taken from its JSON with --plan).
+  line fit, a confirming probe that shrinks x0.9 while it does not fit), its recommended batch and the peak it
+  predicts there;
+- measured-run: that batch runs --steps steps (after measured-plan, or taken from its JSON with --plan), and the
+  prediction's error against that run's footprint.
 A recommendation passes when it does not run out of memory, the allocator never had to retry, and its peak is
 80-100% of the budget.
 
@@ -355,14 +358,16 @@ def accuracy(case: Case, setup: TrainSetup, prober: Prober, row: dict[str, Any],
     row.update(batch=b, measured=truth.footprint, allocated=truth.max_allocated)
     row["context"] = truth.context
     row["closed_form"] = estimate(prober.spec, setup).total
+    print(f"[{case.name}] measured tier at b={b}", flush=True)
+    row["measured_tier"] = prober.run(prober.request(setup, MEASURED_STEPS, WARMUP_STEPS)).footprint
     lo, mid = max(1, b // 2), max(2, 3 * b // 4)
     print(f"[{case.name}] fit probes at b={lo}, {mid}", flush=True)
     points = [prober.run(prober.request(setup.with_batch(x), MEASURED_STEPS, WARMUP_STEPS)) for x in (lo, mid)]
     fit = fit_line([(p.sequences, p.max_reserved) for p in points])
-    row["measured_tier"] = fit.predict(truth.sequences) + max(p.context for p in points)
+    row["line_from_smaller"] = fit.predict(truth.sequences) + max(p.context for p in points)
     found = accelerate_estimate(prober.config, case.task, setup.precision)
     row["accelerate"], row["accelerate_note"] = (found, "") if isinstance(found, int) else (None, found)
-    for key in ("closed_form", "measured_tier", "accelerate"):
+    for key in ("closed_form", "measured_tier", "line_from_smaller", "accelerate"):
         row[f"{key}_error"] = _err(row.get(key), row["measured"])
 
 
@@ -374,6 +379,7 @@ def run_recommended(
     run = prober.probe(setup.with_batch(entry["batch"]), steps=steps)
     return {
         **entry,
+        "prediction_error": None if run.oom or "predicted" not in entry else _err(entry["predicted"], run.footprint),
         "oom": run.oom,
         "retries": run.num_alloc_retries,
         "footprint": run.footprint,
@@ -400,10 +406,12 @@ def measured_plan(case: Case, setup: TrainSetup, prober: Prober, budget: Budget)
     chain = [plan.b_max]  # the confirmation starts at b_max and shrinks x0.9 down to the confirmed batch
     while chain[-1] > plan.micro_batch:
         chain.append(shrink(chain[-1]))
-    batch = largest_batch(plan.peak_model(), setup, budget.search_limit(plan.headroom))
+    peak = plan.peak_model()
+    batch = largest_batch(peak, setup, budget.search_limit(plan.headroom))
     return {
         "tier": "measured",
         "batch": batch,
+        "predicted": peak(setup.with_batch(batch)),
         "probes": len(plan.probes),
         "shrinks": len(chain) - 1,
         "headroom": plan.headroom,
@@ -420,7 +428,11 @@ def _planned(case: Case, plan_files: Sequence[Path]) -> dict[str, Any]:
         for row in json.loads(path.read_text())["rows"]:
             for entry in row.get("recommended", ()) if row["case"] == case.name else ():
                 if entry["tier"] == "measured":
-                    return {k: entry[k] for k in ("tier", "batch", "probes", "shrinks", "headroom") if k in entry}
+                    return {
+                        k: entry[k]
+                        for k in ("tier", "batch", "predicted", "probes", "shrinks", "headroom")
+                        if k in entry
+                    }
     raise SystemExit(f"[{case.name}] measured-run: no measured plan for this case in {', '.join(map(str, plan_files))}")
 
 
@@ -436,7 +448,9 @@ def run_case(case: Case, args: argparse.Namespace, parts: Sequence[str]) -> dict
         if part == "accuracy":
             accuracy(case, setup, prober, row, args.steps)
         elif part == "closed-form":
-            entry = {"tier": "closed form", "batch": closed_form_batch(prober, setup, budget), "probes": 0}
+            batch = closed_form_batch(prober, setup, budget)
+            predicted = estimate(prober.spec, setup.with_batch(batch)).total
+            entry = {"tier": "closed form", "batch": batch, "predicted": predicted, "probes": 0}
             recommended["closed form"] = run_recommended(case, entry, setup, prober, budget, args.steps)
         elif part == "measured-plan":
             recommended["measured"] = measured_plan(case, setup, prober, budget)
@@ -489,23 +503,26 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"- command: `{meta['command']}`",
         "",
         "Measured = torch peak reserved + memory outside torch (context, kernels) after the steps; tensors = torch"
-        " peak allocated. Measured tier = line through probes at 1/2 and 3/4 of the batch, extrapolated to the"
-        " batch. accelerate = its estimate-memory training figure (largest component, batch 1).",
+        " peak allocated. Measured tier = what `plan --show --profile` prints: one probe of the setup (3 warm-up + 5"
+        " measured steps) in a fresh process. Line from smaller = a line through such probes at 1/2 and 3/4 of the"
+        " batch, extrapolated to it. accelerate = its estimate-memory training figure (largest component, batch 1).",
         "",
         "| case | batch | measured GiB | tensors GiB | closed form GiB (error) | measured tier GiB (error) |"
-        " accelerate GiB (error) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        " line from smaller GiB (error) | accelerate GiB (error) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     measured = [r for r in rows if "measured" in r]
     for r in measured:
         lines.append(
             f"| {r['what']} | {r['batch']} | {_gib(r['measured'])} | {_gib(r.get('allocated'))} | "
             f"{_gib(r['closed_form'])} ({_pct(r.get('closed_form_error'))}) | {_gib(r.get('measured_tier'))} "
-            f"({_pct(r.get('measured_tier_error'))}) | {_gib(r.get('accelerate'))} ({_pct(r.get('accelerate_error'))}) |"
+            f"({_pct(r.get('measured_tier_error'))}) | {_gib(r.get('line_from_smaller'))} "
+            f"({_pct(r.get('line_from_smaller_error'))}) | {_gib(r.get('accelerate'))} ({_pct(r.get('accelerate_error'))}) |"
         )
     for key, label in (
         ("closed_form", "closed form"),
         ("measured_tier", "measured tier"),
+        ("line_from_smaller", "line from smaller batches"),
         ("accelerate", "accelerate"),
     ):
         errors = [abs(r[f"{key}_error"]) for r in measured if r.get(f"{key}_error") is not None]
@@ -524,19 +541,22 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"confirming probe that shrinks x0.9 while it does not fit; the probes' measured drift kept back). ok = no out-of-memory error, no allocator "
             "retries, peak 80-100% of the budget.",
             "",
-            "| case | tier | batch | probes (x0.9 shrinks) | out of memory | allocator retries | peak GiB | "
-            "tensors GiB | of budget | ok |",
-            "|---|---|---:|---:|---|---:|---:|---:|---:|---|",
+            "| case | tier | batch | probes (x0.9 shrinks) | out of memory | allocator retries | predicted GiB | "
+            "peak GiB (prediction error) | tensors GiB | of budget | ok |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
         ]
         for r, x in recs:
             shrinks = f" ({x['shrinks']})" if x.get("shrinks") else ""
             if "footprint" not in x:
-                lines.append(f"| {r['case']} | {x['tier']} | {x['batch']} | {x['probes']}{shrinks} | not run yet |||||")
+                lines.append(
+                    f"| {r['case']} | {x['tier']} | {x['batch']} | {x['probes']}{shrinks} | not run yet ||||||"
+                )
                 continue
             ok = not x["oom"] and not x["retries"] and x["of_budget"] is not None and 0.8 <= x["of_budget"] <= 1.0
             lines.append(
                 f"| {r['case']} | {x['tier']} | {x['batch']} | {x.get('probes', 0)}{shrinks} | "
-                f"{'yes' if x['oom'] else 'no'} | {x['retries']} | {_gib(x['footprint'])} | "
+                f"{'yes' if x['oom'] else 'no'} | {x['retries']} | {_gib(x.get('predicted'))} | "
+                f"{_gib(x['footprint'])} ({_pct(x.get('prediction_error'))}) | "
                 f"{_gib(x.get('allocated'))} | "
                 f"{'n/a' if x['of_budget'] is None else format(x['of_budget'], '.0%')} | {'yes' if ok else 'NO'} |"
             )
