@@ -141,3 +141,20 @@ def test_a_tolerance_below_the_steps_precision_is_raised_to_it_with_a_warning() 
     warning = tolerance_warning(1e-3, "fp16")
     assert warning is not None and "fp16" in warning and "4e-03" in warning
     assert tolerance_warning(1e-2, "fp16") is None and tolerance_warning(1e-4, "fp32") is None
+
+
+def test_a_large_output_does_not_loosen_the_token_test() -> None:
+    """Outputs shifted by 1000 (F(x) - F(baseline) and every gradient unchanged) under a low-precision floor: the
+    token scores must still settle within the tolerance of their own size. An absolute part of floor x |F(x)|
+    (8 here) would stop every sample at the first test, its scores far from converged."""
+    forward, emb, base, mask = case("bert", 0)
+
+    def shifted(e: torch.Tensor, m: torch.Tensor, c: dict) -> torch.Tensor:
+        return forward(e, m, c) + 1000.0
+
+    auto = integrated_gradients(shifted, emb, base, mask, n_steps="auto", tolerance=1e-2, precision="bf16")
+    fine = integrated_gradients(shifted, emb, base, mask, n_steps=1025, method="clenshaw_curtis")
+    tokens, reference = auto.token_scores(), fine.token_scores()
+    error = (tokens - reference).abs().amax(1) / reference.abs().amax(1)
+    assert (error <= 1e-2).all(), error
+    assert (auto.steps > 9).any()

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gpuopt_tui.jobs.attribution.adaptive import nested_levels, precision_floor
+from gpuopt_tui.jobs.attribution.adaptive import nested_levels, precision_floor, rounding_floor
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -94,7 +94,8 @@ def integrated_gradients(
         with weights_cast(module, step.weights):
             if n_steps == "auto":
                 ends = selected(out_x, target), selected(out_b, target)
-                total, steps = _refined(passes, rows, ends, tolerance, max_steps, precision_floor(precision, acc))
+                floors = precision_floor(precision, acc), rounding_floor(acc)
+                total, steps = _refined(passes, rows, ends, tolerance, max_steps, *floors)
             else:
                 alphas, weights = (
                     torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps)
@@ -151,17 +152,24 @@ class _Passes:
 
 
 def _refined(
-    passes: _Passes, rows: _Chunk, ends: tuple[Tensor, Tensor], tolerance: float, max_steps: int, floor: float
+    passes: _Passes,
+    rows: _Chunk,
+    ends: tuple[Tensor, Tensor],
+    tolerance: float,
+    max_steps: int,
+    floor: float,
+    rounding: float,
 ) -> tuple[Tensor, Tensor]:
     """Integrated gradients [B, numel] over nested levels and the points each sample used [B], from the
-    explained outputs `ends` (F(x), F(baseline)) and the precision's `floor` (adaptive.py)."""
+    explained outputs `ends` (F(x), F(baseline)), the precision's `floor` and the accumulation's `rounding`
+    (adaptive.py)."""
     levels = nested_levels(max_steps)
     batch, device, dtype = rows.rows, rows.diff.device, rows.diff.dtype
     hidden = rows.diff.shape[-1]
     diff = rows.diff.reshape(batch, -1)
     sums = torch.zeros(len(levels), batch, diff.shape[1], dtype=dtype, device=device)
     total, steps = torch.zeros_like(diff), torch.zeros(batch, dtype=torch.long, device=device)
-    atol, rtol = output_floor(*ends, floor), max(tolerance, floor)
+    atol, rtol = output_floor(*ends, rounding), max(tolerance, floor)
     active = torch.arange(batch, device=device)
     previous = None  # token scores of the active samples at the previous level
     for k, level in enumerate(levels):
