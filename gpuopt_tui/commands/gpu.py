@@ -22,35 +22,13 @@ from gpuopt_tui.core.telemetry.backend import (
     TelemetrySource,
     open_source,
 )
+from gpuopt_tui.core.telemetry.fields import CSV_COLUMNS, REPORT_CELLS, csv_row
 from gpuopt_tui.core.telemetry.history import MIN_INTERVAL_S
 from gpuopt_tui.core.telemetry.replay import Redactor, TraceWriter, replay
-from gpuopt_tui.core.telemetry.snapshot import GpuSample, Snapshot
+from gpuopt_tui.core.telemetry.snapshot import Snapshot
 
 NAME = "gpu"
 HELP = "GPU telemetry: live monitor, one-shot query (--once), CSV log (--log), trace record/replay"
-
-# nvidia-smi --query-gpu style names with units; N/A where the card does not report a field
-CSV_COLUMNS = (
-    "timestamp",
-    "index",
-    "name",
-    "uuid",
-    "state",
-    "memory.used [MiB]",
-    "memory.reserved [MiB]",
-    "memory.total [MiB]",
-    "utilization.gpu [%]",
-    "utilization.memory [%]",
-    "temperature.gpu [C]",
-    "power.draw [W]",
-    "power.limit [W]",
-    "clocks.sm [MHz]",
-    "clocks.mem [MHz]",
-    "pcie.rx [KiB/s]",
-    "pcie.tx [KiB/s]",
-    "mig.mode",
-    "fan.speed [%]",
-)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -248,25 +226,10 @@ def text_report(snapshot: Snapshot) -> str:
     for g in snapshot.gpus:
         name = display.short_name(g.name)
         if g.lost:
-            gpu_rows.append([str(g.index), name, "GPU LOST: reset it or reboot", *[""] * 9])
-            continue
-        gpu_rows.append(
-            [
-                str(g.index),
-                name,
-                display.memory(g),
-                display.percent(g.util_sm),
-                display.percent(g.util_memory),
-                display.temperature(g.temperature),
-                display.power(g.power_draw, g.power_limit),
-                display.clock(g.clock_sm),
-                display.clock(g.clock_memory),
-                f"{display.rate_kib(g.pcie_rx)} / {display.rate_kib(g.pcie_tx)}",
-                display.mig(g.mig_mode),
-                display.percent(g.fan),
-            ]
-        )
-    header = ["GPU", "NAME", "MEMORY", "SM", "MEM", "TEMP", "POWER", "SM CLK", "MEM CLK", "PCIE RX / TX", "MIG", "FAN"]
+            gpu_rows.append([str(g.index), name, "GPU LOST: reset it or reboot", *[""] * (len(REPORT_CELLS) - 1)])
+        else:
+            gpu_rows.append([str(g.index), name, *(cell.text(g) for cell in REPORT_CELLS)])
+    header = ["GPU", "NAME", *(cell.title for cell in REPORT_CELLS)]
     lines = [*_table(header, gpu_rows, left=3), ""]
     if not snapshot.processes:
         return "\n".join([*lines, "no GPU processes"])
@@ -283,50 +246,6 @@ def text_report(snapshot: Snapshot) -> str:
     ]
     process_lines = _table(["PID", "GPU", "USER", "RUN", "GPU MEM", "COMMAND"], process_rows, left=4, free_last=True)
     return "\n".join(lines + process_lines)
-
-
-def _mib(value: int | None) -> str:
-    return display.NA if value is None else str(round(value / 2**20))
-
-
-def _value(value: Any) -> str:
-    if value is None:
-        return display.NA
-    if isinstance(value, bool):
-        return "Enabled" if value else "Disabled"
-    if isinstance(value, float):
-        return f"{value:.2f}" if math.isfinite(value) else ""
-    return str(value)
-
-
-def csv_row(timestamp: float, gpu: GpuSample) -> list[str]:
-    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(timestamp)) + f".{int(timestamp % 1 * 1000):03d}"
-    return [
-        stamp,
-        str(gpu.index),
-        _value(gpu.name),
-        _value(gpu.uuid),
-        "lost" if gpu.lost else "ok",
-        _mib(gpu.memory_used),
-        _mib(gpu.memory_reserved),
-        _mib(gpu.memory_total),
-        *(
-            _value(v)
-            for v in (
-                gpu.util_sm,
-                gpu.util_memory,
-                gpu.temperature,
-                gpu.power_draw,
-                gpu.power_limit,
-                gpu.clock_sm,
-                gpu.clock_memory,
-                gpu.pcie_rx,
-                gpu.pcie_tx,
-                gpu.mig_mode,
-                gpu.fan,
-            )
-        ),
-    ]
 
 
 # --- --log and --record: a sample every interval --------------------------------------------------------------

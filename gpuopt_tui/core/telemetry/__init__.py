@@ -12,10 +12,11 @@ from gpuopt_tui.core.telemetry.backend import (
     TelemetrySource,
     open_source,
 )
+from gpuopt_tui.core.telemetry.fields import GpuSample
 from gpuopt_tui.core.telemetry.history import MIN_INTERVAL_S, History
 from gpuopt_tui.core.telemetry.replay import Trace, TraceWriter, read_trace, replay
 from gpuopt_tui.core.telemetry.runmem import RunMemory, run_memory
-from gpuopt_tui.core.telemetry.snapshot import GpuSample, ProcessSample, Snapshot
+from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 
 __all__ = [
     "MIN_INTERVAL_S",

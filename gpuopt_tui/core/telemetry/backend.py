@@ -18,10 +18,11 @@ from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.telemetry.fields import GpuSample
 from gpuopt_tui.core.telemetry.nvml import Nvml, NvmlUnavailable, load_binding
 from gpuopt_tui.core.telemetry.procinfo import HostProcess, host_process
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
-from gpuopt_tui.core.telemetry.snapshot import GpuSample, ProcessSample, Snapshot
+from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 
 RunLookup = Callable[[int], "str | None"]  # pid -> id of the gpuopt-tui run it belongs to
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from gpuopt_tui.core.telemetry.snapshot import GpuSample
+if TYPE_CHECKING:
+    from gpuopt_tui.core.telemetry.fields import GpuSample
 
 NA = "N/A"
 GIB = 1024**3

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from gpuopt_tui.core.telemetry.snapshot import GpuSample
+from gpuopt_tui.core.telemetry.fields import GpuSample
 
 _NOT_AVAILABLE = 2**64 - 1  # NVML's "value not available" for per-process memory
 _PROCESS_QUERIES = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")

@@ -1,7 +1,6 @@
 """What one poll of the GPUs yields: typed samples that serialise to plain JSON.
 
-Every measured field is optional: None means N/A (the card or driver does not report it, or the call failed).
-Units: bytes for memory, percent for utilisation and fan, degrees Celsius, watts, MHz, KiB/s for PCIe.
+A GPU's sample and its fields are in `fields`; a process's measured fields are optional (None: N/A).
 Traces are read back, every field checked, by `trace_fields.snapshot_from_json`.
 """
 
@@ -10,36 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class GpuSample:
-    index: int
-    name: str | None = None
-    uuid: str | None = None
-    memory_used: int | None = None
-    memory_reserved: int | None = None
-    memory_total: int | None = None
-    util_sm: int | None = None
-    util_memory: int | None = None
-    temperature: int | None = None
-    power_draw: float | None = None
-    power_limit: float | None = None
-    clock_sm: int | None = None
-    clock_memory: int | None = None
-    pcie_rx: int | None = None
-    pcie_tx: int | None = None
-    mig_mode: bool | None = None
-    fan: int | None = None
-    lost: bool = False  # the driver reports the GPU as lost (fell off the bus, needs a reset)
-
-    @property
-    def memory_percent(self) -> float | None:
-        if self.memory_used is None or not self.memory_total:
-            return None
-        return 100.0 * self.memory_used / self.memory_total
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from gpuopt_tui.core.telemetry.fields import GpuSample
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from gpuopt_tui.core.format import safe_text
-from gpuopt_tui.core.telemetry.snapshot import GpuSample, ProcessSample, Snapshot
+from gpuopt_tui.core.telemetry.fields import GpuSample
+from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 
 MAX_COUNT = 2**63  # NVML counters are unsigned 64-bit at most; larger is corruption (and overflows floats)
 MAX_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last time a clock can print

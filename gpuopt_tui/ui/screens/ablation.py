@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -16,7 +16,6 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Static, Tab, Tabs
-from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.ablation_results import (
     FEATURE_METRIC,
@@ -34,6 +33,7 @@ from gpuopt_tui.core.events import EventTail
 from gpuopt_tui.core.profiles.ablation import AblationProfile, split_representation
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.ablation_view import AccuracyPlot, CachePanel, PlotData, ProbeTable
 from gpuopt_tui.ui.widgets.run_results import RunResults
@@ -61,14 +61,6 @@ def representation_order(run_dir: Path) -> list[str]:
     except UserError:
         return []
     return list(profile.ablation.representations) if isinstance(profile, AblationProfile) else []
-
-
-def load_or_reason(run_dir: Path) -> tuple[Path, AblationResults | str]:
-    """The run's results, or why they cannot be read (read in a thread)."""
-    try:
-        return run_dir, load_results(run_dir)
-    except UserError as e:
-        return run_dir, str(e)
 
 
 class ReportedState:
@@ -236,9 +228,7 @@ class ProbingResults(RunResults):
             return
         if info.status == "finished":
             self._pause_live()
-            self.run_worker(
-                partial(load_or_reason, info.dir), name="ablation results", thread=True, exit_on_error=False
-            )
+            self._read_results(info.dir)
             if self.view == "cache":
                 self.query_one(CachePanel).reload()  # the run may have added entries
         else:
@@ -261,23 +251,23 @@ class ProbingResults(RunResults):
         if self._reading is not None or state is None:
             return
         self._reading = state
-        self.run_worker(state.read, name="ablation events", thread=True, exit_on_error=False)
+        self._read_new_events(state)
 
-    @on(Worker.StateChanged)
-    def _worker_done(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        if worker.name == "ablation events" and worker.is_finished:
-            state, self._reading = self._reading, None
-            if event.state is WorkerState.SUCCESS and state is self._reported and state.probes.add(worker.result):
+    @work(thread=True, exclusive=True, group="ablation-events", exit_on_error=False)
+    def _read_new_events(self, state: ReportedState) -> None:
+        reply(self, "events", state, state.read)  # one read at a time: the events file is read on from its end
+
+    @work(thread=True, exclusive=True, group="ablation-results", exit_on_error=False)
+    def _read_results(self, run_dir: Path) -> None:
+        reply(self, "results", run_dir, lambda: load_results(run_dir))
+
+    def on_loaded(self, message: Loaded) -> None:
+        if message.what == "events":
+            self._reading = None
+            if not message.failed and message.key is self._reported and message.key.probes.add(message.value):
                 self._redraw()
-        elif worker.name == "ablation results" and event.state is WorkerState.SUCCESS:
-            run_dir, result = worker.result
-            if self.info is None or run_dir != self.info.dir:
-                return  # another run is shown by now
-            if isinstance(result, str):
-                self.results, self.problem = None, result
-            else:
-                self.results, self.problem = result, ""
+        elif self.info is not None and message.key == self.info.dir:  # else another run is shown by now
+            self.results, self.problem = message.value, message.reason
             self._redraw()
 
     # -- drawing ----------------------------------------------------------------------------------------------

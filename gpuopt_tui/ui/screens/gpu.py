@@ -21,9 +21,10 @@ from textual.widgets import Footer
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.telemetry import display
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
+from gpuopt_tui.core.telemetry.fields import GpuSample, detail_lines
 from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.core.telemetry.procinfo import send_signal, start_time
-from gpuopt_tui.core.telemetry.snapshot import GpuSample, ProcessSample, Snapshot
+from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, OneLine, TextBlock, no_gpu_text, process_summary
@@ -76,18 +77,7 @@ def detail_text(gpu: GpuSample) -> str:
     head = f"GPU {gpu.index}  {gpu.name or display.NA}\nUUID    {gpu.uuid or display.NA}\n"
     if gpu.lost:
         return head + "LOST: the driver lost this GPU; it needs a reset (nvidia-smi -r) or a reboot"
-    reserved = "" if gpu.memory_reserved is None else f" · reserved {display.gib(gpu.memory_reserved)} GiB"
-    return head + "\n".join(
-        [
-            f"Memory  {display.memory(gpu)} ({display.percent(gpu.memory_percent)}){reserved}",
-            f"Util    SM {display.percent(gpu.util_sm)} · memory {display.percent(gpu.util_memory)}",
-            f"Temp    {display.temperature(gpu.temperature)} · fan {display.percent(gpu.fan)}",
-            f"Power   {display.power(gpu.power_draw, gpu.power_limit)}",
-            f"Clocks  SM {display.clock(gpu.clock_sm)} · memory {display.clock(gpu.clock_memory)}",
-            f"PCIe    rx {display.rate_kib(gpu.pcie_rx)} · tx {display.rate_kib(gpu.pcie_tx)} · "
-            f"MIG {display.mig(gpu.mig_mode)}",
-        ]
-    )
+    return head + "\n".join(detail_lines(gpu))
 
 
 def process_key(process: ProcessSample) -> str:

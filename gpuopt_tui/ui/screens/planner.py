@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.content import Content
-from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
 
@@ -36,6 +35,7 @@ from gpuopt_tui.core.planner.search import Candidate
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.runs import RunInfo, engine_available
 from gpuopt_tui.ui import planner_tasks as tasks
+from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
@@ -45,6 +45,13 @@ from gpuopt_tui.ui.widgets.profile_form import ProfileForm
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 
 ESTIMATE_DELAY_S = 0.8  # after the last edit of the form
+FAILED_TITLES = {  # a read or write of the config that failed, as its notification's title says
+    "measured": "Measured plan not read",
+    "preview": "No preview",
+    "undo": "Nothing restored",
+    "applied": "Config not written",
+    "restored": "Nothing restored",
+}
 NO_MEASUREMENT = (
     "No measurement yet. Measure on GPU (ctrl+t) starts a background run of this profile with plan.measure = true: "
     "training steps probed on the GPU in fresh processes at 2-3 micro-batches, a line fit of peak reserved memory "
@@ -108,37 +115,6 @@ class PlannerScreen(KindScreen):
     }
     """
 
-    class Estimated(Message):
-        def __init__(self, seq: int, result: tasks.ClosedForm | UserError) -> None:
-            super().__init__()
-            self.seq = seq
-            self.result = result
-
-    class MeasureChecked(Message):
-        def __init__(self, result: tuple[PlanProfile, str] | UserError) -> None:
-            super().__init__()
-            self.result = result  # the profile to run (measure = true) and its GPU, or why it cannot measure
-
-    class PlanRunRead(Message):
-        def __init__(self, run: tasks.PlanRun | None) -> None:
-            super().__init__()
-            self.run = run
-
-    class Previewed(Message):
-        def __init__(self, preview: tasks.Preview) -> None:
-            super().__init__()
-            self.preview = preview
-
-    class UndoPreviewed(Message):
-        def __init__(self, files: list[Restore]) -> None:
-            super().__init__()
-            self.files = files
-
-    class Written(Message):
-        def __init__(self, message: str) -> None:
-            super().__init__()
-            self.message = message
-
     def __init__(self) -> None:
         super().__init__()
         self._seq = 0  # estimates asked for, numbered
@@ -173,9 +149,46 @@ class PlannerScreen(KindScreen):
         """Where relative paths in the profile start: its file's directory."""
         return self.path.parent.resolve() if self.path else Path.cwd()
 
-    def _in_thread(self, name: str, group: str, work: Callable[[], None]) -> None:
-        """Run `work` in a thread worker; a UserError it raises is notified with `name` as the title."""
-        self.app.run_worker(work, name=name, group=group, thread=True, exit_on_error=False)
+    # -- reading and writing off the UI thread ---------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="plan-estimate", exit_on_error=False)
+    def _estimate(self, seq: int, profile: PlanProfile, base: Path) -> None:
+        reply(self, "estimate", seq, lambda: tasks.closed_form(profile, base))
+
+    @work(thread=True, exclusive=True, group="plan-measure", exit_on_error=False)
+    def _check_measure(self, profile: PlanProfile, base: Path) -> None:
+        def check() -> tuple[PlanProfile, str]:
+            resolved = tasks.resolved(profile, base)
+            gpu = tasks.measuring_gpu(resolved)
+            resolved.plan.measure = True
+            return resolved, gpu.label  # the profile to run and its GPU
+
+        reply(self, "measure", None, check)
+
+    @work(thread=True, exclusive=True, group="plan-measured", exit_on_error=False)
+    def _find_measured(self, runs: list[RunInfo]) -> None:
+        reply(self, "measured", None, lambda: tasks.newest_measuring_run(runs))
+
+    @work(thread=True, exclusive=True, group="plan-write", exit_on_error=False)
+    def _write(self, what: str, task: Callable[[], Any]) -> None:
+        """`task` of writing the config: "preview", "undo" (what a restore would do), "applied" or "restored"."""
+        reply(self, what, None, task)
+
+    def on_loaded(self, message: Loaded) -> None:
+        if message.what == "estimate":
+            self._estimated_plan(message)
+        elif message.what == "measure":
+            self._measure_checked(message)
+        elif message.failed:
+            self.gapp.report_error(message.reason, title=FAILED_TITLES[message.what])
+        elif message.what == "measured":
+            self._show_measured(message.value)
+        elif message.what == "preview":
+            self._ask_to_write(message.value)
+        elif message.what == "undo":
+            self._ask_to_restore(message.value)
+        else:
+            self._written(message.value)
 
     # -- closed-form estimate -----------------------------------------------------------------------------------
 
@@ -230,32 +243,23 @@ class PlannerScreen(KindScreen):
         view = self.query_one("#plan-closed", PlanView)
         if view.plan is None:
             view.show_message("estimating…")
-        self._in_thread("memory estimate", "plan-estimate", partial(self._estimate, self._seq, profile, self.base))
+        self._estimate(self._seq, profile, self.base)
 
-    def _estimate(self, seq: int, profile: PlanProfile, base: Path) -> None:
-        """A result is posted however the estimate ends (an unexpected error also goes on to the app's report)."""
-        result: tasks.ClosedForm | UserError = UserError("the estimate stopped on an unexpected error")
-        try:
-            result = tasks.closed_form(profile, base)
-        except UserError as e:
-            result = e
-        finally:
-            self.post_message(self.Estimated(seq, result))
-
-    def on_planner_screen_estimated(self, message: Estimated) -> None:
-        if message.seq == self._seq:
+    def _estimated_plan(self, message: Loaded) -> None:
+        """An estimate, however it ended (an unexpected error also goes on to the app's report)."""
+        if message.key == self._seq:
             self._in_flight = None
-        if message.seq < self._shown:
+        if message.key < self._shown:
             return
-        self._shown = message.seq
+        self._shown = message.key
         view = self.query_one("#plan-closed", PlanView)
-        result = message.result
-        if isinstance(result, UserError):
-            if isinstance(result, ProfileError):
-                self.form.show_error(result.key, result.detail)
-            view.show_message(Content.styled(str(result), "$error"))
+        if message.failed:
+            if isinstance(message.error, ProfileError):
+                self.form.show_error(message.error.key, message.error.detail)
+            view.show_message(Content.styled(message.reason, "$error"))
             self.query_one("#plan-config", Static).update("")
             return
+        result: tasks.ClosedForm = message.value
         view.show_plan(result.plan)
         self.query_one("#plan-config", Static).update(result.config)
         self.query_one("#plan-tune", Checkbox).set_class(result.stages, "-shown")
@@ -269,31 +273,20 @@ class PlannerScreen(KindScreen):
             return
         profile = self.current_profile("Not measured")
         if isinstance(profile, PlanProfile):
-            self._in_thread("GPU check", "plan-measure", partial(self._check_measure, profile, self.base))
+            self._check_measure(profile, self.base)
 
-    def _check_measure(self, profile: PlanProfile, base: Path) -> None:
-        try:
-            profile = tasks.resolved(profile, base)
-            gpu = tasks.measuring_gpu(profile)
-        except UserError as e:
-            self.post_message(self.MeasureChecked(e))
-            return
-        profile.plan.measure = True
-        self.post_message(self.MeasureChecked((profile, gpu.label)))
-
-    def on_planner_screen_measure_checked(self, message: MeasureChecked) -> None:
+    def _measure_checked(self, message: Loaded) -> None:
         self.query_one("#plan-tabs", TabbedContent).active = "tab-measured"
         view = self.query_one("#plan-measured", PlanView)
-        if isinstance(message.result, UserError):
-            error = message.result
+        if message.failed:
             if view.plan is None:  # a plan measured before stays in view
-                view.show_message(Content.styled(str(error), "$error"))
-            if isinstance(error, ProfileError):
+                view.show_message(Content.styled(message.reason, "$error"))
+            if isinstance(message.error, ProfileError):
                 self.show_pane("form")
-                self.form.show_error(error.key, error.detail)
-            self.gapp.report_error(str(error), title="Not measured")
+                self.form.show_error(message.error.key, message.error.detail)
+            self.gapp.report_error(message.reason, title="Not measured")
             return
-        profile, gpu = message.result
+        profile, gpu = message.value
         run_dir = self.start(profile, title="Not measured")
         if run_dir is None:
             return
@@ -305,14 +298,10 @@ class PlannerScreen(KindScreen):
         key = tuple((r.id, r.status) for r in runs)
         if key != self._plan_runs:
             self._plan_runs = key
-            self._in_thread("measured plan", "plan-measured", partial(self._find_measured, runs))
+            self._find_measured(runs)
 
-    def _find_measured(self, runs: list[RunInfo]) -> None:
-        self.post_message(self.PlanRunRead(tasks.newest_measuring_run(runs)))
-
-    def on_planner_screen_plan_run_read(self, message: PlanRunRead) -> None:
+    def _show_measured(self, run: tasks.PlanRun | None) -> None:
         view = self.query_one("#plan-measured", PlanView)
-        run = message.run
         if run is None:
             view.show_message(NO_MEASUREMENT)
         elif run.saved is not None:
@@ -351,36 +340,31 @@ class PlannerScreen(KindScreen):
             return
         measured = view.plan.rec if view.id == "plan-measured" else None
         tune = self.query_one("#plan-tune", Checkbox).value
-        work = partial(tasks.preview, profile, self.base, measured, choice, tune)
-        self._in_thread("No preview", "plan-write", lambda: self.post_message(self.Previewed(work())))
+        self._write("preview", partial(tasks.preview, profile, self.base, measured, choice, tune))
 
-    def on_planner_screen_previewed(self, message: Previewed) -> None:
+    def _ask_to_write(self, preview: tasks.Preview) -> None:
         def answered(write: bool | None) -> None:
             if write:
-                work = partial(tasks.apply, message.preview)
-                self._in_thread("Config not written", "plan-write", lambda: self.post_message(self.Written(work())))
+                self._write("applied", partial(tasks.apply, preview))
 
-        self.app.push_screen(DiffDialog(message.preview.question, message.preview.diff, "Apply", "Cancel"), answered)
+        self.app.push_screen(DiffDialog(preview.question, preview.diff, "Apply", "Cancel"), answered)
 
     @on(Button.Pressed, "#undo")
     def action_undo(self) -> None:
         profile = self.current_profile("Nothing restored")
         if isinstance(profile, PlanProfile):
-            work = partial(tasks.undo_preview, profile, self.base)
-            self._in_thread("Nothing restored", "plan-write", lambda: self.post_message(self.UndoPreviewed(work())))
+            self._write("undo", partial(tasks.undo_preview, profile, self.base))
 
-    def on_planner_screen_undo_previewed(self, message: UndoPreviewed) -> None:
-        files = message.files
+    def _ask_to_restore(self, files: list[Restore]) -> None:
         backups = ", ".join(f.backup.name for f in files)
         question = f"Restore {', '.join(f.path.name for f in files)} from {backups}? The backups are used up."
 
         def answered(restore: bool | None) -> None:
             if restore:
-                work = partial(tasks.undo, files)
-                self._in_thread("Nothing restored", "plan-write", lambda: self.post_message(self.Written(work())))
+                self._write("restored", partial(tasks.undo, files))
 
         self.app.push_screen(DiffDialog(question, "".join(f.diff for f in files), "Restore", "Keep"), answered)
 
-    def on_planner_screen_written(self, message: Written) -> None:
-        self.app.notify(message.message, title="Config", timeout=10)
+    def _written(self, message: str) -> None:
+        self.app.notify(message, title="Config", timeout=10)
         self._estimate_form()  # the config changed, and so did the current setup

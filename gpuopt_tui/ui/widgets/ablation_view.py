@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Button, DataTable, Static
-from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.ablation_results import TABLE_HEADER, ReportedProbe, ResultRow, best_of, sort_rows, table_cells
 from gpuopt_tui.core.feature_cache import EntryGroup, FeatureCache, group_entries, natural_key
 from gpuopt_tui.core.format import human_bytes, human_time
+from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 
 # Colours of the xterm 256-colour cube (shown exactly there) and markers that tell series apart without colour.
@@ -384,7 +384,16 @@ class CachePanel(Vertical):
             table.add_column(column, key=column)
 
     def reload(self) -> None:
-        self.run_worker(read_listing, name="feature cache", group="feature-cache", thread=True, exit_on_error=False)
+        self._read("listing")
+
+    @work(thread=True, exclusive=True, group="feature-cache", exit_on_error=False)
+    def _read(self, what: str) -> None:
+        """The listing, to show ("listing") or to ask whether to clear it ("ask")."""
+        reply(self, what, None, read_listing)
+
+    @work(thread=True, exclusive=True, group="feature-cache-clear", exit_on_error=False)
+    def _clear(self) -> None:
+        reply(self, "cleared", None, clear_cache)
 
     def _show(self, listing: CacheListing) -> None:
         self.listing = listing
@@ -406,25 +415,23 @@ class CachePanel(Vertical):
         table.display = bool(listing.groups)
         self.query_one("#cache-clear", Button).disabled = not listing.entries
 
-    @on(Worker.StateChanged)
-    def _worker_done(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        if event.state is not WorkerState.SUCCESS or worker.group != "feature-cache":
+    def on_loaded(self, message: Loaded) -> None:
+        if message.failed:
+            self.app.notify(message.reason, title="Feature cache", severity="error", timeout=10, markup=False)
             return
-        event.stop()
-        if worker.name == "feature cache clear":
-            entries, freed, listing = worker.result
+        if message.what == "cleared":
+            entries, freed, listing = message.value
             self.app.notify(f"removed {entries} entries ({human_bytes(freed)})", title="Feature cache cleared")
         else:
-            listing = worker.result
+            listing = message.value
         self._show(listing)
-        if worker.name == "feature cache ask":
+        if message.what == "ask":
             self._ask(listing)
 
     @on(Button.Pressed, "#cache-clear")
     def action_clear(self) -> None:
         """Read the cache again, ask whether to clear what it holds now, then clear it in a thread."""
-        self.run_worker(read_listing, name="feature cache ask", group="feature-cache", thread=True, exit_on_error=False)
+        self._read("ask")
 
     def _ask(self, listing: CacheListing) -> None:
         if not listing.entries:
@@ -439,8 +446,6 @@ class CachePanel(Vertical):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(
-                    clear_cache, name="feature cache clear", group="feature-cache", thread=True, exit_on_error=False
-                )
+                self._clear()
 
         self.app.push_screen(ConfirmDialog(question, "Clear", "Keep"), answered)

@@ -10,15 +10,15 @@ sample's tokens are read from disk when it is selected. A run that is still goin
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.message import Message
 from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
@@ -30,9 +30,9 @@ from gpuopt_tui.core.attribution_results import (
     load_check,
     load_run_files,
 )
-from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
 from gpuopt_tui.ui.widgets.run_results import RunResults
 from gpuopt_tui.ui.widgets.run_text import progress_text
@@ -64,22 +64,6 @@ class AttributionRunResults(RunResults):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "copy_path", "Copy path", id="attribution.copy", tooltip="Copy the highlighted path"),
     ]
-
-    class Loaded(Message):
-        """The result files of run `run_id`, read by the loading worker."""
-
-        def __init__(self, run_id: str, files: RunFiles) -> None:
-            super().__init__()
-            self.run_id = run_id
-            self.files = files
-
-    class CheckRead(Message):
-        """check.json of the check run `run_id`, or why it cannot be read (read by a worker)."""
-
-        def __init__(self, run_id: str, check: CheckResult | str) -> None:
-            super().__init__()
-            self.run_id = run_id
-            self.check = check
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -128,27 +112,14 @@ class AttributionRunResults(RunResults):
         super().run_changed(info)  # the header, and the log of a failed run
         if info is not None and reload:
             self._read_artifacts = artifacts
-            self._load(info)
+            self._load(info.id, info.dir)
         elif self._files is not None:
             self._show_check(self._files.check)  # what it says depends on whether the run goes on
 
-    def _load(self, info: RunInfo) -> None:
-        run_id, run_dir = info.id, info.dir
-
-        def read() -> None:
-            worker = get_current_worker()
-            files = load_run_files(run_dir, lambda: worker.is_cancelled)
-            if files is not None:
-                self.post_message(self.Loaded(run_id, files))
-
-        self.run_worker(
-            read,
-            name="attribution results",
-            group="attribution-results",
-            thread=True,
-            exclusive=True,
-            exit_on_error=False,
-        )
+    @work(thread=True, exclusive=True, group="attribution-results", exit_on_error=False)
+    def _load(self, run_id: str, run_dir: Path) -> None:
+        worker = get_current_worker()
+        reply(self, "results", run_id, lambda: load_run_files(run_dir, lambda: worker.is_cancelled))
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:
@@ -184,12 +155,17 @@ class AttributionRunResults(RunResults):
         parts.extend(Content.from_markup("[$error]$error[/]", error=error) for error in files.errors)
         return Content("\n").join(parts)
 
-    @on(Loaded)
-    def _loaded(self, message: Loaded) -> None:
-        if self._info is None or message.run_id != self._info.id:
-            return  # read for a run that is no longer shown
+    def on_loaded(self, message: Loaded) -> None:
+        if message.what == "check":
+            self._check_read(message)
+        elif message.value is not None:
+            self._loaded(message.key, message.value)
+
+    def _loaded(self, run_id: str, files: RunFiles) -> None:
+        if self._info is None or run_id != self._info.id:
+            return  # read for a run that is no longer shown (or a read cut short for a newer one)
         same_run = self._files is not None
-        files = self._files = message.files
+        self._files = files
         self._loading = False
         self.query_one("#results-text", Static).update(self.describe(self._info))
         self.set_class(files.has_results, "-has-results")
@@ -209,24 +185,20 @@ class AttributionRunResults(RunResults):
         else:
             self._check_run, self._check_run_result = info, None
             if info is not None and info.status == "finished":
-                run_id, results_dir = info.id, info.dir / "results"
-
-                def read() -> None:
-                    try:
-                        check: CheckResult | str | None = load_check(results_dir)
-                    except UserError as e:
-                        check = str(e)
-                    if check is None:
-                        check = f"the check run wrote no {results_dir / 'check.json'}"
-                    self.post_message(self.CheckRead(run_id, check))
-
-                self.run_worker(read, name="check results", group="check-run", thread=True, exit_on_error=False)
+                self._read_check(info.id, info.dir / "results")
         self._show_check(self._files.check if self._files is not None else None)
 
-    @on(CheckRead)
-    def _check_read(self, message: CheckRead) -> None:
-        if self._check_run is not None and message.run_id == self._check_run.id:
-            self._check_run_result = message.check
+    @work(thread=True, exclusive=True, group="check-run", exit_on_error=False)
+    def _read_check(self, run_id: str, results_dir: Path) -> None:
+        def read() -> CheckResult | str:
+            check = load_check(results_dir)
+            return f"the check run wrote no {results_dir / 'check.json'}" if check is None else check
+
+        reply(self, "check", run_id, read)
+
+    def _check_read(self, message: Loaded) -> None:
+        if self._check_run is not None and message.key == self._check_run.id:
+            self._check_run_result = message.reason or message.value
             self._show_check(self._files.check if self._files is not None else None)
 
     def _check_run_report(self, run: RunInfo) -> Content:

@@ -14,12 +14,12 @@ from textual.widgets import Static
 
 from gpuopt_tui.core.telemetry import display
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
+from gpuopt_tui.core.telemetry.fields import PANEL_CELLS, GpuSample
 from gpuopt_tui.core.telemetry.history import History
-from gpuopt_tui.core.telemetry.snapshot import GpuSample, Snapshot
+from gpuopt_tui.core.telemetry.snapshot import Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
-_MEMORY_W, _UTIL_W, _TEMP_W, _POWER_W = 12, 4, 4, 10
 
 
 def level_style(fraction: float | None, warn: float = 0.7, high: float = 0.9) -> str:
@@ -45,50 +45,43 @@ def _cell(value: str, width: int, style: str = "") -> Text:
 
 
 def gpu_line(gpu: GpuSample, width: int) -> Text:
-    """One GPU in `width` cells: index, name, memory bar, memory, SM utilisation, temperature, power.
-    Narrow widths drop power, then temperature, before the bar gets shorter than 5 cells."""
+    """One GPU in `width` cells: index, name, memory bar, then the panel's figures (memory, SM utilisation,
+    temperature, power). Narrow widths drop the optional figures, last first, before the bar gets shorter than
+    5 cells."""
     index = f"{gpu.index:<2}"
     name = display.short_name(gpu.name)
     if gpu.lost:
         line = Text.assemble(index, (name + " ", "bold"), ("GPU LOST: reset it or reboot", "bold red"))
         line.truncate(width)
         return line
-    columns = [("power", _POWER_W), ("temp", _TEMP_W)]
-    shown = {"power", "temp"}
-    fixed = len(index) + 1 + 1 + _MEMORY_W + 1 + _UTIL_W + (1 + _TEMP_W) + (1 + _POWER_W)
-    for column, column_width in columns:
+    cells = list(PANEL_CELLS)
+    fixed = len(index) + 1 + sum(1 + cell.width for cell in cells)
+    for cell in reversed(PANEL_CELLS):
         if width - fixed >= 5:
             break
-        shown.discard(column)
-        fixed -= 1 + column_width
+        if cell.optional:
+            cells.remove(cell)
+            fixed -= 1 + cell.width
     room = max(0, width - fixed)
     name_width = min(len(name), 22, max(0, room - 12))
     fraction = None if gpu.memory_percent is None else gpu.memory_percent / 100
-    util = None if gpu.util_sm is None else gpu.util_sm / 100
     parts: list[Text | str] = [
         index,
         Text(name[:name_width].ljust(name_width), style="bold"),
         " ",
         bar(fraction, room - name_width),
-        " ",
-        _cell(display.memory(gpu, compact=True), _MEMORY_W),
-        " ",
-        _cell(display.percent(gpu.util_sm), _UTIL_W, level_style(util, 0.5, 0.8)),
     ]
-    if "temp" in shown:
-        hot = None if gpu.temperature is None else gpu.temperature / 100
-        parts += [" ", _cell(display.temperature(gpu.temperature), _TEMP_W, level_style(hot, 0.75, 0.85))]
-    if "power" in shown:
-        parts += [" ", _cell(display.power(gpu.power_draw, gpu.power_limit), _POWER_W)]
+    for cell in cells:
+        style = "" if cell.grade is None else level_style(cell.grade(gpu), *cell.levels)
+        parts += [" ", _cell(cell.text(gpu), cell.width, style)]
     line = Text.assemble(*parts)
     line.truncate(width)
     return line
 
 
 def _shown_fields(gpu: GpuSample) -> tuple[object, ...]:
-    """What a GPU line shows, rounded as shown: a new sample that shows the same is not redrawn."""
-    power = display.power(gpu.power_draw, gpu.power_limit)
-    return (gpu.index, gpu.name, gpu.lost, display.memory(gpu), gpu.util_sm, gpu.temperature, power)
+    """What a GPU line shows, as shown: a new sample that shows the same is not redrawn."""
+    return (gpu.index, gpu.name, gpu.lost, *(cell.text(gpu) for cell in PANEL_CELLS))
 
 
 class GpuRow(Widget):

@@ -3,13 +3,14 @@ recommendation beside the other candidates, and each value with where it came fr
 
 from __future__ import annotations
 
+from textual import work
 from textual.app import ComposeResult
 from textual.content import Content
-from textual.message import Message
 from textual.widgets import Static
 
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui import planner_tasks as tasks
+from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.planner_view import PlanView
 from gpuopt_tui.ui.widgets.run_results import RunResults
 
@@ -22,11 +23,6 @@ class PlanRunResults(RunResults):
     PlanRunResults #results-text { height: auto; }
     PlanRunResults #saved-plan { height: 1fr; }
     """
-
-    class Read(Message):
-        def __init__(self, run: tasks.PlanRun) -> None:
-            super().__init__()
-            self.run = run
 
     def compose(self) -> ComposeResult:
         yield from super().compose()
@@ -45,25 +41,24 @@ class PlanRunResults(RunResults):
             view.show_message("" if info is None or not info.active else "The plan shows here when the run finishes.")
             return
         view.show_message("Reading the plan…")
-        self.run_worker(
-            lambda: self.post_message(self.Read(tasks.read_plan_run(info))),
-            name="saved plan",
-            group="saved-plan",
-            thread=True,
-            exclusive=True,
-            exit_on_error=False,
-        )
+        self._read(info)
+
+    @work(thread=True, exclusive=True, group="saved-plan", exit_on_error=False)
+    def _read(self, info: RunInfo) -> None:
+        reply(self, "plan", info.id, lambda: tasks.read_plan_run(info))
 
     def describe(self, info: RunInfo | None) -> Content:
         """Only a failed run's words: the plan itself says the rest."""
         return super().describe(info) if info is not None and info.status in ("failed", "crashed") else Content("")
 
-    def on_plan_run_results_read(self, message: Read) -> None:
-        run = message.run
-        if run.info.id != self._run_id:
+    def on_loaded(self, message: Loaded) -> None:
+        if message.key != self._run_id:
             return  # read for a run no longer shown
         view = self.query_one("#saved-plan", PlanView)
-        if run.saved is not None:
+        run = message.value
+        if message.failed:
+            view.show_message(Content.styled(message.reason, "$error"))
+        elif run.saved is not None:
             view.show_plan(tasks.measured_plan(run, run.saved))
         else:
             view.show_message(Content.styled(run.error or f"run {run.info.id} saved no plan", "$error"))

@@ -148,18 +148,29 @@ class ProfileForm(Vertical):
     # -- validation ---------------------------------------------------------------------------------------------
 
     def validate(self, changed: str | None = None) -> bool:
-        """Check each key on its own (only `changed` when given), then the rules between keys."""
-        for key in [changed] if changed else self.infos:
-            self._own_errors[key] = field_error(self.cls, key, self._values[key])
+        """Check each key on its own (only `changed` when given), then the rules between keys. A whole form that
+        validates has no key in error: checking every key on its own (a profile built per key) is left out then."""
         between: dict[str, str] = {}
-        if not any(self._own_errors.values()):
-            try:
-                build(self.cls, self.values(), FORM_SOURCE)
-            except ProfileError as e:
-                between[row_key(e.key)] = e.detail
+        if changed is None and self._builds():
+            self._own_errors = dict.fromkeys(self.infos, "")
+        else:
+            for key in [changed] if changed else self.infos:
+                self._own_errors[key] = field_error(self.cls, key, self._values[key])
+            if not any(self._own_errors.values()):
+                try:
+                    build(self.cls, self.values(), FORM_SOURCE)
+                except ProfileError as e:
+                    between[row_key(e.key)] = e.detail
         self.errors = {k: m for k in self.infos if (m := self._own_errors.get(k) or between.get(k, ""))}
         self._show_rows()
         return not self.errors
+
+    def _builds(self) -> bool:
+        try:
+            build(self.cls, self.values(), FORM_SOURCE)
+        except ProfileError:
+            return False
+        return True
 
     def show_error(self, key: str, message: str) -> None:
         """Mark `key` (or the key a nested key belongs to) with `message` and put the cursor on it."""

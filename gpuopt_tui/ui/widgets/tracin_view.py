@@ -10,19 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.message import Message
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
-from textual.worker import get_current_worker
 
-from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.tracin_results import (
@@ -34,6 +31,7 @@ from gpuopt_tui.core.tracin_results import (
     TracInResults,
     load_results,
 )
+from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.run_results import RunResults
 from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content
 
@@ -92,13 +90,6 @@ class PagedTable(DataTable[Text], Generic[T]):
         self._generation = 0  # bumped on attach: pages read for an earlier source are dropped
         self._reading = False
 
-    class PageRead(Message):
-        def __init__(self, generation: int, records: list[Any], error: str) -> None:
-            super().__init__()
-            self.generation = generation
-            self.records = records
-            self.error = error
-
     def attach(
         self,
         columns: Sequence[str],
@@ -144,31 +135,20 @@ class PagedTable(DataTable[Text], Generic[T]):
     def _read_more_near(self, row: int) -> None:
         if row >= len(self.records) - LOAD_MARGIN and len(self.records) < self.total and not self._reading:
             self._reading = True
-            source, start, generation = self._source, len(self.records), self._generation
-            self.run_worker(
-                lambda: self._read(source, start, generation), group="page", thread=True, exit_on_error=False
-            )
+            self._read_page(self._source, len(self.records), self._generation)
 
-    def _read(self, source: PagedRecords[T] | None, start: int, generation: int) -> None:
-        records: list[T] = []
-        error = ""
-        try:
-            records = source.page(start, PAGE) if source is not None else []
-        except UserError as e:
-            error = str(e)
-        if not get_current_worker().is_cancelled:
-            self.post_message(self.PageRead(generation, records, error))
+    @work(thread=True, exclusive=True, group="page", exit_on_error=False)
+    def _read_page(self, source: PagedRecords[T] | None, start: int, generation: int) -> None:
+        reply(self, "page", generation, lambda: source.page(start, PAGE) if source is not None else [])
 
-    @on(PageRead)
-    def _page_read(self, message: PageRead) -> None:
-        message.stop()
-        if message.generation != self._generation:
+    def on_loaded(self, message: Loaded) -> None:
+        if message.key != self._generation:
             return
         self._reading = False
-        if message.error:
+        if message.failed:
             self.total = len(self.records)  # stop asking for a file that cannot be read
-            self.app.notify(message.error, title="TracIn results", severity="error", timeout=10)
-        self._append(message.records)
+            self.app.notify(message.reason, title="TracIn results", severity="error", timeout=10)
+        self._append(message.value or [])
 
 
 class FileTable(DataTable[Text]):
@@ -196,7 +176,7 @@ class FileTable(DataTable[Text]):
 
 
 @dataclass
-class Loaded:
+class TracInFiles:
     """A run's results with the first page of each row file (read in a worker thread)."""
 
     results: TracInResults
@@ -207,11 +187,11 @@ class Loaded:
     files: list[tuple[Path, int]]
 
 
-def read_results(results_dir: Path) -> Loaded:
+def read_results(results_dir: Path) -> TracInFiles:
     """Open a run's result files and read the first page of each row file (UserError for unreadable ones)."""
     results = load_results(results_dir)
     influence, ranking = results.influence, results.self_influence
-    return Loaded(
+    return TracInFiles(
         results=results,
         n_tests=0 if influence is None else len(influence),
         tests=[] if influence is None else influence.page(0, PAGE),
@@ -238,14 +218,7 @@ class TracInResultsView(RunResults):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._token = 0  # bumped for each read: results of an earlier read are dropped
-        self.loaded: Loaded | None = None
-
-    class Read(Message):
-        def __init__(self, token: int, loaded: Loaded | None, error: str) -> None:
-            super().__init__()
-            self.token = token
-            self.loaded = loaded
-            self.error = error
+        self.loaded: TracInFiles | None = None
 
     def compose(self) -> ComposeResult:
         yield from super().compose()
@@ -279,8 +252,7 @@ class TracInResultsView(RunResults):
         if info is None:
             self._show(None)
             return
-        token, folder = self._token, info.dir / "results"
-        self.run_worker(lambda: self._read(token, folder), group="tracin-read", thread=True, exit_on_error=False)
+        self._read(self._token, info.dir / "results")
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:
@@ -289,24 +261,19 @@ class TracInResultsView(RunResults):
             return super().describe(info)
         return Content("Reading the results…")
 
+    @work(thread=True, exclusive=True, group="tracin-read", exit_on_error=False)
     def _read(self, token: int, folder: Path) -> None:
-        try:
-            message = self.Read(token, read_results(folder), "")
-        except UserError as e:
-            message = self.Read(token, None, str(e))
-        self.post_message(message)
+        reply(self, "results", token, lambda: read_results(folder))
 
-    @on(Read)
-    def _read_done(self, message: Read) -> None:
-        message.stop()
-        if message.token != self._token:
+    def on_loaded(self, message: Loaded) -> None:
+        if message.key != self._token:
             return
         text = self.query_one("#results-text", Static)
-        if message.error:
-            text.update(Content.from_markup("[$error]$error[/]", error=message.error))
+        if message.reason:
+            text.update(Content.from_markup("[$error]$error[/]", error=message.reason))
             self._show(None)
             return
-        loaded = message.loaded
+        loaded = message.value
         if loaded is None or loaded.results.empty:
             if self.query_one("#results-log").display:
                 return  # a failed run: the base shows the end of its log
@@ -318,7 +285,7 @@ class TracInResultsView(RunResults):
 
     # -- showing ------------------------------------------------------------------------------------------------
 
-    def _show(self, loaded: Loaded | None) -> None:
+    def _show(self, loaded: TracInFiles | None) -> None:
         self.loaded = loaded
         tabs = self.query_one("#tracin-tabs", TabbedContent)
         tabs.display = loaded is not None
@@ -358,7 +325,7 @@ class TracInResultsView(RunResults):
         rows = [cells(score_text(n.score), str(n.index), label_text(n.label), cut(n.text)) for n in neighbours]
         fill(table, ("score", "train", "label", "text"), rows)
 
-    def _show_ranking(self, loaded: Loaded) -> None:
+    def _show_ranking(self, loaded: TracInFiles) -> None:
         marked = any(r.flipped is not None for r in loaded.ranked)
         note = self.query_one("#tracin-self-note", Static)
         ranking = loaded.results.self_influence
