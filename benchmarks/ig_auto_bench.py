@@ -312,7 +312,8 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         "the reference's",
         "- auto: nested clenshaw_curtis levels (9, 17, 33, ... steps) until the convergence delta and the change of "
         "the token scores from the previous level are within the tolerance (raised to the steps' precision floor, "
-        f"{meta['floor']:.0e}, plus that floor x |F(x)| absolute); cap {meta['max_steps']} steps",
+        f"{meta['floor']:.0e}; absolute parts: that floor x |F(x)| for the delta, rounding for the scores' change); "
+        f"cap {meta['max_steps']} steps",
         f"- min for 40k: {FULL_SET:,} / samples/s (the seed job's sample count), extrapolated",
         "",
         "| method | texts | samples/s | sample-steps | mean steps | rel. error (median / max) | x reference | "
@@ -333,6 +334,11 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+VARIANTS = {  # step precisions besides the default (fp16 on a copy of the weights)
+    "fp16 autocast": {"amp_mode": "autocast"},
+    "bf16 autocast": {"amp_mode": "autocast", "amp_dtype": "bf16"},
+    "tf32": {"use_amp": False, "tf32": True},
+}
 ERROR_GOAL, SPEEDUP_GOAL, MINUTES_GOAL, CAPTUM_GOAL = 1e-2, 10.0, 10.0, 10.0
 
 
@@ -383,6 +389,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fixed-steps", type=int, nargs="+", default=[50, 200])
     parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
     parser.add_argument("--max-steps", type=int, default=513, help="cap of the auto rows")
+    parser.add_argument(
+        "--variants", nargs="*", default=[], choices=list(VARIANTS), help="other step precisions to run as well"
+    )
+    parser.add_argument("--dump", type=Path, help="save every row's token scores and steps here (torch.save)")
     parser.add_argument("--captum-steps", type=int, default=50)
     parser.add_argument("--captum-samples", type=int, default=128)
     parser.add_argument("--skip-captum", action="store_true")
@@ -456,6 +466,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     for steps in args.fixed_steps:
         rows.append(engine_row(f"fixed {steps} steps", adapter, texts, args, n_steps=steps))
+    for name in args.variants:  # other step precisions: what each costs alone (2000 steps) and auto at the tolerance
+        precision = VARIANTS[name]
+        rows.append(
+            engine_row(f"fixed {args.reference_steps} steps, {name}", adapter, subset_texts, args,
+                       n_steps=args.reference_steps, **precision)
+        )  # fmt: skip
+        rows.append(
+            engine_row(f"auto, tolerance {args.tolerances[0]:g}, {name}", adapter, texts, args, n_steps="auto",
+                       tolerance=args.tolerances[0], max_steps=args.max_steps, **precision)
+        )  # fmt: skip
     captum_version = None if args.skip_captum else _version("captum")
     if captum_version:
         targets = torch.cat(
@@ -494,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(report, encoding="utf-8")
         args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": entries}, indent=1), "utf-8")
         print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    if args.dump:
+        torch.save({row.name: {"scores": row.scores, "steps": row.steps} for row in rows}, args.dump)
     return 0
 
 
