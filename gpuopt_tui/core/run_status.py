@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.events import LIFECYCLE_TYPES, RANK_END_TYPES, TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import crash_message, meta_problem, pid_record_problem, read_object
 from gpuopt_tui.core.run_processes import pid_alive, reap_children
 
-LIFECYCLE = TERMINAL_TYPES | {"started"}
-RANK_ENDS = frozenset(f"rank_{t}" for t in TERMINAL_TYPES)  # a rank's own end: rank_finished, rank_failed, ...
 ACTIVE = frozenset({"starting", "running"})
 RESUMABLE = frozenset({"cancelled", "failed", "crashed"})
 
@@ -159,12 +157,12 @@ def _fold(state: dict[str, Any], event: dict[str, Any]) -> None:
         state["workers"][rank] = Worker(
             rank, event.get("pid", 0), event.get("host", ""), event.get("device", ""), event.get("start_time")
         )
-    elif etype in RANK_ENDS:
+    elif etype in RANK_END_TYPES:
         state["rank_ends"][event.get("rank", -1)] = event
     elif etype == "artifact":
         state["artifacts"] += 1
         state["artifact"] = event.get("path", "")
-    elif etype in LIFECYCLE:
+    elif etype in LIFECYCLE_TYPES:
         state["last"] = event
         if etype == "started":
             state["attempt"] = event.get("attempt", state["attempt"] + 1)
