@@ -19,6 +19,7 @@ from pathlib import Path
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.kinds import engine_available
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.common import ProfileBase
@@ -43,19 +44,6 @@ from gpuopt_tui.core.run_processes import (
     verified,
 )
 from gpuopt_tui.core.run_status import RESUMABLE, RunInfo, RunWatcher, this_host
-
-ENGINE_MODULES = {
-    "attribution": "attribution/job.py",
-    "tracin": "tracin/job.py",
-    "ablation": "ablation/job.py",
-    "plan": "planjob.py",
-}
-
-
-def engine_available(kind: str) -> bool:
-    """Whether this installation has an engine for `kind` (checked without importing it, so no torch)."""
-    relative = ENGINE_MODULES.get(kind)
-    return bool(relative) and (Path(__file__).resolve().parents[1] / "jobs" / relative).is_file()
 
 
 def unreadable_runs_dir(root: Path, error: OSError) -> UserError:

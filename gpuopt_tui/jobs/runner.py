@@ -27,12 +27,12 @@ from typing import Any
 from gpuopt_tui.core.distributed import Scale, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, clean_event, read_events
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import read_object
-from gpuopt_tui.core.runs import ENGINE_MODULES
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
 CANCELLED = "cancelled on request; finished shards are kept for resume"
@@ -40,8 +40,7 @@ Outcome = tuple[str, dict[str, Any]]  # ("finished" | "failed" | "cancelled", th
 
 
 def _engine(kind: str) -> Any:
-    module = "gpuopt_tui.jobs." + ENGINE_MODULES[kind].removesuffix(".py").replace("/", ".")
-    return importlib.import_module(module).run_job
+    return importlib.import_module(KINDS[kind].engine).run_job
 
 
 def _memory_fields() -> Any:

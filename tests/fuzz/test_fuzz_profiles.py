@@ -9,15 +9,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import shipped_profiles_dir
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import describe
 from gpuopt_tui.core.run_dir import RunDir
 
 from .inputs import FUZZ, TOKENS, Result, check_result, damaged, run_cli, unchanged
 
 SHIPPED = sorted(shipped_profiles_dir().glob("*.toml"))
-KEYS = sorted({f.key for cls in PROFILE_CLASSES.values() for f in describe(cls)})
+KEYS = sorted({f.key for k in KINDS.values() for f in describe(k.profile)})
 VALUES = st.sampled_from([t.decode(errors="replace") for t in TOKENS]) | st.text(max_size=12) | st.just("\x1b[2J")
 
 
