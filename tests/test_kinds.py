@@ -19,7 +19,7 @@ def test_each_kind_names_its_engine_and_its_screen(kind: str) -> None:
     assert run_kind.screen in SCREEN_NAMES
     screen_spec = spec(run_kind.screen)
     screen = getattr(importlib.import_module(screen_spec.module), screen_spec.factory)
-    assert screen.KIND == kind
+    assert kind == screen.KIND
 
 
 def test_an_unknown_kind_has_no_engine() -> None:

@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import ClassVar
 
 
+def _inside(name: str) -> property:
+    """A path in the run directory, as a property of RunDir."""
+    return property(lambda self: self.path / name, doc=f"The run's {name}.")
+
+
 @dataclass(frozen=True)
 class RunDir:
     """The paths of one run directory's files (nothing is read or created here)."""
@@ -27,47 +32,21 @@ class RunDir:
     LOG: ClassVar[str] = "log.txt"
     RESULTS: ClassVar[str] = "results"
     STATE: ClassVar[str] = "state"
-    RANKS: ClassVar[str] = "ranks"
+    RANKS: ClassVar[str] = "ranks"  # where the workers of the current attempt leave how they ended
     LOCK: ClassVar[str] = ".lock"
     FOLDERS: ClassVar[tuple[str, ...]] = (RESULTS, STATE)  # made with the directory
     OWN_FILES: ClassVar[tuple[str, ...]] = (LOG, PROFILE, EVENTS, META)  # beside results/, as a file list shows them
 
-    @property
-    def meta(self) -> Path:
-        return self.path / self.META
-
-    @property
-    def profile(self) -> Path:
-        return self.path / self.PROFILE
-
-    @property
-    def pid(self) -> Path:
-        return self.path / self.PID
-
-    @property
-    def events(self) -> Path:
-        return self.path / self.EVENTS
-
-    @property
-    def log(self) -> Path:
-        return self.path / self.LOG
-
-    @property
-    def results(self) -> Path:
-        return self.path / self.RESULTS
-
-    @property
-    def state(self) -> Path:
-        return self.path / self.STATE
-
-    @property
-    def ranks(self) -> Path:
-        """Where the workers of the current attempt leave how they ended, a JSON file per rank."""
-        return self.path / self.RANKS
+    meta = _inside(META)
+    profile = _inside(PROFILE)
+    pid = _inside(PID)
+    events = _inside(EVENTS)
+    log = _inside(LOG)
+    results = _inside(RESULTS)
+    state = _inside(STATE)
+    ranks = _inside(RANKS)
+    lock = _inside(LOCK)
 
     def rank_report(self, rank: object) -> Path:
+        """How the worker of `rank` ended (its last event), a file of its own."""
         return self.ranks / f"{rank}.json"
-
-    @property
-    def lock(self) -> Path:
-        return self.path / self.LOCK
