@@ -31,6 +31,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from gpuopt_tui.core.attribution_results import SUMMARY_NAME, TENSORS_NAME
+from gpuopt_tui.core.run_dir import RunDir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -98,9 +101,9 @@ def run_cli(profile: Path, runs: Path, devices: int) -> dict[str, Any]:
     wall = time.perf_counter() - start
     (run_dir,) = set(runs.iterdir()) - before
     if done.returncode != 0:
-        print((run_dir / "log.txt").read_text()[-4000:], file=sys.stderr)
+        print(RunDir(run_dir).log.read_text()[-4000:], file=sys.stderr)
         raise SystemExit(f"run with devices={devices} failed: {done.stderr[-2000:]}")
-    summary = json.loads((run_dir / "results" / "summary.json").read_text())
+    summary = json.loads((RunDir(run_dir).results / SUMMARY_NAME).read_text())
     timing = summary["timing"]
     n = summary["n_samples"]
     return {
@@ -119,8 +122,7 @@ def run_cli(profile: Path, runs: Path, devices: int) -> dict[str, Any]:
 
 
 def max_rel_diff(a_dir: Path, b_dir: Path) -> float:
-    a = load_file(str(a_dir / "results" / "attributions.safetensors"))["scores"].double()
-    b = load_file(str(b_dir / "results" / "attributions.safetensors"))["scores"].double()
+    a, b = (load_file(str(RunDir(d).results / TENSORS_NAME))["scores"].double() for d in (a_dir, b_dir))
     scale = a.abs().flatten(1).amax(1).clamp_min(1e-30)
     return float(((a - b).abs().flatten(1).amax(1) / scale).max())
 

@@ -63,7 +63,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -777,41 +777,53 @@ def profile_markdown(mode: str, prof: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model on the CPU, seconds (checks the script)")
-    parser.add_argument("--model", choices=("small", "base"), default="small", help="BERT-small (4x256) or BERT-base")
-    parser.add_argument("--train", type=positive, help="training examples N (default 4096; 64 with --quick)")
-    parser.add_argument("--test", type=positive, help="test examples M (default 64; 8 with --quick)")
+    add_common_arguments(parser, "(default 4096; 64 with --quick)", "(default 64; 8 with --quick)")
     parser.add_argument(
         "--modes",
         type=parse_modes,
         default=list(MODES),
         help=f"comma list of modes ({', '.join(MODES)}) and groups ({', '.join(MODE_GROUPS)}); default: all",
     )
-    parser.add_argument("--checkpoint-cache", type=Path, help="keep the trained checkpoints here and reuse them")
-    parser.add_argument("--out", type=Path, help="write a markdown results file here, and JSON beside it")
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
     args = parser.parse_args(argv)
     size_name = "quick" if args.quick else args.model
     size = SIZES[size_name]
     size = dataclasses.replace(size, n_train=args.train or size.n_train, n_test=args.test or size.n_test)
-    device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
-    if args.quick:
-        torch.set_num_threads(1)
+    device = chosen_device(args)
     env = environment(device)
     rows, facts = run(size, device, args.modes, args.checkpoint_cache)
     text = markdown(env, size_name, size, rows, facts)
+    size_record = {"name": size_name, **asdict(size)}
+    return report(args.out, text, {"environment": env, "size": size_record, "modes": args.modes, "facts": facts}, rows)
+
+
+# --- what both TracIn benchmarks (this one and tracin_projected_bench.py) share -------------------------------------
+def add_common_arguments(parser: argparse.ArgumentParser, train_default: str, test_default: str) -> None:
+    parser.add_argument("--quick", action="store_true", help="tiny model on the CPU (checks the script)")
+    parser.add_argument("--model", choices=("small", "base"), default="small", help="BERT-small (4x256) or BERT-base")
+    parser.add_argument("--train", type=positive, help=f"training examples N {train_default}")
+    parser.add_argument("--test", type=positive, help=f"test examples M {test_default}")
+    parser.add_argument("--checkpoint-cache", type=Path, help="keep the trained checkpoints here and reuse them")
+    parser.add_argument("--out", type=Path, help="write a markdown results file here, and JSON beside it")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+
+
+def chosen_device(args: argparse.Namespace) -> torch.device:
+    """--device, else the CPU for --quick or without a GPU, else cuda; --quick runs on one thread."""
+    device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
+    if args.quick:
+        torch.set_num_threads(1)
+    return device
+
+
+def report(out: Path | None, text: str, record: dict[str, Any], rows: Sequence[Any]) -> int:
+    """Print the markdown; with --out also write it and the JSON record (with each row's fields but its outcome)
+    beside it. The exit code: 1 when a row failed."""
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, text)
-        record = {
-            "environment": env,
-            "size": {"name": size_name, **asdict(size)},
-            "modes": args.modes,
-            "facts": facts,
-            "rows": [{f.name: getattr(r, f.name) for f in fields(r) if f.name != "outcome"} for r in rows],
-        }
-        write_json(args.out.with_suffix(".json"), record)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, text)
+        row_fields = [{f.name: getattr(r, f.name) for f in fields(r) if f.name != "outcome"} for r in rows]
+        write_json(out.with_suffix(".json"), {**record, "rows": row_fields})
     return 1 if any(r.error for r in rows) else 0
 
 

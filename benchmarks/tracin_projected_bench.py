@@ -45,7 +45,7 @@ import dataclasses
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +55,19 @@ from torch import Tensor, nn
 from tracin_bench import (
     SIZES,
     Outcome,
+    add_common_arguments,
     build,
     captum,
+    chosen_device,
     dataset,
     environment,
     fmt,
     measure,
     ours,
-    positive,
+    report,
     timed,
 )
 
-from gpuopt_tui.core.atomic import atomic_write_text, write_json
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.tracin import TracInOptions, rank_correlation, select_parameters
@@ -466,15 +467,9 @@ def goals(size_name: str, rows: list[Row], cache: dict[str, Any] | None) -> list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model on the CPU (checks the script)")
-    parser.add_argument("--model", choices=("small", "base"), default="small", help="BERT-small (4x256) or BERT-base")
-    parser.add_argument("--train", type=positive, help="training examples N (default: 4096 small, 20480 base)")
-    parser.add_argument("--test", type=positive, help="test examples M (default 64)")
+    add_common_arguments(parser, "(default: 4096 small, 20480 base)", "(default 64)")
     parser.add_argument("--sizes", help="comma list of K for the proj-K rows (default: 16,32,64 small; 16,32 base)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)} (default: all)")
-    parser.add_argument("--checkpoint-cache", type=Path, help="keep the trained checkpoints here and reuse them")
-    parser.add_argument("--out", type=Path, help="write a markdown results file here, and JSON beside it")
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in MODES]:
@@ -483,27 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = PLANS[size_name]
     sizes = tuple(int(k) for k in args.sizes.split(",")) if args.sizes else plan.sizes
     plan = dataclasses.replace(plan, n_train=args.train or plan.n_train, n_test=args.test or plan.n_test, sizes=sizes)
-    device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
-    if args.quick:
-        torch.set_num_threads(1)
+    device = chosen_device(args)
     env = environment(device)
     start = time.perf_counter()
     rows, facts = run(size_name, plan, device, modes, args.checkpoint_cache)
     facts["wall_seconds"] = time.perf_counter() - start
     text = markdown(env, size_name, plan, rows, facts)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, text)
-        record = {
-            "environment": env,
-            "plan": {"name": size_name, **asdict(plan)},
-            "modes": modes,
-            "facts": facts,
-            "rows": [{f.name: getattr(r, f.name) for f in fields(r) if f.name != "outcome"} for r in rows],
-        }
-        write_json(args.out.with_suffix(".json"), record)
-    return 1 if any(r.error for r in rows) else 0
+    plan_record = {"name": size_name, **asdict(plan)}
+    return report(args.out, text, {"environment": env, "plan": plan_record, "modes": modes, "facts": facts}, rows)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,17 @@ from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.kinds import KINDS, engine_available
 from gpuopt_tui.core.paths import runs_dir
+from gpuopt_tui.core.proc_files import seconds_running
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import list_profiles, load_profile
-from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, engine_available, start_run
+from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
-from gpuopt_tui.ui.screens.registry import KIND_SCREENS, SCREEN_NAMES, SCREENS, import_screens
+from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS, import_screens
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
@@ -42,16 +44,6 @@ if TYPE_CHECKING:
 _IMPORTED_AT = time.perf_counter()
 logger = logging.getLogger(__name__)
 ERROR_REPEAT_S = 30.0  # the same error is not notified again within this time
-
-
-def process_age() -> float | None:
-    """Seconds since this process started (Linux), None where /proc cannot tell."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def continuing_runs_note(active: list[RunInfo]) -> str:
@@ -76,7 +68,7 @@ class GpuOptCommands(Provider):
             if entry.error:  # listed, so that a profile the user expects to see is not silently missing
                 report = partial(app.report_error, entry.error, title=f"Profile {entry.name} is broken")
                 yield f"{name} (broken)", report, safe_text(entry.error)
-            elif entry.kind in KIND_SCREENS and engine_available(entry.kind):
+            elif engine_available(entry.kind):
                 description = f": {safe_text(entry.description)}" if entry.description else ""
                 yield name, partial(app.run_profile_file, entry.path), f"start a {entry.kind} run{description}"
 
@@ -136,7 +128,7 @@ class GpuOptApp(App[int]):
         self.poller.poll_now()
 
     def on_ready(self) -> None:
-        age = process_age()
+        age = seconds_running()
         self.startup_seconds = age if age is not None else time.perf_counter() - _IMPORTED_AT
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
@@ -233,7 +225,7 @@ class GpuOptApp(App[int]):
         except UserError as e:
             self.report_error(str(e), title="Run not started")
             return
-        self.action_show(KIND_SCREENS[profile.kind])
+        self.action_show(KINDS[profile.kind].screen)
 
     def confirm_cancel(self, info: RunInfo) -> None:
         """Ask, then send the run's process group SIGTERM; it stops after its current chunk."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunWatcher
 
 pytestmark = pytest.mark.slow
@@ -24,7 +25,7 @@ def cli(*args: str, runs: Path, timeout: float = 240) -> subprocess.CompletedPro
 
 
 def lifecycle(run_dir: Path) -> list[str]:
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    lines = RunDir(run_dir).events.read_text().splitlines()
     return [e["type"] for e in map(json.loads, lines) if e["type"] != "progress"]
 
 
@@ -34,7 +35,7 @@ def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier
     assert "finished" in result.stderr
     (run_dir,) = tmp_path.iterdir()
     assert lifecycle(run_dir)[0] == "started" and lifecycle(run_dir)[-1] == "finished"
-    rows = (run_dir / "results" / "attributions.jsonl").read_text().splitlines()
+    rows = (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()
     assert len(rows) == 8
 
 
@@ -57,19 +58,19 @@ def test_cancel_then_resume_completes_every_sample(tmp_path: Path, demo_classifi
     watcher = RunWatcher(tmp_path)
     deadline = time.monotonic() + 120
     while (watcher.info(run_dir).progress.get("done") or 0) < 4:
-        assert time.monotonic() < deadline, (run_dir / "log.txt").read_text()
+        assert time.monotonic() < deadline, RunDir(run_dir).log.read_text()
         time.sleep(0.2)
     cancelled = cli("cancel", run_id, runs=tmp_path)
     assert cancelled.returncode == 0, cancelled.stderr
     info = watcher.info(run_dir)
     assert info.status == "cancelled"
-    kept = [p.name for p in (run_dir / "state").iterdir() if p.name.startswith("batch")]
+    kept = [p.name for p in RunDir(run_dir).state.iterdir() if p.name.startswith("batch")]
     assert kept, "finished batches are kept as shards"
     resumed = cli("resume", run_id, runs=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     events = [e for e in lifecycle(run_dir) if e in ("started", "cancelled", "finished")]
     assert events == ["started", "cancelled", "started", "finished"]
-    rows = [json.loads(x) for x in (run_dir / "results" / "attributions.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in rows) == sorted({r["index"] for r in rows}) and len(rows) == 24
 
 

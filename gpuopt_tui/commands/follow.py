@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import human_bytes, human_duration, safe_text
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail
 from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress
 from gpuopt_tui.core.runs import cancel_run
@@ -43,7 +44,7 @@ def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
                 console.print(f"  {safe_text(key)}: {value:.4g}", markup=False)
             elif not isinstance(value, (dict, list)):
                 console.print(f"  {safe_text(key)}: {safe_text(value)}", markup=False)
-        console.print(f"  results: {run_dir / 'results'}")
+        console.print(f"  results: {RunDir(run_dir).results}")
         return 0
     if kind == "cancelled":
         console.print(f"[yellow]cancelled[/] {run_dir.name}: {escape(str(event.get('message', '')))}")
@@ -52,7 +53,7 @@ def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
     console.print(f"[red]failed[/] {run_dir.name}: {escape(str(event.get('message', '')))}")
     tail = log_tail(run_dir, 15)
     if tail:
-        console.print("  last lines of log.txt:")
+        console.print(f"  last lines of {RunDir.LOG}:")
         for line in tail:
             console.print(f"    {line}", markup=False)
     return 1
@@ -73,7 +74,7 @@ def _gone(info: RunInfo) -> int | None:
 
 def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach)."""
-    tail = EventTail(run_dir / "events.jsonl", skim=True)
+    tail = EventTail(RunDir(run_dir).events, skim=True)
     watcher = RunWatcher(run_dir.parent)
     interrupted = False
     previous = signal.getsignal(signal.SIGINT)

@@ -16,6 +16,7 @@ from gpuopt_tui.commands.follow import console
 from gpuopt_tui.core.distributed import scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_processes import NEUTRAL_CWD
 from gpuopt_tui.core.runs import find_run
 
@@ -30,8 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.run).expanduser()
-    run_dir = (path if (path / "meta.json").is_file() else find_run(args.run)).resolve()
-    profile = load_profile(run_dir / "profile.toml")
+    run_dir = (path if RunDir(path).meta.is_file() else find_run(args.run)).resolve()
+    profile = load_profile(RunDir(run_dir).profile)
     scale = scale_of(profile.run)
     if scale.nodes < 2:
         raise UserError(f"run {run_dir.name} runs on one node (run.nodes = {scale.nodes}); there is nothing to join")

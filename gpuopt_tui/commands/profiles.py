@@ -11,8 +11,8 @@ from rich.text import Text
 from gpuopt_tui.commands import add_overrides_option
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.profiles.io import find_profile, list_profiles, load_profile, profile_to_toml
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import describe
 from gpuopt_tui.core.runs import resolve_paths
 
@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="check profile files, and that the files and directories they name exist; exit 1 if any is invalid",
     )
-    group.add_argument("--keys", choices=sorted(PROFILE_CLASSES), help="list every key of a run kind with its help")
+    group.add_argument("--keys", choices=sorted(KINDS), help="list every key of a run kind with its help")
     add_overrides_option(parser, "with --show: apply overrides first")
 
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         table = Table(box=None, header_style="bold")
         for col in ("key", "type", "default", "help"):
             table.add_column(col, overflow="fold")
-        for f in describe(PROFILE_CLASSES[args.keys]):
+        for f in describe(KINDS[args.keys].profile):
             kind = f.type_name + (' | "auto"' if f.auto else "")
             if f.choices:
                 kind = " | ".join(f.choices)

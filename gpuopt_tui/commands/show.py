@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpuopt_tui.core.format import human_time, safe_text
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail, result_files
 from gpuopt_tui.core.run_status import RunInfo, RunWatcher
 from gpuopt_tui.core.runs import find_run
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         )
     _print_ranks(out, info)
     if info.corrupt_lines:
-        out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in events.jsonl were skipped[/]")
+        out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in {RunDir.EVENTS} were skipped[/]")
     results = result_files(run_dir)
     if results:
         out.print("  results:")
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"    {safe_text(p)}", markup=False)
     tail = log_tail(run_dir, args.lines)
     if tail:
-        out.print(f"  last {len(tail)} lines of log.txt:")
+        out.print(f"  last {len(tail)} lines of {RunDir.LOG}:")
         for line in tail:
             out.print(f"    {line}", markup=False)
     return 0

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.run_dir import RunDir
 
 FORMAT = 1
 JSON_NAME = "results.json"
@@ -304,7 +305,7 @@ def write_results(results_dir: Path, info: Mapping[str, Any], rows: Sequence[Res
 def load_results(path: Path) -> AblationResults:
     """Read results.json from a run folder, its results folder, or the file itself."""
     path = Path(path)
-    for candidate in (path / "results" / JSON_NAME, path / JSON_NAME, path):
+    for candidate in (RunDir(path).results / JSON_NAME, path / JSON_NAME, path):
         if candidate.is_file():
             path = candidate
             break

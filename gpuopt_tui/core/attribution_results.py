@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 
 JSONL_NAME = "attributions.jsonl"
 TENSORS_NAME = "attributions.safetensors"
@@ -523,7 +524,7 @@ class RunFiles:
 def export_files(run_dir: Path) -> tuple[ExportFile, ...]:
     found = []
     for name, description in EXPORTS:
-        path = run_dir / "results" / name
+        path = RunDir(run_dir).results / name
         try:
             found.append(ExportFile(name, path, path.stat().st_size, description))
         except OSError:
@@ -534,7 +535,7 @@ def export_files(run_dir: Path) -> tuple[ExportFile, ...]:
 def frozen_check_samples(run_dir: Path) -> int:
     """attribution.check_samples of the run's frozen profile (0 when it cannot be read)."""
     try:
-        profile = load_profile(run_dir / "profile.toml")
+        profile = load_profile(RunDir(run_dir).profile)
     except UserError:
         return 0
     section = getattr(profile, "attribution", None)
@@ -543,7 +544,7 @@ def frozen_check_samples(run_dir: Path) -> int:
 
 def load_run_files(run_dir: Path, cancelled: Callable[[], bool] = lambda: False) -> RunFiles | None:
     """Everything readable in the run's results (None when `cancelled()` turned true while indexing)."""
-    results = run_dir / "results"
+    results = RunDir(run_dir).results
     errors: list[str] = []
     parts: dict[str, Any] = {}
     for key, loader in (("summary", load_summary), ("check", load_check)):

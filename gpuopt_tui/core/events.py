@@ -1,7 +1,7 @@
 """The events.jsonl protocol between a run's process and whoever watches it.
 
-One JSON object a line, append-only, flushed after each line. Every event has `t` (unix time) and `type`.
-Types: started, progress, metric, log, artifact, warning, finished, failed, cancelled, resumed.
+One JSON object a line, append-only, flushed after each line. Every event has `t` (unix time) and `type`, one
+of EVENT_TYPES (below: the only list of them; a test checks it against every event the source writes).
 Readers tolerate a half-written last line (it is read again once complete), skip corrupt lines, counting
 them, and drop fields of the wrong type (see `clean_event`).
 """
@@ -19,7 +19,25 @@ from typing import Any, TextIO
 
 from gpuopt_tui.core.format import safe_text
 
+# The run's own process: `started` (pid, attempt, kind, host), then one of the terminal types (`finished` with the
+# engine's summary, `failed` or `cancelled` with a message).
 TERMINAL_TYPES = frozenset({"finished", "failed", "cancelled"})
+LIFECYCLE_TYPES = TERMINAL_TYPES | {"started"}
+# Each worker of a run over several processes, stamped with its `rank`: `rank_started` (pid, start_time, host,
+# device), then its own end, `rank_finished`, `rank_failed` or `rank_cancelled`.
+RANK_END_TYPES = frozenset(f"rank_{t}" for t in TERMINAL_TYPES)
+RANK_TYPES = RANK_END_TYPES | {"rank_started"}
+# What a job reports on its way (jobs/context.py): `progress` (done, total, unit, rate, eta, stage, GPU memory),
+# `log` (level, message), `warning` (message), `metric` (name, value) and `artifact` (path, description).
+REPORT_TYPES = frozenset({"progress", "log", "warning", "metric", "artifact"})
+# What an engine says about how it adapted to the hardware: `compiled` / `compile_failed` (torch.compile of the
+# attribution step), `chunk_probe` / `batch_probe` (the memory probe that sizes an "auto" chunk or micro-batch),
+# `oom_retry` (a chunk or micro-batch halved after running out of memory), `oom_split` (a batch of samples split
+# in two after the same), `fp16_overflow` (a batch redone in float32).
+ENGINE_TYPES = frozenset(
+    {"compiled", "compile_failed", "chunk_probe", "batch_probe", "oom_retry", "oom_split", "fp16_overflow"}
+)
+EVENT_TYPES = LIFECYCLE_TYPES | RANK_TYPES | REPORT_TYPES | ENGINE_TYPES
 PROGRESS_INTERVAL_S = 0.25  # at most ~4 progress events a second
 
 
@@ -35,6 +53,8 @@ class EventWriter:
         self._stamp = stamp
 
     def emit(self, type: str, **fields: Any) -> dict[str, Any]:
+        if type not in EVENT_TYPES:
+            raise ValueError(f"{type!r} is not an event type (see EVENT_TYPES)")
         event = {"t": round(time.time(), 3), "type": type, **self._stamp, **fields}
         self._file.write(json.dumps(event, default=str) + "\n")
         self._file.flush()

@@ -15,8 +15,10 @@ from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.resolve import Resolved
 from gpuopt_tui.core.planner.search import Budget, Candidate, Recommendation, Stage, StagePlan
 from gpuopt_tui.core.profiles.plan import PlanSection
+from gpuopt_tui.core.run_dir import RunDir
 
 PLAN_JSON = "plan.json"
+CONFIG_DIFF = "config.diff"  # what `plan --apply` would change in the config, beside the plan
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class SavedPlan:
 
 def read_saved_plan(run_dir: Path) -> SavedPlan:
     """results/plan.json of a plan run; UserError when it is missing or not a plan this version can read."""
-    path = run_dir / "results" / PLAN_JSON
+    path = RunDir(run_dir).results / PLAN_JSON
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

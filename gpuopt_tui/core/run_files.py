@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes, safe_text
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_processes import pid_alive
 
 MAX_JSON_BYTES = 1 << 20  # meta.json and pid.json are a few hundred bytes
@@ -76,13 +77,13 @@ def meta_problem(meta: dict[str, Any]) -> str:
     """What is wrong with a run's meta.json ("" when nothing is)."""
     kind = meta.get("kind")
     if not isinstance(kind, str) or not kind:
-        return f"meta.json: 'kind' is {shown(kind)}; expected a run kind such as \"attribution\""
+        return f"{RunDir.META}: 'kind' is {shown(kind)}; expected a run kind such as \"attribution\""
     created = meta.get("created")
     if not is_number(created):
-        return f"meta.json: 'created' is {shown(created)}; expected a time in seconds since 1970"
+        return f"{RunDir.META}: 'created' is {shown(created)}; expected a time in seconds since 1970"
     for key in ("id", "name", "source"):
         if key in meta and not isinstance(meta[key], str):
-            return f"meta.json: '{key}' is {shown(meta[key])}; expected text"
+            return f"{RunDir.META}: '{key}' is {shown(meta[key])}; expected text"
     return ""
 
 
@@ -96,7 +97,7 @@ def pid_record_problem(record: dict[str, Any]) -> str:
     )
     for key, ok, expected in checks:
         if key in record and not ok(record[key]):
-            return f"pid.json: '{key}' is {shown(record[key])}; expected {expected}"
+            return f"{RunDir.PID}: '{key}' is {shown(record[key])}; expected {expected}"
     return ""
 
 
@@ -104,7 +105,7 @@ def crash_message(run_dir: Path) -> str:
     """Why a run's process may have ended without a word: an empty log says more than "see its log"."""
     said = "the run's process ended without reporting why"
     try:
-        if (run_dir / "log.txt").stat().st_size > 0:
+        if RunDir(run_dir).log.stat().st_size > 0:
             return f"{said}; see its log"
     except OSError:
         pass
@@ -129,7 +130,7 @@ def check_free_space(run_dir: Path) -> None:
 
 def log_tail(run_dir: Path, lines: int = 20) -> list[str]:
     """The last `lines` lines of the run's log.txt, safe to show."""
-    path = run_dir / "log.txt"
+    path = RunDir(run_dir).log
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
@@ -148,14 +149,14 @@ def is_partial_write(path: Path) -> bool:
 def result_files(run_dir: Path) -> list[Path]:
     """The run's result files, without temporary ones."""
     try:
-        return sorted(p for p in (run_dir / "results").iterdir() if p.is_file() and not is_partial_write(p))
+        return sorted(p for p in RunDir(run_dir).results.iterdir() if p.is_file() and not is_partial_write(p))
     except OSError:
         return []
 
 
 def remove_stale_partial_writes(run_dir: Path) -> None:
     """Remove the temporary files that writers killed mid-write left behind (their pid is not alive here)."""
-    for folder in (run_dir / "results", run_dir / "state"):
+    for folder in (RunDir(run_dir).results, RunDir(run_dir).state):
         with contextlib.suppress(OSError):
             for path in folder.iterdir():
                 match = _PARTIAL_WRITE.fullmatch(path.name)
@@ -168,7 +169,7 @@ def run_lock(run_dir: Path, doing: str) -> Iterator[None]:
     """Hold the run's lock (its `.lock` file) for a check-and-act, e.g. resume; UserError if another process
     holds it."""
     try:
-        fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(RunDir(run_dir).lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as e:
         raise UserError(f"cannot lock run {run_dir.name} ({e.strerror or e})") from None
     try:

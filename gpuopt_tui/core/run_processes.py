@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-PROC = Path("/proc")
+from gpuopt_tui.core.proc_files import ProcStat, proc_mounted, read_cmdline, read_cwd, read_stat, read_uid
+
 PID_LIMIT = 2**31  # os.kill takes a C int
 # Where the run's processes start. `python -m` puts its working directory first on sys.path (Python 3.10 has no
 # -P / PYTHONSAFEPATH), so it must be one that only root can write to: never the run directory.
@@ -43,19 +44,6 @@ def reap_children() -> None:
             del _children[pid]
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    """What /proc/PID/stat says about a process."""
-
-    state: str  # R, S, D, ..., Z (zombie: ended, not yet reaped), X (dead)
-    pgrp: int
-    start_time: int  # clock ticks since boot: with the pid, it names one process for good
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ("Z", "X")
-
-
 def valid_pid(pid: object) -> bool:
     """A pid that names one process: not 0 (the caller's group), -1 (every process) or 1 (init)."""
     return isinstance(pid, int) and not isinstance(pid, bool) and 1 < pid < PID_LIMIT
@@ -63,23 +51,13 @@ def valid_pid(pid: object) -> bool:
 
 def proc_stat(pid: int) -> ProcStat | None:
     """None where the process (or /proc) is not there."""
-    if not valid_pid(pid):
-        return None
-    try:
-        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        return ProcStat(fields[0], int(fields[2]), int(fields[19]))
-    except (OSError, ValueError, IndexError):
-        return None
+    return read_stat(pid) if valid_pid(pid) else None
 
 
 def proc_start_time(pid: int) -> int | None:
     """Start time of a live process in clock ticks since boot (Linux); None where /proc is not available."""
     stat = proc_stat(pid)
     return None if stat is None or stat.ended else stat.start_time
-
-
-def _proc_mounted() -> bool:
-    return (PROC / "self" / "stat").exists()
 
 
 def pid_alive(pid: object, start_time: object = None) -> bool:
@@ -91,7 +69,7 @@ def pid_alive(pid: object, start_time: object = None) -> bool:
     if child is not None and child.poll() is not None:
         del _children[pid]
         return False
-    if _proc_mounted():
+    if proc_mounted():
         stat = proc_stat(pid)
         return stat is not None and not stat.ended and (start_time is None or stat.start_time == start_time)
     try:  # no /proc (not Linux): existence is all that can be told
@@ -103,32 +81,21 @@ def pid_alive(pid: object, start_time: object = None) -> bool:
     return True
 
 
-def _uid(pid: int) -> int | None:
-    try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])  # the real uid
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _works_on(pid: int, run_dir: Path) -> bool:
     """Whether the process was started with `run_dir` as an argument (a relative one read from its cwd)."""
-    try:
-        args = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")[1:]
-    except OSError:
+    cmdline = read_cmdline(pid)
+    if cmdline is None:
         return False
+    args = cmdline.split(b"\0")[1:]
     target = os.path.realpath(run_dir)
     for raw in args:
         arg = os.fsdecode(raw)
         if not arg or os.path.basename(arg.rstrip(os.sep)) != run_dir.name:
             continue
-        try:
-            full = arg if os.path.isabs(arg) else os.path.join(os.readlink(PROC / str(pid) / "cwd"), arg)
-        except OSError:
+        cwd = "" if os.path.isabs(arg) else read_cwd(pid)
+        if cwd is None:
             continue
-        if os.path.realpath(full) == target:
+        if os.path.realpath(os.path.join(cwd, arg)) == target:
             return True
     return False
 
@@ -148,14 +115,14 @@ def unverified(claim: Claim, run_dir: Path) -> str:
     if not valid_pid(pid):
         return f"{pid!r} is not the id of one process"
     assert isinstance(pid, int)
-    if not _proc_mounted():
+    if not proc_mounted():
         return f"process {pid} cannot be verified without /proc"
     stat = proc_stat(pid)
     if stat is None or stat.ended:
         return f"process {pid} has ended"
     if claim.start_time is not None and stat.start_time != claim.start_time:
         return f"process {pid} has ended (its pid now names another process)"
-    if _uid(pid) != os.getuid():
+    if read_uid(pid) != os.getuid():
         return f"process {pid} belongs to another user"
     if not _works_on(pid, run_dir):
         return f"process {pid} is not one of this run's (it was not started on {run_dir})"

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.events import LIFECYCLE_TYPES, RANK_END_TYPES, TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.paths import runs_dir
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import crash_message, meta_problem, pid_record_problem, read_object
 from gpuopt_tui.core.run_processes import pid_alive, reap_children
 
-LIFECYCLE = TERMINAL_TYPES | {"started"}
-RANK_ENDS = frozenset(f"rank_{t}" for t in TERMINAL_TYPES)  # a rank's own end: rank_finished, rank_failed, ...
 ACTIVE = frozenset({"starting", "running"})
 RESUMABLE = frozenset({"cancelled", "failed", "crashed"})
 
@@ -158,12 +157,12 @@ def _fold(state: dict[str, Any], event: dict[str, Any]) -> None:
         state["workers"][rank] = Worker(
             rank, event.get("pid", 0), event.get("host", ""), event.get("device", ""), event.get("start_time")
         )
-    elif etype in RANK_ENDS:
+    elif etype in RANK_END_TYPES:
         state["rank_ends"][event.get("rank", -1)] = event
     elif etype == "artifact":
         state["artifacts"] += 1
         state["artifact"] = event.get("path", "")
-    elif etype in LIFECYCLE:
+    elif etype in LIFECYCLE_TYPES:
         state["last"] = event
         if etype == "started":
             state["attempt"] = event.get("attempt", state["attempt"] + 1)
@@ -198,7 +197,7 @@ class RunWatcher:
                     try:
                         if not entry.is_dir():
                             continue
-                        os.stat(os.path.join(entry.path, "meta.json"))
+                        os.stat(os.path.join(entry.path, RunDir.META))
                     except (FileNotFoundError, NotADirectoryError):
                         continue
                     except OSError:
@@ -214,10 +213,10 @@ class RunWatcher:
         infos = sorted((self.info(d) for d in self.run_dirs()), key=lambda i: (i.created, i.id), reverse=True)
         live = {i.id for i in infos}
         for gone in set(self._tails) - live:
-            run_dir = self._tails.pop(gone).path.parent
+            files = RunDir(self._tails.pop(gone).path.parent)
             self._state.pop(gone, None)
-            for name in ("meta.json", "pid.json"):
-                self._files.pop(run_dir / name, None)
+            for path in (files.meta, files.pid):
+                self._files.pop(path, None)
         return infos
 
     def _json(self, path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -247,8 +246,8 @@ class RunWatcher:
             tail.events.clear()  # only the folded state is kept
 
     def info(self, run_dir: Path) -> RunInfo:
-        run_id = run_dir.name
-        meta, problem = self._json(run_dir / "meta.json")
+        run_id, files = run_dir.name, RunDir(run_dir)
+        meta, problem = self._json(files.meta)
         if meta is None and not problem:
             return RunInfo(run_id, run_dir, "?", run_id, 0.0, "missing", message="run directory is gone")
         problem = problem or meta_problem(meta or {})
@@ -256,7 +255,7 @@ class RunWatcher:
             kind = meta.get("kind") if meta and isinstance(meta.get("kind"), str) else "?"
             return RunInfo(run_id, run_dir, safe_text(kind), run_id, 0.0, "damaged", message=problem)
         state = self._state.setdefault(run_id, _fresh_state())
-        for event in self._new_events(run_id, run_dir / "events.jsonl"):
+        for event in self._new_events(run_id, files.events):
             _fold(state, event)
         tail = self._tails[run_id]
         info = RunInfo(
@@ -276,7 +275,7 @@ class RunWatcher:
             workers=tuple(state["workers"][r] for r in sorted(state["workers"])),
             rank_progress=per_rank_progress(state["workers"], state["ranks"], state["rank_ends"]),
         )
-        record, problem = self._json(run_dir / "pid.json")
+        record, problem = self._json(files.pid)
         problem = tail.error or problem or pid_record_problem(record or {})
         if problem:
             info.status, info.message = "damaged", problem

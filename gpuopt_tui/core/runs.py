@@ -1,9 +1,6 @@
-"""Runs: child processes that outlive the terminal, each with its own directory.
+"""Runs: child processes that outlive the terminal, each with its own directory (laid out by core.run_dir).
 
-A run directory holds `meta.json` (what was launched), `profile.toml` (the frozen profile), `pid.json`
-(the process of the current attempt), `events.jsonl`, `log.txt`, `results/` and `state/` (finished shards
-kept for resume); a run over several processes also `ranks/` (how each of its workers ended). Here runs are
-found, created, started, cancelled, resumed and deleted; core.run_status reads what they are doing.
+Here runs are found, created, started, cancelled, resumed and deleted; core.run_status reads what they are doing.
 """
 
 from __future__ import annotations
@@ -22,10 +19,12 @@ from pathlib import Path
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.kinds import engine_available
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile, profile_to_toml
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import (
     check_free_space,
     check_run_id,
@@ -45,19 +44,6 @@ from gpuopt_tui.core.run_processes import (
     verified,
 )
 from gpuopt_tui.core.run_status import RESUMABLE, RunInfo, RunWatcher, this_host
-
-ENGINE_MODULES = {
-    "attribution": "attribution/job.py",
-    "tracin": "tracin/job.py",
-    "ablation": "ablation/job.py",
-    "plan": "planjob.py",
-}
-
-
-def engine_available(kind: str) -> bool:
-    """Whether this installation has an engine for `kind` (checked without importing it, so no torch)."""
-    relative = ENGINE_MODULES.get(kind)
-    return bool(relative) and (Path(__file__).resolve().parents[1] / "jobs" / relative).is_file()
 
 
 def unreadable_runs_dir(root: Path, error: OSError) -> UserError:
@@ -93,7 +79,7 @@ def create_run(profile: ProfileBase, source: Path | None = None, root: Path | No
     run_dir = root / run_id
     try:
         run_dir.mkdir(parents=True)
-        for sub in ("results", "state"):
+        for sub in RunDir.FOLDERS:
             (run_dir / sub).mkdir()
     except OSError as e:
         raise UserError(
@@ -107,14 +93,15 @@ def create_run(profile: ProfileBase, source: Path | None = None, root: Path | No
         "created": time.time(),
         "source": str(source) if source else "",
     }
-    atomic_write_text(run_dir / "profile.toml", profile_to_toml(profile))
-    atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
+    atomic_write_text(RunDir(run_dir).profile, profile_to_toml(profile))
+    atomic_write_text(RunDir(run_dir).meta, json.dumps(meta, indent=2))
     return run_dir
 
 
 def launch(run_dir: Path) -> int:
     """Start (or restart) the run's process in its own session; returns its pid."""
-    record, _ = read_object(run_dir / "pid.json")
+    files = RunDir(run_dir)
+    record, _ = read_object(files.pid)
     previous = (record or {}).get("attempt", 0)
     attempt = (previous if is_int(previous) and previous >= 0 else 0) + 1
     check_free_space(run_dir)
@@ -122,7 +109,7 @@ def launch(run_dir: Path) -> int:
     env = job_env()
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     try:
-        with (run_dir / "log.txt").open("ab") as log:
+        with files.log.open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuopt_tui.jobs", str(run_dir.resolve())],
                 stdin=subprocess.DEVNULL,
@@ -137,7 +124,7 @@ def launch(run_dir: Path) -> int:
     adopt(proc)
     record = {"pid": proc.pid, "start_time": proc_start_time(proc.pid), "attempt": attempt, "host": this_host()}
     try:
-        atomic_write_text(run_dir / "pid.json", json.dumps(record))
+        atomic_write_text(files.pid, json.dumps(record))
     except UserError:
         proc.kill()  # a run nobody could find again must not go on
         raise
@@ -157,7 +144,7 @@ def _worker_claims(info: RunInfo) -> list[Claim]:
 def _record_end(run_dir: Path, message: str) -> None:
     """Write the `cancelled` event the run's own process can no longer write (killed, or already dead)."""
     with contextlib.suppress(OSError):
-        events = EventWriter(run_dir / "events.jsonl")
+        events = EventWriter(RunDir(run_dir).events)
         events.emit("cancelled", message=message)
         events.close()
 
@@ -182,7 +169,7 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
     leader = Claim(info.pid, info.pid_start_time, leader=True)
     reason = unverified(leader, run_dir)
     if reason:
-        raise UserError(f"run {info.id} was not signalled: its pid.json names pid {info.pid}, but {reason}")
+        raise UserError(f"run {info.id} was not signalled: its {RunDir.PID} names pid {info.pid}, but {reason}")
     send([leader, *_worker_claims(info)], run_dir, sig)
     if force:
         _record_end(run_dir, "killed (SIGKILL); shards finished before were kept")
@@ -207,7 +194,7 @@ def resume_run(run_dir: Path) -> int:
                 f"run {info.id} still has {len(alive)} worker process(es) of its last attempt running "
                 f"(pid {', '.join(map(str, alive))}); stop them first: gpuopt-tui cancel {info.id}"
             )
-        load_profile(run_dir / "profile.toml")  # fail early and clearly if the frozen profile is unreadable
+        load_profile(RunDir(run_dir).profile)  # fail early and clearly if the frozen profile is unreadable
         return launch(run_dir)
 
 

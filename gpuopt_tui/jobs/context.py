@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from gpuopt_tui.core.atomic import write_atomically
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.run_dir import RunDir
 
 RESUME_RECORD = "resume.json"
 T = TypeVar("T")
@@ -55,8 +56,8 @@ class JobContext:
         dist: Collective | None = None,
     ) -> None:
         self.run_dir = run_dir
-        self.results_dir = run_dir / "results"
-        self.state_dir = run_dir / "state"
+        self.results_dir = RunDir(run_dir).results
+        self.state_dir = RunDir(run_dir).state
         self.cache_dir = cache_dir
         for d in (self.results_dir, self.state_dir, self.cache_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,7 @@ class JobContext:
 
     def log(self, message: str, level: str = "info") -> None:
         print(f"[{level}] {message}", flush=True)
-        if self.rank == 0:  # the other ranks of a run over several processes say the same: log.txt only
+        if self.rank == 0:  # the other ranks of a run over several processes say the same: the log only
             self.events.emit("log", level=level, message=message)
 
     def warn(self, message: str) -> None:

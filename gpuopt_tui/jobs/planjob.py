@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.plan_files import CONFIG_DIFF, PLAN_JSON
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import MeasuredPlan
@@ -128,7 +129,7 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         "warnings": list(inputs.warnings),
         "measured": _measured_json(measured) if measured is not None else None,
     }
-    out = ctx.results_dir / "plan.json"
+    out = ctx.results_dir / PLAN_JSON
     atomic_write_text(out, json.dumps(plan, indent=2, default=str))
     ctx.artifact(out, "estimate breakdown and recommended configurations")
     if inputs.config is not None:
@@ -137,7 +138,7 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         except UserError as e:
             ctx.warn(f"the recommendation cannot be written into the config: {e}")
         else:
-            diff_path = ctx.results_dir / "config.diff"
+            diff_path = ctx.results_dir / CONFIG_DIFF
             atomic_write_text(diff_path, diff or "# the config already has the recommended values\n")
             ctx.artifact(diff_path, "what `gpuopt-tui plan --apply` would change (not applied)")
     ctx.progress(3, 3, unit="steps", stage="done")

@@ -27,11 +27,12 @@ from typing import Any
 from gpuopt_tui.core.distributed import Scale, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, clean_event, read_events
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import read_object
-from gpuopt_tui.core.runs import ENGINE_MODULES
 from gpuopt_tui.jobs.context import JobCancelled, JobContext
 
 CANCELLED = "cancelled on request; finished shards are kept for resume"
@@ -39,8 +40,7 @@ Outcome = tuple[str, dict[str, Any]]  # ("finished" | "failed" | "cancelled", th
 
 
 def _engine(kind: str) -> Any:
-    module = "gpuopt_tui.jobs." + ENGINE_MODULES[kind].removesuffix(".py").replace("/", ".")
-    return importlib.import_module(module).run_job
+    return importlib.import_module(KINDS[kind].engine).run_job
 
 
 def _memory_fields() -> Any:
@@ -75,21 +75,22 @@ def execute(profile: ProfileBase, ctx: JobContext) -> Outcome:
     except Exception as e:
         traceback.print_exc()
         sys.stdout.flush()
-        return "failed", {"message": f"{type(e).__name__}: {e} (traceback in log.txt)"}
+        return "failed", {"message": f"{type(e).__name__}: {e} (traceback in {RunDir.LOG})"}
 
 
 EXIT_CODES = {"finished": 0, "failed": 1, "cancelled": 130}
 
 
 def run(run_dir: Path) -> int:
-    events = EventWriter(run_dir / "events.jsonl")
-    previous, _ = read_events(run_dir / "events.jsonl", skim=True)  # only its `started` events count
+    files = RunDir(run_dir)
+    events = EventWriter(files.events)
+    previous, _ = read_events(files.events, skim=True)  # only its `started` events count
     attempt = 1 + sum(1 for e in previous if e["type"] == "started")
     ctx = JobContext(run_dir, events, cache_dir(), memory_fields=None)
     on_stop_signals(ctx.request_cancel)
     try:
         try:
-            profile = load_profile(run_dir / "profile.toml")
+            profile = load_profile(files.profile)
             scale = _on_this_node(scale_of(profile.run))
         except UserError as e:
             events.emit("failed", message=str(e))
@@ -121,7 +122,7 @@ def _on_this_node(scale: Scale) -> Scale:
 
 def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
     """Start torchrun for this node's workers, wait for it, and turn the ranks' reports into the outcome."""
-    reports = rank_reports(run_dir)
+    reports = RunDir(run_dir).ranks
     shutil.rmtree(reports, ignore_errors=True)  # an earlier attempt's
     cmd = torchrun_command(run_dir, scale)
     ctx.log(f"starting {scale.describe()}: {' '.join(cmd)}")
@@ -133,11 +134,6 @@ def supervise(run_dir: Path, scale: Scale, ctx: JobContext) -> Outcome:
         return "failed", {"message": f"cannot start torchrun ({e.strerror or e})"}
     code = proc.wait()  # `cancel` signals torchrun too (same process group), which passes it on to the workers
     return outcome_of_ranks(_read_reports(reports), code, ctx.cancelled)
-
-
-def rank_reports(run_dir: Path) -> Path:
-    """Where the workers of the current attempt leave how they ended, a JSON file per rank."""
-    return run_dir / "ranks"
 
 
 def _read_reports(folder: Path) -> list[dict[str, Any]]:
@@ -164,7 +160,7 @@ def outcome_of_ranks(events: list[dict[str, Any]], code: int, cancel_requested: 
         return "finished", {"summary": finished[0].get("summary") or {}}
     if cancel_requested or any(e["type"] == "rank_cancelled" for e in events):
         return "cancelled", {"message": CANCELLED}
-    return "failed", {"message": f"torchrun exited with code {code} before every rank finished; see log.txt"}
+    return "failed", {"message": f"torchrun exited with code {code} before every rank finished; see {RunDir.LOG}"}
 
 
 def main(argv: list[str]) -> int:

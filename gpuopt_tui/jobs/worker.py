@@ -21,10 +21,11 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_processes import proc_start_time
 from gpuopt_tui.jobs.collective import init_from_torchrun, shutdown
 from gpuopt_tui.jobs.context import JobContext
-from gpuopt_tui.jobs.runner import EXIT_CODES, execute, on_stop_signals, rank_reports
+from gpuopt_tui.jobs.runner import EXIT_CODES, execute, on_stop_signals
 
 SHARED_FS = "a run over several nodes needs its run directory on a filesystem every node shares"
 
@@ -32,12 +33,13 @@ SHARED_FS = "a run over several nodes needs its run directory on a filesystem ev
 def run(run_dir: Path) -> int:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     host = socket.gethostname()
-    if not (run_dir / "profile.toml").is_file():
-        print(f"[error] rank {rank} on {host}: {run_dir} has no profile.toml ({SHARED_FS})", flush=True)
+    files = RunDir(run_dir)
+    if not files.profile.is_file():
+        print(f"[error] rank {rank} on {host}: {run_dir} has no {RunDir.PROFILE} ({SHARED_FS})", flush=True)
         return 1
-    events = EventWriter(run_dir / "events.jsonl", rank=rank)
+    events = EventWriter(files.events, rank=rank)
     try:
-        profile = load_profile(run_dir / "profile.toml")
+        profile = load_profile(files.profile)
         use_cuda = profile.run.device != "cpu" and torch.cuda.is_available()
         profile.run.device = f"cuda:{local_rank}" if use_cuda else "cpu"
         dist = init_from_torchrun(use_cuda)
@@ -65,9 +67,9 @@ def run(run_dir: Path) -> int:
 def report(run_dir: Path, event: dict[str, Any]) -> None:
     """Also keep how this rank ended as a file of its own (replaced whole): lines appended to one file from
     several hosts of a network filesystem may be lost, and the run's outcome must not be."""
-    folder = rank_reports(run_dir)
-    folder.mkdir(exist_ok=True)
-    write_json(folder / f"{event['rank']}.json", event)
+    files = RunDir(run_dir)
+    files.ranks.mkdir(exist_ok=True)
+    write_json(files.rank_report(event["rank"]), event)
 
 
 def main(argv: list[str]) -> int:

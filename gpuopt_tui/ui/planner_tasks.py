@@ -32,6 +32,7 @@ from gpuopt_tui.core.planner.search import Candidate, Recommendation
 from gpuopt_tui.core.planner.yamledit import FilePatch
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo, resolve_paths
 from gpuopt_tui.ui.screens.kind import display_path
 from gpuopt_tui.ui.widgets.planner_view import TierPlan
@@ -134,7 +135,7 @@ class PlanRun:
 
 def read_plan_run(info: RunInfo) -> PlanRun:
     try:
-        profile = load_profile(info.dir / "profile.toml")
+        profile = load_profile(RunDir(info.dir).profile)
     except UserError as e:
         return PlanRun(info, False, 0, error=str(e))
     if not isinstance(profile, PlanProfile):

@@ -30,6 +30,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import create_run
 
 
@@ -41,7 +42,7 @@ def engine_run(root: Path, profile_name: str, *overrides: str) -> Path:
     path = find_profile(profile_name)
     profile = load_profile(path, ["run.device=cpu", *overrides])
     run_dir = create_run(profile, source=path, root=root)
-    events = EventWriter(run_dir / "events.jsonl")
+    events = EventWriter(RunDir(run_dir).events)
     try:
         run_job(profile, JobContext(run_dir, events, cache_dir()))
     finally:
@@ -68,11 +69,11 @@ def lines_of(path: Path) -> list[bytes]:
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in lines_of(run_dir / "results" / JSONL_NAME)]
+    return [json.loads(line) for line in lines_of(RunDir(run_dir).results / JSONL_NAME)]
 
 
 def test_the_index_holds_every_line_and_reads_each_on_demand(classifier_run: Path) -> None:
-    path = classifier_run / "results" / JSONL_NAME
+    path = RunDir(classifier_run).results / JSONL_NAME
     index = SampleIndex.build(path)
     assert index is not None and index.corrupt == 0
     expected = records(classifier_run)
@@ -105,7 +106,7 @@ def test_the_index_holds_every_line_and_reads_each_on_demand(classifier_run: Pat
 
 
 def test_two_tower_lines_keep_one_segment_per_candidate(two_tower_run: Path) -> None:
-    index = SampleIndex.build(two_tower_run / "results" / JSONL_NAME)
+    index = SampleIndex.build(RunDir(two_tower_run).results / JSONL_NAME)
     assert index is not None and len(index) == 5
     for entry, record in zip(index.entries, records(two_tower_run)):
         sample = index.read(entry)
@@ -121,7 +122,7 @@ def test_two_tower_lines_keep_one_segment_per_candidate(two_tower_run: Path) -> 
 
 def test_pages_cover_every_row_once(classifier_run: Path, tmp_path: Path) -> None:
     """A file of 1,203 lines (the engine's lines repeated with new indices) read a page at a time."""
-    lines = [json.loads(line) for line in lines_of(classifier_run / "results" / JSONL_NAME)]
+    lines = [json.loads(line) for line in lines_of(RunDir(classifier_run).results / JSONL_NAME)]
     big = tmp_path / JSONL_NAME
     with big.open("w", encoding="utf-8") as f:
         for i in range(1203):
@@ -139,7 +140,7 @@ def test_pages_cover_every_row_once(classifier_run: Path, tmp_path: Path) -> Non
 
 
 def test_corrupt_lines_are_skipped_and_counted(classifier_run: Path, tmp_path: Path) -> None:
-    lines = lines_of(classifier_run / "results" / JSONL_NAME)
+    lines = lines_of(RunDir(classifier_run).results / JSONL_NAME)
     damaged = tmp_path / JSONL_NAME
     half = lines[2][: len(lines[2]) // 2] + b"\n"
     missing = json.dumps({"index": 99, "text": "no scores"}).encode() + b"\n"
@@ -159,7 +160,7 @@ def test_lines_in_another_layout_are_read_whole(classifier_run: Path, tmp_path: 
         "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in expected), encoding="utf-8"
     )
     index = SampleIndex.build(other)
-    reference = SampleIndex.build(classifier_run / "results" / JSONL_NAME)
+    reference = SampleIndex.build(RunDir(classifier_run).results / JSONL_NAME)
     assert index is not None and reference is not None and index.corrupt == 0
     fields = [(e.index, e.target, e.probability, e.relative_delta, e.top_tokens, e.search_text) for e in index.entries]
     assert fields == [
@@ -170,7 +171,7 @@ def test_lines_in_another_layout_are_read_whole(classifier_run: Path, tmp_path: 
 
 def test_a_file_replaced_after_indexing_is_not_misread(classifier_run: Path, tmp_path: Path) -> None:
     path = tmp_path / JSONL_NAME
-    shutil.copy(classifier_run / "results" / JSONL_NAME, path)
+    shutil.copy(RunDir(classifier_run).results / JSONL_NAME, path)
     index = SampleIndex.build(path)
     assert index is not None
     tmp = tmp_path / "new.jsonl"
@@ -184,12 +185,12 @@ def test_a_file_replaced_after_indexing_is_not_misread(classifier_run: Path, tmp
 
 
 def test_indexing_stops_when_cancelled(classifier_run: Path) -> None:
-    assert SampleIndex.build(classifier_run / "results" / JSONL_NAME, lambda: True) is None
+    assert SampleIndex.build(RunDir(classifier_run).results / JSONL_NAME, lambda: True) is None
     assert load_run_files(classifier_run, lambda: True) is None
 
 
 def test_search_and_order(classifier_run: Path) -> None:
-    index = SampleIndex.build(classifier_run / "results" / JSONL_NAME)
+    index = SampleIndex.build(RunDir(classifier_run).results / JSONL_NAME)
     assert index is not None
     expected = records(classifier_run)
 
@@ -213,7 +214,7 @@ def test_search_and_order(classifier_run: Path) -> None:
 
 
 def test_summary_and_check_as_written(classifier_run: Path) -> None:
-    results = classifier_run / "results"
+    results = RunDir(classifier_run).results
     raw = json.loads((results / SUMMARY_NAME).read_text())
     summary = load_summary(results)
     assert summary is not None
@@ -236,7 +237,7 @@ def test_summary_and_check_as_written(classifier_run: Path) -> None:
 
 
 def test_unreadable_or_missing_files(two_tower_run: Path, tmp_path: Path) -> None:
-    assert load_check(two_tower_run / "results") is None  # this run has no check
+    assert load_check(RunDir(two_tower_run).results) is None  # this run has no check
     assert load_summary(tmp_path) is None
     (tmp_path / SUMMARY_NAME).write_text('{"n_samples": 3')
     with pytest.raises(UserError, match=f"{SUMMARY_NAME}: not a readable JSON file"):
@@ -251,7 +252,7 @@ def test_everything_a_run_has(classifier_run: Path, two_tower_run: Path) -> None
     assert files is not None and files.has_results and not files.errors
     assert files.summary is not None and files.check is not None and files.samples is not None
     assert files.check_samples == 3  # from the run's frozen profile.toml
-    results = classifier_run / "results"
+    results = RunDir(classifier_run).results
     assert [(f.name, f.path, f.size) for f in files.exports] == [
         (name, results / name, (results / name).stat().st_size)
         for name in (JSONL_NAME, TENSORS_NAME, SUMMARY_NAME, CHECK_NAME)
@@ -264,13 +265,13 @@ def test_everything_a_run_has(classifier_run: Path, two_tower_run: Path) -> None
 def test_auto_steps_and_margins_as_written(tmp_path: Path) -> None:
     settings = ("n_samples=6", 'n_steps="auto"', "tolerance=0.001", "max_steps=33", "batch_size=3")
     run_dir = engine_run(tmp_path, "demo-attribution", *(f"attribution.{s}" for s in settings))
-    raw = json.loads((run_dir / "results" / SUMMARY_NAME).read_text())
-    summary = load_summary(run_dir / "results")
+    raw = json.loads((RunDir(run_dir).results / SUMMARY_NAME).read_text())
+    summary = load_summary(RunDir(run_dir).results)
     assert summary is not None and summary.steps is not None and summary.low_margin is not None
     assert summary.steps.mode == "auto" and summary.steps.tolerance == 0.001 and summary.steps.max_steps == 33
     assert summary.steps.histogram == tuple(map(tuple, raw["steps"]["histogram"]))
     assert summary.low_margin.count == raw["low_margin"]["count"] and summary.low_margin.precision == "fp32"
-    index = SampleIndex.build(run_dir / "results" / JSONL_NAME)
+    index = SampleIndex.build(RunDir(run_dir).results / JSONL_NAME)
     assert index is not None
     lines = records(run_dir)
     assert [e.steps for e in index.entries] == [r["steps"] for r in lines]

@@ -5,21 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuopt_tui.core.events import EventTail, EventWriter, read_events
+from gpuopt_tui.core.run_dir import RunDir
 
 
 def test_progress_is_throttled_but_forced_events_pass(tmp_path: Path) -> None:
-    writer = EventWriter(tmp_path / "events.jsonl")
+    writer = EventWriter(RunDir(tmp_path).events)
     written = sum(writer.progress(done=i, total=1000) for i in range(1000))
     writer.progress(force=True, done=1000, total=1000)
     writer.close()
-    events, corrupt = read_events(tmp_path / "events.jsonl")
+    events, corrupt = read_events(RunDir(tmp_path).events)
     assert corrupt == 0
     assert written == len(events) - 1 < 10  # a tight loop produces only a few events
     assert events[-1]["done"] == 1000
 
 
 def test_tail_waits_for_half_written_line_and_skips_corrupt(tmp_path: Path) -> None:
-    path = tmp_path / "events.jsonl"
+    path = RunDir(tmp_path).events
     path.write_text('{"t": 1, "type": "started"}\nnot json at all\n{"t": 2, "type": "prog')
     tail = EventTail(path)
     assert [e["type"] for e in tail.read()] == ["started"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_configs import BERT_BASE
 
 from gpuopt_tui.cli import main
 from gpuopt_tui.core.planner import gpu, session
@@ -20,16 +21,6 @@ from gpuopt_tui.core.planner.measure import measure
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "yaml"
 GIB = 1024**3
 MIB = 1024**2
-BERT_BASE = {
-    "model_type": "bert",
-    "architectures": ["BertModel"],
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-}
 
 
 @pytest.fixture

@@ -13,22 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from model_configs import BERT_BASE
 
 from gpuopt_tui.cli import main
 from gpuopt_tui.commands import plan as plan_command
 from gpuopt_tui.core.planner import yamledit
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "yaml"
-BERT_BASE = {
-    "model_type": "bert",
-    "architectures": ["BertModel"],
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-}
 
 
 @pytest.fixture

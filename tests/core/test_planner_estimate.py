@@ -7,24 +7,12 @@ import dataclasses
 import statistics
 
 import pytest
+from model_configs import BERT_BASE_CLASSIFIER
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import GiB, Overheads, TrainSetup, estimate
 from gpuopt_tui.core.planner.model_spec import spec_from_config
 
-BERT_BASE = {
-    "model_type": "bert",
-    "architectures": ["BertForSequenceClassification"],
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-    "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1,
-}
 GPT2_SMALL = {
     "model_type": "gpt2",
     "architectures": ["GPT2LMHeadModel"],
@@ -35,7 +23,7 @@ GPT2_SMALL = {
     "n_positions": 1024,
     "activation_function": "gelu_new",
 }
-BERT = spec_from_config(BERT_BASE, "bert-base")
+BERT = spec_from_config(BERT_BASE_CLASSIFIER, "bert-base")
 GPT2 = spec_from_config(GPT2_SMALL, "gpt2")
 
 # case, spec, setup, measured peak reserved GiB (the measured table; its loop zeroes gradients before forward)

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from model_configs import BERT_BASE_CLASSIFIER
 
 from gpuopt_tui.cli import main
 from gpuopt_tui.core.errors import UserError
@@ -18,16 +19,6 @@ from gpuopt_tui.core.profiles.schema import build
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
 GIB = 1024**3
-BERT_BASE = {
-    "model_type": "bert",
-    "architectures": ["BertForSequenceClassification"],
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-}
 QWEN2_05B = {
     "model_type": "qwen2",
     "architectures": ["Qwen2ForCausalLM"],
@@ -124,7 +115,7 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The configs in the working directory, BERT-base and Qwen2-0.5B configs in a Hugging Face cache (HF_HUB_CACHE)
     and a local Qwen2 download next to the torchtune config."""
     cache = tmp_path / "hub"
-    _snapshot(cache, "bert-base-uncased", BERT_BASE)
+    _snapshot(cache, "bert-base-uncased", BERT_BASE_CLASSIFIER)
     _snapshot(cache, "Qwen/Qwen2-0.5B", QWEN2_05B)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     work = tmp_path / "work"
@@ -225,7 +216,7 @@ def test_a_model_named_but_not_here_stops_the_plan(work: Path, capsys: pytest.Ca
     # --model (the command line) wins over the config's name
     model = work / "bert"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(BERT_BASE))
+    (model / "config.json").write_text(json.dumps(BERT_BASE_CLASSIFIER))
     code, out, err = plan(capsys, "--config", "hf.yaml", "--model", str(model), "--gpu-memory", "24", "--show")
     assert code == 0, err
     assert rows(out)["model"][1:3] == ["--model", "org/not-downloaded (hf.yaml:4)"]
@@ -237,11 +228,13 @@ def test_a_task_guessed_from_a_config_without_architectures_is_a_warning(
     model = work / "bert"
     model.mkdir()
     named = ["--config", "hf_trainer.yaml", "--model", str(model), "--gpu-memory", "24", "--show"]
-    (model / "config.json").write_text(json.dumps(BERT_BASE))  # BertForSequenceClassification
+    (model / "config.json").write_text(json.dumps(BERT_BASE_CLASSIFIER))  # BertForSequenceClassification
     code, out, err = plan(capsys, *named)
     assert code == 0, err
     assert "names no architecture" not in out
-    (model / "config.json").write_text(json.dumps({k: v for k, v in BERT_BASE.items() if k != "architectures"}))
+    (model / "config.json").write_text(
+        json.dumps({k: v for k, v in BERT_BASE_CLASSIFIER.items() if k != "architectures"})
+    )
     code, out, err = plan(capsys, *named)
     assert code == 0, err
     assert "warning the model's config.json names no architecture: planning for classification" in " ".join(out.split())

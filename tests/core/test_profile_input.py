@@ -9,11 +9,11 @@ import pytest
 
 from gpuopt_tui.cli import main
 from gpuopt_tui.core.errors import ProfileError
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.profiles.io import list_profiles, load_profile
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import describe
 
-FLOAT_KEYS = [(kind, f.key) for kind, cls in PROFILE_CLASSES.items() for f in describe(cls) if f.type_name == "float"]
+FLOAT_KEYS = [(kind, f.key) for kind, k in KINDS.items() for f in describe(k.profile) if f.type_name == "float"]
 
 
 @pytest.mark.parametrize(("kind", "key"), FLOAT_KEYS, ids=[f"{k}:{key}" for k, key in FLOAT_KEYS])

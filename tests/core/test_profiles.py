@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import shipped_profiles_dir
 from gpuopt_tui.core.profiles.attribution import AttributionProfile
 from gpuopt_tui.core.profiles.io import (
@@ -19,7 +20,6 @@ from gpuopt_tui.core.profiles.io import (
     profile_to_toml,
     save_profile,
 )
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import describe, to_plain
 
 
@@ -32,14 +32,14 @@ def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
 @pytest.mark.parametrize("path", sorted(shipped_profiles_dir().glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_profile_is_valid(path: Path) -> None:
     profile = load_profile(path)
-    assert profile.kind in PROFILE_CLASSES
+    assert profile.kind in KINDS
     assert profile.name == path.stem
     assert profile.description
 
 
 def test_each_kind_has_a_demo_profile() -> None:
     kinds = {e.kind for e in list_profiles() if e.name.startswith("demo-")}
-    assert kinds == set(PROFILE_CLASSES)
+    assert kinds == set(KINDS)
 
 
 def test_defaults_fill_missing_keys(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_a_count_in_the_file_keeps_its_type(tmp_path: Path) -> None:
 
 
 def test_frozen_toml_round_trips() -> None:
-    for cls in PROFILE_CLASSES.values():
+    for cls in (k.profile for k in KINDS.values()):
         profile = profile_from_data({"kind": cls.kind}, "x.toml")
         again = profile_from_data(parse_toml(profile_to_toml(profile), "frozen"), "frozen")
         assert to_plain(again) == to_plain(profile)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuopt_tui import cli
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_status import this_host
 from gpuopt_tui.core.runs import create_run
 from gpuopt_tui.jobs.runner import _read_reports, outcome_of_ranks
@@ -175,8 +176,8 @@ def test_commands_on_a_damaged_run_directory(
         root = Path(tmp) / "runs"
         monkeypatch.setenv("GPUOPT_TUI_RUNS_DIR", str(root))
         good = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=root)
-        (good / "pid.json").write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
-        (good / "events.jsonl").write_text('{"t": 1, "type": "finished", "summary": {}}\n')
+        RunDir(good).pid.write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
+        RunDir(good).events.write_text('{"t": 1, "type": "finished", "summary": {}}\n')
         fuzzed = root / RUN_ID
         shutil.copytree(good, fuzzed)
         plant(fuzzed, contents)

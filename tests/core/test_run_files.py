@@ -17,6 +17,7 @@ from gpuopt_tui import cli
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import remove_stale_partial_writes
 from gpuopt_tui.core.run_status import RunWatcher
 from gpuopt_tui.core.runs import create_run, find_run, launch
@@ -34,8 +35,8 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def finished_run(root: Path, name: str = "good") -> Path:
     run_dir = create_run(profile_from_data({"kind": "attribution", "name": name}, "p.toml"), root=root)
-    (run_dir / "pid.json").write_text(json.dumps({"pid": NO_PROCESS, "start_time": None, "attempt": 1}))
-    events = EventWriter(run_dir / "events.jsonl")
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": NO_PROCESS, "start_time": None, "attempt": 1}))
+    events = EventWriter(RunDir(run_dir).events)
     events.emit("started", attempt=1)
     events.emit("finished", summary={"samples": 3})
     events.close()
@@ -75,7 +76,7 @@ RAW_META = {
 
 
 def damage_meta(run_dir: Path, change: dict[str, object] | bytes) -> None:
-    path = run_dir / "meta.json"
+    path = RunDir(run_dir).meta
     if isinstance(change, bytes):
         path.write_bytes(change)
     else:
@@ -101,8 +102,8 @@ def test_a_damaged_meta_is_listed_as_damaged_beside_the_other_runs(
 
 def test_a_meta_json_that_is_a_directory_is_damaged(runs_root: Path) -> None:
     bad = finished_run(runs_root)
-    (bad / "meta.json").unlink()
-    (bad / "meta.json").mkdir()
+    RunDir(bad).meta.unlink()
+    RunDir(bad).meta.mkdir()
     (info,) = RunWatcher(runs_root).refresh()
     assert (info.status, info.message) == ("damaged", "meta.json is a directory, not a file")
 
@@ -126,16 +127,16 @@ PID_DAMAGE = {
 @pytest.mark.parametrize("change, reason", PID_DAMAGE.values(), ids=list(PID_DAMAGE))
 def test_a_damaged_pid_record_is_listed_as_damaged(change: dict[str, object], reason: str, runs_root: Path) -> None:
     run_dir = finished_run(runs_root)
-    record = json.loads((run_dir / "pid.json").read_text())
-    (run_dir / "pid.json").write_text(json.dumps({**record, **change}))
+    record = json.loads(RunDir(run_dir).pid.read_text())
+    RunDir(run_dir).pid.write_text(json.dumps({**record, **change}))
     info = RunWatcher(runs_root).info(run_dir)
     assert info.status == "damaged" and reason in info.message
 
 
 def test_an_events_file_that_is_a_directory_is_damaged(runs_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = finished_run(runs_root)
-    (run_dir / "events.jsonl").unlink()
-    (run_dir / "events.jsonl").mkdir()
+    RunDir(run_dir).events.unlink()
+    RunDir(run_dir).events.mkdir()
     info = RunWatcher(runs_root).info(run_dir)
     assert info.status == "damaged" and info.message == "cannot read events.jsonl (Is a directory)"
     code, output = gpuopt(capsys, "cancel", run_dir.name, "--wait", "0")
@@ -152,7 +153,7 @@ def test_event_fields_of_the_wrong_type_are_ignored(runs_root: Path, capsys: pyt
         {"t": 4, "type": "artifact", "path": 5},
         {"t": 5, "type": "finished", "summary": [1], "message": "\x1b]0;owned\x07\x1b[2J done"},
     ]
-    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    RunDir(run_dir).events.write_text("".join(json.dumps(e) + "\n" for e in lines))
     info = RunWatcher(runs_root).info(run_dir)
     assert (info.status, info.summary, info.started) == ("finished", {}, None)
     assert info.message == "?]0;owned??[2J done"
@@ -225,10 +226,10 @@ def test_partial_writes_are_not_results_and_stale_ones_are_removed(
     runs_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = finished_run(runs_root)
-    results = run_dir / "results"
+    results = RunDir(run_dir).results
     (results / "attributions.jsonl").write_text("{}\n")
     stale = results / f".attributions.jsonl.{NO_PROCESS}.tmp"  # a writer killed mid-write
-    live = run_dir / "state" / f".batch-1.pt.{os.getpid()}.tmp"  # a write in progress
+    live = RunDir(run_dir).state / f".batch-1.pt.{os.getpid()}.tmp"  # a write in progress
     stale.write_text("{")
     live.write_text("{")
     code, output = gpuopt(capsys, "show", run_dir.name)
@@ -244,8 +245,8 @@ def test_a_crash_with_an_empty_log_says_what_may_have_happened(
     runs_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
-    (run_dir / "pid.json").write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
-    (run_dir / "log.txt").write_text("")
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
+    RunDir(run_dir).log.write_text("")
     watcher = RunWatcher(runs_root)
     assert "its log is empty (it was killed, or could not write to" in watcher.info(run_dir).message
     monkeypatch.setattr("gpuopt_tui.core.run_files.shutil.disk_usage", lambda path: DiskUsage(10**9, 10**9, 512))
@@ -253,27 +254,27 @@ def test_a_crash_with_an_empty_log_says_what_may_have_happened(
     assert info.status == "crashed" and f"the disk of {run_dir} is full (512 B free)" in info.message
     with pytest.raises(UserError, match=r"is full \(512 B free\): free some space, then resume"):
         launch(run_dir)
-    assert json.loads((run_dir / "pid.json").read_text())["pid"] == NO_PROCESS  # nothing was started
-    (run_dir / "log.txt").write_text("Traceback ...\n")
+    assert json.loads(RunDir(run_dir).pid.read_text())["pid"] == NO_PROCESS  # nothing was started
+    RunDir(run_dir).log.write_text("Traceback ...\n")
     assert watcher.info(run_dir).message.endswith("; see its log")
 
 
 def test_a_huge_events_file_is_read_in_bounded_memory(runs_root: Path) -> None:
     run_dir = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
-    (run_dir / "pid.json").write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": NO_PROCESS, "attempt": 1}))
 
     def line(**event: object) -> bytes:
         return (json.dumps(event) + "\n").encode()
 
     progress = b"".join(line(t=1.5, type="progress", done=i, total=10**6, unit="samples") for i in range(1000))
-    with (run_dir / "events.jsonl").open("wb") as f:
+    with RunDir(run_dir).events.open("wb") as f:
         f.write(line(t=1.0, type="started", attempt=1))
         for _ in range(6):  # ~4 MB of progress each
             f.write(progress * 60)
             f.write(line(t=2.0, type="artifact", path="results/part.jsonl"))
         f.write(line(t=3.0, type="progress", done=999_999, total=10**6))
         f.write(line(t=4.0, type="failed", message="out of memory"))
-    assert (run_dir / "events.jsonl").stat().st_size > 24 * 2**20
+    assert RunDir(run_dir).events.stat().st_size > 24 * 2**20
     tracemalloc.start()
     try:
         info = RunWatcher(runs_root).info(run_dir)
@@ -299,8 +300,8 @@ def test_attach_stops_when_the_run_directory_goes(
     damage: str, runs_root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
-    (run_dir / "pid.json").write_text(json.dumps({"pid": os.getpid(), "attempt": 1}))  # a live process: running
-    EventWriter(run_dir / "events.jsonl").emit("started", attempt=1)
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": os.getpid(), "attempt": 1}))  # a live process: running
+    EventWriter(RunDir(run_dir).events).emit("started", attempt=1)
     polls: list[float] = []
 
     def poll(seconds: float) -> None:  # instead of waiting between polls: the directory goes after the first
@@ -309,7 +310,7 @@ def test_attach_stops_when_the_run_directory_goes(
         if damage == "deleted":
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
-            (run_dir / "meta.json").write_text("{")
+            RunDir(run_dir).meta.write_text("{")
 
     monkeypatch.setattr("gpuopt_tui.commands.follow.time", SimpleNamespace(sleep=poll))
     code, output = gpuopt(capsys, "attach", run_dir.name)

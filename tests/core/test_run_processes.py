@@ -17,6 +17,7 @@ import pytest
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventTail, EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_processes import pid_alive, proc_start_time
 from gpuopt_tui.core.run_status import RunWatcher, this_host
 from gpuopt_tui.core.runs import cancel_run, create_run, resume_run
@@ -60,12 +61,12 @@ def dead_pid(procs: list[subprocess.Popen[bytes]]) -> int:
 
 
 def write_pid(run_dir: Path, pid: int, start_time: int | None) -> None:
-    (run_dir / "pid.json").write_text(json.dumps({"pid": pid, "start_time": start_time, "attempt": 1}))
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": pid, "start_time": start_time, "attempt": 1}))
 
 
 def workers(run_dir: Path, *claims: tuple[int, int | None]) -> None:
     """A `started` event, then a `rank_started` event on this host for each (pid, start_time)."""
-    events = EventWriter(run_dir / "events.jsonl")
+    events = EventWriter(RunDir(run_dir).events)
     events.emit("started", attempt=1)
     for rank, (pid, start) in enumerate(claims):
         events.emit("rank_started", rank=rank, host=this_host(), pid=pid, start_time=start, device="cpu")
@@ -184,9 +185,9 @@ def test_a_resumed_run_imports_nothing_from_its_directory(
     write_pid(run_dir, 2**22 + 1, None)  # crashed: resumable
     pid = resume_run(run_dir)
     try:
-        tail, deadline = EventTail(run_dir / "events.jsonl"), time.monotonic() + 120
+        tail, deadline = EventTail(RunDir(run_dir).events), time.monotonic() + 120
         while not any(e["type"] in ("started", "failed") for e in tail.read()):
-            assert pid_alive(pid) and time.monotonic() < deadline, (run_dir / "log.txt").read_text()
+            assert pid_alive(pid) and time.monotonic() < deadline, RunDir(run_dir).log.read_text()
             time.sleep(0.05)
     finally:
         os.killpg(pid, signal.SIGKILL)

@@ -16,6 +16,7 @@ from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_processes import pid_alive
 from gpuopt_tui.core.runs import (
     RunWatcher,
@@ -47,7 +48,7 @@ def sleeper(run_dir: Path | None = None) -> subprocess.Popen[bytes]:
 
 def set_pid(run_dir: Path, proc: subprocess.Popen[bytes] | None, attempt: int = 1) -> None:
     pid = proc.pid if proc else 999_999_999
-    (run_dir / "pid.json").write_text(json.dumps({"pid": pid, "start_time": None, "attempt": attempt}))
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": pid, "start_time": None, "attempt": attempt}))
 
 
 def test_create_run_freezes_profile_with_absolute_paths(runs_root: Path) -> None:
@@ -55,11 +56,11 @@ def test_create_run_freezes_profile_with_absolute_paths(runs_root: Path) -> None
     data_file.parent.mkdir(parents=True)
     data_file.write_text('{"text": "a b", "label": 1}\n')
     run_dir = make_run(runs_root, data={"source": "jsonl", "path": "data/x.jsonl"})
-    frozen = load_profile(run_dir / "profile.toml")
+    frozen = load_profile(RunDir(run_dir).profile)
     assert frozen.data.path == str(data_file.resolve())
-    meta = json.loads((run_dir / "meta.json").read_text())
+    meta = json.loads(RunDir(run_dir).meta.read_text())
     assert meta["kind"] == "attribution" and meta["id"] == run_dir.name
-    assert (run_dir / "results").is_dir() and (run_dir / "state").is_dir()
+    assert RunDir(run_dir).results.is_dir() and RunDir(run_dir).state.is_dir()
 
 
 def test_missing_files_are_reported_before_launch(runs_root: Path, tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_status_follows_events_and_liveness(runs_root: Path) -> None:
     try:
         set_pid(run_dir, proc)
         assert watcher.info(run_dir).status == "starting"
-        events = EventWriter(run_dir / "events.jsonl")
+        events = EventWriter(RunDir(run_dir).events)
         events.emit("started", pid=proc.pid, attempt=1)
         events.progress(force=True, done=3, total=10, rate=1.5, eta=4.0)
         info = watcher.info(run_dir)
@@ -109,7 +110,7 @@ def test_status_follows_events_and_liveness(runs_root: Path) -> None:
 
 def test_dead_process_without_final_event_is_crashed(runs_root: Path) -> None:
     run_dir = make_run(runs_root)
-    EventWriter(run_dir / "events.jsonl").emit("started", pid=1, attempt=1)
+    EventWriter(RunDir(run_dir).events).emit("started", pid=1, attempt=1)
     set_pid(run_dir, None)
     info = RunWatcher(runs_root).info(run_dir)
     assert info.status == "crashed" and "log" in info.message
@@ -117,12 +118,12 @@ def test_dead_process_without_final_event_is_crashed(runs_root: Path) -> None:
 
 def test_deleted_and_corrupt_runs_are_reported_not_raised(runs_root: Path) -> None:
     run_dir = make_run(runs_root)
-    (run_dir / "events.jsonl").write_bytes(b'{"t": 1, "type": "started", "attempt": 1}\n\x00\xff garbage\n{"t": 2, "ty')
+    RunDir(run_dir).events.write_bytes(b'{"t": 1, "type": "started", "attempt": 1}\n\x00\xff garbage\n{"t": 2, "ty')
     set_pid(run_dir, None)
     watcher = RunWatcher(runs_root)
     info = watcher.info(run_dir)
     assert info.corrupt_lines == 1 and info.status == "crashed"
-    (run_dir / "meta.json").unlink()
+    RunDir(run_dir).meta.unlink()
     assert watcher.info(run_dir).status == "missing"
     assert watcher.refresh() == []
 
@@ -131,7 +132,7 @@ def test_cancel_signals_the_process_group(runs_root: Path) -> None:
     run_dir = make_run(runs_root)
     proc = sleeper(run_dir)
     set_pid(run_dir, proc)
-    EventWriter(run_dir / "events.jsonl").emit("started", pid=proc.pid, attempt=1)
+    EventWriter(RunDir(run_dir).events).emit("started", pid=proc.pid, attempt=1)
     cancel_run(run_dir)
     assert proc.wait(timeout=10) == -signal.SIGTERM
     with pytest.raises(UserError, match="not running"):
@@ -140,7 +141,7 @@ def test_cancel_signals_the_process_group(runs_root: Path) -> None:
 
 def test_resume_only_stopped_runs(runs_root: Path) -> None:
     run_dir = make_run(runs_root)
-    EventWriter(run_dir / "events.jsonl").emit("finished", summary={})
+    EventWriter(RunDir(run_dir).events).emit("finished", summary={})
     set_pid(run_dir, None)
     with pytest.raises(UserError, match="only cancelled, failed or crashed"):
         resume_run(run_dir)
@@ -178,7 +179,7 @@ def test_pid_alive_detects_exit_and_reuse() -> None:
 
 def test_meta_is_parsed_again_only_when_the_file_changes(runs_root: Path) -> None:
     run_dir = make_run(runs_root, name="first")
-    meta_path = run_dir / "meta.json"
+    meta_path = RunDir(run_dir).meta
     watcher = RunWatcher(runs_root)
     assert watcher.refresh()[0].name == "first"
     stat = meta_path.stat()
@@ -196,7 +197,7 @@ def test_meta_is_parsed_again_only_when_the_file_changes(runs_root: Path) -> Non
 def test_started_is_the_start_of_the_current_attempt(runs_root: Path) -> None:
     run_dir = make_run(runs_root)
     set_pid(run_dir, None, attempt=2)
-    events = run_dir / "events.jsonl"
+    events = RunDir(run_dir).events
     watcher = RunWatcher(runs_root)
     assert watcher.info(run_dir).started is None
     lines = [
@@ -218,9 +219,9 @@ def test_runs_of_the_same_second_are_ordered_by_creation_time(runs_root: Path) -
     for suffix, t in created.items():
         run_dir = runs_root / f"20270115-080000-attribution-{suffix}"
         run_dir.mkdir(parents=True)
-        (run_dir / "meta.json").write_text(json.dumps({"id": run_dir.name, "kind": "attribution", "created": t}))
+        RunDir(run_dir).meta.write_text(json.dumps({"id": run_dir.name, "kind": "attribution", "created": t}))
         set_pid(run_dir, None)
-        EventWriter(run_dir / "events.jsonl").emit("finished", summary={})
+        EventWriter(RunDir(run_dir).events).emit("finished", summary={})
     assert [i.id[-4:] for i in RunWatcher(runs_root).refresh()] == ["0000", "ffff"]
 
 
@@ -229,7 +230,7 @@ def test_finished_runs_are_listed_without_looking_up_their_process(
 ) -> None:
     run_dir = make_run(runs_root)
     set_pid(run_dir, None)
-    writer = EventWriter(run_dir / "events.jsonl")
+    writer = EventWriter(RunDir(run_dir).events)
     writer.emit("started", attempt=1)
     writer.emit("finished", summary={"n": 1})
     looked_up: list[int] = []
@@ -238,5 +239,5 @@ def test_finished_runs_are_listed_without_looking_up_their_process(
     assert [(i.status, i.summary) for i in watcher.refresh()] == [("finished", {"n": 1})]
     assert looked_up == []
     resumed = {"pid": 999_999_999, "start_time": None, "attempt": 2}
-    atomic_write_text(run_dir / "pid.json", json.dumps(resumed))  # as launch() writes it; the new attempt decides
+    atomic_write_text(RunDir(run_dir).pid, json.dumps(resumed))  # as launch() writes it; the new attempt decides
     assert watcher.refresh()[0].status == "finished" and looked_up == [999_999_999]

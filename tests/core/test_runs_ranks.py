@@ -10,6 +10,7 @@ import pytest
 
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunWatcher, create_run
 
 
@@ -17,12 +18,12 @@ from gpuopt_tui.core.runs import RunWatcher, create_run
 def run_dir(tmp_path: Path) -> Path:
     profile = profile_from_data({"kind": "attribution"}, "demo.toml")
     run_dir = create_run(profile, source=tmp_path / "demo.toml", root=tmp_path / "runs")
-    (run_dir / "pid.json").write_text(json.dumps({"pid": 999_999_999, "start_time": None, "attempt": 1}))
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": 999_999_999, "start_time": None, "attempt": 1}))
     return run_dir
 
 
 def rank_writer(run_dir: Path, rank: int, device: str) -> EventWriter:
-    events = EventWriter(run_dir / "events.jsonl", rank=rank)
+    events = EventWriter(RunDir(run_dir).events, rank=rank)
     events.emit("rank_started", host="node-a", pid=1000 + rank, start_time=None, device=device)
     return events
 
@@ -32,7 +33,7 @@ def progress(events: EventWriter, done: int, total: int, **extra: Any) -> None:
 
 
 def test_each_rank_keeps_its_own_progress_and_state(run_dir: Path) -> None:
-    runner = EventWriter(run_dir / "events.jsonl")
+    runner = EventWriter(RunDir(run_dir).events)
     runner.emit("started", pid=999_999_999, attempt=1, scale="3 process(es)", nodes=1)
     watcher = RunWatcher(run_dir.parent)
     ranks = [rank_writer(run_dir, rank, f"cuda:{rank}") for rank in range(3)]
@@ -68,15 +69,15 @@ def test_each_rank_keeps_its_own_progress_and_state(run_dir: Path) -> None:
 
 
 def test_a_rank_that_fails_before_it_starts_is_listed(run_dir: Path) -> None:
-    EventWriter(run_dir / "events.jsonl").emit("started", pid=999_999_999, attempt=1)
-    EventWriter(run_dir / "events.jsonl", rank=1).emit("rank_failed", host="node-b", message="no profile.toml")
+    EventWriter(RunDir(run_dir).events).emit("started", pid=999_999_999, attempt=1)
+    EventWriter(RunDir(run_dir).events, rank=1).emit("rank_failed", host="node-b", message="no profile.toml")
     info = RunWatcher(run_dir.parent).info(run_dir)
     assert info.workers == ()
     assert info.rank_progress == {1: {"state": "failed", "message": "no profile.toml"}}
 
 
 def test_a_new_attempt_forgets_the_ranks_of_the_last(run_dir: Path) -> None:
-    runner = EventWriter(run_dir / "events.jsonl")
+    runner = EventWriter(RunDir(run_dir).events)
     runner.emit("started", pid=999_999_999, attempt=1)
     rank = rank_writer(run_dir, 0, "cpu")
     progress(rank, 3, 8)
@@ -90,7 +91,7 @@ def test_a_new_attempt_forgets_the_ranks_of_the_last(run_dir: Path) -> None:
 
 
 def test_an_ordinary_run_has_no_ranks(run_dir: Path) -> None:
-    runner = EventWriter(run_dir / "events.jsonl")
+    runner = EventWriter(RunDir(run_dir).events)
     runner.emit("started", pid=999_999_999, attempt=1)
     progress(runner, 2, 5)
     info = RunWatcher(run_dir.parent).info(run_dir)
@@ -100,11 +101,11 @@ def test_an_ordinary_run_has_no_ranks(run_dir: Path) -> None:
 def test_show_lists_each_rank(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     from gpuopt_tui.cli import main
 
-    EventWriter(run_dir / "events.jsonl").emit("started", pid=999_999_999, attempt=1, scale="2 process(es)", nodes=1)
+    EventWriter(RunDir(run_dir).events).emit("started", pid=999_999_999, attempt=1, scale="2 process(es)", nodes=1)
     ranks = [rank_writer(run_dir, rank, f"cuda:{rank}") for rank in range(2)]
     progress(ranks[0], 3, 5)
     ranks[1].emit("rank_failed", host="node-a", message="[disk] full")
-    (run_dir / "log.txt").write_text("[info] rank 0/2 on node-a, cuda:0\n")
+    RunDir(run_dir).log.write_text("[info] rank 0/2 on node-a, cuda:0\n")
     monkeypatch.setenv("GPUOPT_TUI_RUNS_DIR", str(run_dir.parent))
     assert main(["show", run_dir.name, "--lines", "0"]) == 0
     out = capsys.readouterr().out

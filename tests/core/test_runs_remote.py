@@ -10,6 +10,7 @@ import pytest
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunWatcher, cancel_run, create_run, this_host
 
 NO_SUCH_PID = 2**22 + 12345  # above Linux's default pid_max: no process here has it
@@ -17,8 +18,8 @@ NO_SUCH_PID = 2**22 + 12345  # above Linux's default pid_max: no process here ha
 
 def started_elsewhere(tmp_path: Path, host: str) -> Path:
     run_dir = create_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=tmp_path)
-    (run_dir / "pid.json").write_text(json.dumps({"pid": NO_SUCH_PID, "attempt": 1, "host": host}))
-    events = EventWriter(run_dir / "events.jsonl")
+    RunDir(run_dir).pid.write_text(json.dumps({"pid": NO_SUCH_PID, "attempt": 1, "host": host}))
+    events = EventWriter(RunDir(run_dir).events)
     events.emit("started", pid=NO_SUCH_PID, attempt=1, host=host)
     events.close()
     return run_dir
@@ -30,7 +31,7 @@ def test_a_run_on_another_host_is_running_until_its_events_say_otherwise(tmp_pat
     assert info.status == "running" and info.remote and info.pids() == []
     with pytest.raises(UserError, match="runs on compute-node-7; cancel it there"):
         cancel_run(run_dir)
-    events = EventWriter(run_dir / "events.jsonl")
+    events = EventWriter(RunDir(run_dir).events)
     events.emit("finished", summary={})
     events.close()
     assert RunWatcher(tmp_path).info(run_dir).status == "finished"

@@ -19,6 +19,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.tracin_results import (
     SELF_CSV_NAME,
     SELF_JSONL_NAME,
@@ -49,8 +50,8 @@ def demo_run(folder: Path, overrides: list[str]) -> Path:
     from gpuopt_tui.jobs.tracin.job import run_job
 
     profile = load_profile(find_profile("demo-tracin"), ["run.device=cpu", *overrides])
-    run_job(profile, JobContext(folder, EventWriter(folder / "events.jsonl"), cache_dir()))
-    return folder / "results"
+    run_job(profile, JobContext(folder, EventWriter(RunDir(folder).events), cache_dir()))
+    return RunDir(folder).results
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +246,7 @@ def test_bad_records_name_the_file_and_line(results: Path, tmp_path: Path) -> No
 
 
 def test_summary_that_is_not_a_tracin_summary_is_a_user_error(results: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "results"
+    folder = RunDir(tmp_path).results
     folder.mkdir()
     summary = json.loads((results / "summary.json").read_text())
     del summary["n_parameters"]
@@ -258,7 +259,7 @@ def test_summary_that_is_not_a_tracin_summary_is_a_user_error(results: Path, tmp
 
 
 def test_a_run_in_progress_shows_only_the_files_that_exist(results: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "results"
+    folder = RunDir(tmp_path).results
     missing = load_results(folder)
     assert missing.empty and missing.files() == []
 

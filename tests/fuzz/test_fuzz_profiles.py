@@ -9,14 +9,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import shipped_profiles_dir
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import describe
+from gpuopt_tui.core.run_dir import RunDir
 
 from .inputs import FUZZ, TOKENS, Result, check_result, damaged, run_cli, unchanged
 
 SHIPPED = sorted(shipped_profiles_dir().glob("*.toml"))
-KEYS = sorted({f.key for cls in PROFILE_CLASSES.values() for f in describe(cls)})
+KEYS = sorted({f.key for k in KINDS.values() for f in describe(k.profile)})
 VALUES = st.sampled_from([t.decode(errors="replace") for t in TOKENS]) | st.text(max_size=12) | st.just("\x1b[2J")
 
 
@@ -24,7 +25,7 @@ VALUES = st.sampled_from([t.decode(errors="replace") for t in TOKENS]) | st.text
 @given(data=st.data())
 def test_damaged_profiles_validate(scratch: Path, data: st.DataObject) -> None:
     good = data.draw(st.sampled_from(SHIPPED)).read_bytes()
-    path = scratch / "profile.toml"
+    path = RunDir(scratch).profile
     path.write_bytes(data.draw(damaged(good)))
     unchanged(path, lambda: check_result(run_cli("profiles", "--validate", str(path)), path))
 
@@ -33,7 +34,7 @@ def test_damaged_profiles_validate(scratch: Path, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_any_set_on_a_profile(scratch: Path, data: st.DataObject) -> None:
     source = data.draw(st.sampled_from(SHIPPED))
-    path = scratch / "profile.toml"
+    path = RunDir(scratch).profile
     path.write_bytes(source.read_bytes())
     keys = st.sampled_from(KEYS) | st.sampled_from(KEYS).map(lambda k: k.rsplit(".", 1)[-1]) | st.text(max_size=10)
     items = data.draw(st.lists(st.tuples(keys, VALUES).map("=".join), min_size=1, max_size=3))

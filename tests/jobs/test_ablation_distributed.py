@@ -19,6 +19,7 @@ from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.profiles.ablation import AblationProfile
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import create_run, launch, wait_for
 from gpuopt_tui.jobs.ablation.features import BatchShares, LayerFeatures, extract
 from gpuopt_tui.jobs.ablation.inputs import LayerSource, synthetic_source
@@ -210,7 +211,7 @@ def _profile(devices: str = "1", **ablation: Any) -> AblationProfile:
 
 def _run_here(profile: AblationProfile, run_dir: Path, cache: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
-    ctx = JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), cache)
+    ctx = JobContext(run_dir, EventWriter(RunDir(run_dir).events), cache)
     try:
         return run_job(profile, ctx)
     finally:
@@ -232,10 +233,10 @@ def test_two_processes_resume_and_match_one_process(tmp_path: Path, monkeypatch:
     run_dir = create_run(_profile(devices="2"), root=tmp_path / "home" / "runs")
     earlier = sorted((tmp_path / "alone" / "state").glob("probe-mean_pool-*.json"))[:3]
     for shard in earlier:
-        shutil.copy2(shard, run_dir / "state" / shard.name)
+        shutil.copy2(shard, RunDir(run_dir).state / shard.name)
     launch(run_dir)
     info = wait_for(run_dir, frozenset({"finished", "failed", "cancelled", "crashed"}), timeout=120)
-    assert info.status == "finished", (run_dir / "log.txt").read_text()[-3000:]
+    assert info.status == "finished", RunDir(run_dir).log.read_text()[-3000:]
 
     two = load_results(run_dir)
     assert _without_timing(two.rows) == _without_timing(one.rows)
@@ -243,11 +244,11 @@ def test_two_processes_resume_and_match_one_process(tmp_path: Path, monkeypatch:
     assert {k: v for k, v in two.info.items() if k != "cache"} == {k: v for k, v in one.info.items() if k != "cache"}
     assert two.info["cache"] == {"hits": 4, "misses": 8, "corrupt": 0, "problems": [], "enabled": True}
     assert info.summary["cache_hits"] == 4 and info.summary["probes"] == len(one.rows) == 16
-    assert not (run_dir / "state" / "feature-parts").exists()
+    assert not (RunDir(run_dir).state / "feature-parts").exists()
     for shard in earlier:  # kept, not trained again
-        assert (run_dir / "state" / shard.name).stat().st_mtime == shard.stat().st_mtime
+        assert (RunDir(run_dir).state / shard.name).stat().st_mtime == shard.stat().st_mtime
 
-    events, corrupt = read_events(run_dir / "events.jsonl")
+    events, corrupt = read_events(RunDir(run_dir).events)
     assert corrupt == 0
     metrics = [e for e in events if e["type"] == "metric"]
     probes = [e for e in metrics if e["name"] == "probe_test_acc"]

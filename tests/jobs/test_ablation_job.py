@@ -18,6 +18,7 @@ from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.ablation import BASE_REPRESENTATIONS, AblationProfile
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.ablation.features import extract
 from gpuopt_tui.jobs.ablation.inputs import synthetic_source
 from gpuopt_tui.jobs.ablation.job import probe_tasks, run_job, sample_layers
@@ -60,7 +61,7 @@ def _profile(device: str = "cpu", **ablation: Any) -> AblationProfile:
 
 def _run(profile: AblationProfile, run_dir: Path, cache_dir: Path, ctx_class: type[JobContext] = JobContext) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = ctx_class(run_dir, EventWriter(run_dir / "events.jsonl"), cache_dir)
+    ctx = ctx_class(run_dir, EventWriter(RunDir(run_dir).events), cache_dir)
     try:
         return run_job(profile, ctx)
     finally:
@@ -141,9 +142,9 @@ def test_results_files_and_events(first_run: tuple[Path, AblationResults]) -> No
     assert results.info["cache"]["misses"] == 3 * 6 and results.info["cache"]["hits"] == 0
     table = results.table()
     assert len(table) == len(results.rows) and len(table[0]) == len(TABLE_HEADER)
-    csv_lines = (run_dir / "results" / "results.csv").read_text().splitlines()
+    csv_lines = (RunDir(run_dir).results / "results.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + len(results.rows) and csv_lines[0].startswith("representation,layer,layer_index")
-    events, corrupt = read_events(run_dir / "events.jsonl")
+    events, corrupt = read_events(RunDir(run_dir).events)
     assert corrupt == 0
     probes = [e for e in events if e["type"] == "metric" and e["name"] == "probe_test_acc"]
     reported = {(e["representation"], e["layer"]): e["value"] for e in probes}

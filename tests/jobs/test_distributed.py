@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from gpuopt_tui.core.events import TERMINAL_TYPES
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo, start_run, wait_for
 
 pytestmark = pytest.mark.slow
@@ -40,16 +41,16 @@ def run(name: str, overrides: list[str], timeout: float = 240) -> tuple[Path, Ru
 
 def finished(name: str, overrides: list[str]) -> Path:
     run_dir, info = run(name, overrides)
-    assert info.status == "finished", (info.message, (run_dir / "log.txt").read_text()[-3000:])
+    assert info.status == "finished", (info.message, RunDir(run_dir).log.read_text()[-3000:])
     return run_dir
 
 
 def assert_same_attributions(one: Path, many: Path) -> None:
-    a, b = (load_file(str(d / "results" / "attributions.safetensors")) for d in (one, many))
+    a, b = (load_file(str(RunDir(d).results / "attributions.safetensors")) for d in (one, many))
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-6, atol=1e-7, msg=key)
-    rows = [[json.loads(line) for line in (d / "results" / "attributions.jsonl").open()] for d in (one, many)]
+    rows = [[json.loads(line) for line in (RunDir(d).results / "attributions.jsonl").open()] for d in (one, many)]
     assert [r["tokens"] for r in rows[0]] == [r["tokens"] for r in rows[1]]
 
 
@@ -59,7 +60,7 @@ def skip_without_two_gpus(device: str) -> None:
 
 
 def lifecycle(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").open()]
+    return [json.loads(line) for line in RunDir(run_dir).events.open()]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -75,7 +76,7 @@ def test_attribution_over_two_processes_equals_one(device: str) -> None:
     progress = [e for e in events if e["type"] == "progress"]
     totals = {e["rank"]: e["total"] for e in progress if e.get("stage") == "attribution"}
     assert sum(totals.values()) == 24 and all(totals.values())  # both ranks had work
-    summary = json.loads((many / "results" / "summary.json").read_text())
+    summary = json.loads((RunDir(many).results / "summary.json").read_text())
     assert summary["timing"]["processes"] == 2 and summary["timing"]["attempt_samples"] == 24
 
 
@@ -84,16 +85,16 @@ def test_tracin_over_two_processes_equals_one(device: str) -> None:
     skip_without_two_gpus(device)
     one = finished("demo-tracin", [*TRACIN, f"run.device={device}"])
     many = finished("demo-tracin", [*TRACIN, f"run.device={device}", "run.devices=2"])
-    a, b = (load_file(str(d / "results" / "scores.safetensors")) for d in (one, many))
+    a, b = (load_file(str(RunDir(d).results / "scores.safetensors")) for d in (one, many))
     assert torch.equal(a["train_index"], b["train_index"])
     torch.testing.assert_close(b["scores"], a["scores"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(b["self_influence"], a["self_influence"], rtol=1e-5, atol=1e-6)
-    tops = [[json.loads(line) for line in (d / "results" / "influence.jsonl").open()] for d in (one, many)]
+    tops = [[json.loads(line) for line in (RunDir(d).results / "influence.jsonl").open()] for d in (one, many)]
     for x, y in zip(*tops):
         assert [p["index"] for p in x["proponents"]] == [p["index"] for p in y["proponents"]]
         assert [p["index"] for p in x["opponents"]] == [p["index"] for p in y["opponents"]]
     ranked = [
-        [json.loads(line)["index"] for line in (d / "results" / "self_influence.jsonl").open()] for d in (one, many)
+        [json.loads(line)["index"] for line in (RunDir(d).results / "self_influence.jsonl").open()] for d in (one, many)
     ]
     assert ranked[0] == ranked[1]
 
@@ -120,7 +121,7 @@ def test_two_nodes_simulated_on_one_host_equal_one_process() -> None:
     )
     info = wait_for(run_dir, TERMINAL_TYPES | {"crashed"}, 60)
     assert joined.returncode == 0, joined.stdout[-2000:] + joined.stderr[-2000:]
-    assert info.status == "finished", (info.message, (run_dir / "log.txt").read_text()[-3000:])
+    assert info.status == "finished", (info.message, RunDir(run_dir).log.read_text()[-3000:])
     assert_same_attributions(one, run_dir)
     assert sorted(e["rank"] for e in lifecycle(run_dir) if e["type"] == "rank_started") == [0, 1]
 

@@ -10,6 +10,7 @@ import pytest
 
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.attribution.job import run_job
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.models.demo.classifier import NEGATIVE, POSITIVE
@@ -22,9 +23,9 @@ def test_planted_tokens_rank_on_top(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     profile = load_profile(PROFILE, ["run.device=cpu"])
-    run_job(profile, JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), tmp_path / "cache"))
+    run_job(profile, JobContext(run_dir, EventWriter(RunDir(run_dir).events), tmp_path / "cache"))
     signal = {*POSITIVE, *NEGATIVE}
-    records = [json.loads(line) for line in (run_dir / "results" / "attributions.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()]
     assert len(records) == profile.attribution.n_samples
 
     # Per sample: the largest attribution sits on one of the two planted words.
@@ -35,5 +36,5 @@ def test_planted_tokens_rank_on_top(tmp_path: Path) -> None:
     counts = Counter(token for r in records for token in r["tokens"])
     ranked = {t for t in signal if counts[t] >= profile.attribution.min_token_count}
     assert len(ranked) >= 4
-    ranking = json.loads((run_dir / "results" / "summary.json").read_text())["top_k"]
+    ranking = json.loads((RunDir(run_dir).results / "summary.json").read_text())["top_k"]
     assert {entry["token"] for entry in ranking[: len(ranked)]} == ranked

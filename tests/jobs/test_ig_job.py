@@ -18,6 +18,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.attribution import integrated_gradients
 from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
@@ -73,13 +74,17 @@ def profile(workdir: Path, data_file: str = "data.jsonl", **attribution: Any):
 
 def context(run_dir: Path, cls: type[JobContext] = JobContext) -> JobContext:
     run_dir.mkdir(parents=True, exist_ok=True)
-    return cls(run_dir, EventWriter(run_dir / "events.jsonl"), run_dir / "cache")
+    return cls(run_dir, EventWriter(RunDir(run_dir).events), run_dir / "cache")
 
 
 def results(run_dir: Path) -> tuple[list[dict], dict, dict[str, torch.Tensor]]:
-    lines = (run_dir / "results" / "attributions.jsonl").read_text().splitlines()
-    summary = json.loads((run_dir / "results" / "summary.json").read_text())
-    return [json.loads(line) for line in lines], summary, load_file(run_dir / "results" / "attributions.safetensors")
+    lines = (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()
+    summary = json.loads((RunDir(run_dir).results / "summary.json").read_text())
+    return (
+        [json.loads(line) for line in lines],
+        summary,
+        load_file(RunDir(run_dir).results / "attributions.safetensors"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +118,7 @@ def test_result_files(finished: Path) -> None:
     means = [entry["mean_share"] for entry in summary["top_k"]]
     assert means == sorted(means, reverse=True) and all(e["count"] >= 3 for e in summary["top_k"])
     assert set(summary["deltas"]) >= {"median_rel", "p95_rel", "warning", "suggested_n_steps"}
-    events, _ = read_events(finished / "events.jsonl")
+    events, _ = read_events(RunDir(finished).events)
     assert {e["path"] for e in events if e["type"] == "artifact"} == {
         "results/attributions.jsonl",
         "results/attributions.safetensors",
@@ -166,10 +171,10 @@ def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, fi
         for got, want in zip(records, expected):
             assert got["tokens"] == want["tokens"]
             assert got["scores"] == pytest.approx(want["scores"], rel=1e-4, abs=1e-6)
-    check = json.loads((run_dir / "results" / "check.json").read_text())
+    check = json.loads((RunDir(run_dir).results / "check.json").read_text())
     assert check["n_samples"] == 4 and check["max_rel_diff"] < 1e-5
     assert summary["check_max_rel_diff"] == check["max_rel_diff"]
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in RunDir(run_dir).events.read_text().splitlines()]
     progress = [e for e in events if e["type"] == "progress"]
     # the check reports its own progress after the attribution; the run then ends on its samples
     assert [e.get("stage") for e in progress[-3:]] == ["check", "check", "attribution"]
@@ -188,10 +193,10 @@ def test_cancel_then_resume_gives_the_uninterrupted_results(workdir: Path, finis
     run_dir = workdir / "runs" / "resumed"
     with pytest.raises(JobCancelled):
         run_job(profile(workdir), context(run_dir, CancelAfterFirstBatch))
-    assert sorted(p.name for p in (run_dir / "state").glob("batch_*")) == ["batch_00000.safetensors"]
-    assert not (run_dir / "results" / "attributions.jsonl").exists()
+    assert sorted(p.name for p in RunDir(run_dir).state.glob("batch_*")) == ["batch_00000.safetensors"]
+    assert not (RunDir(run_dir).results / "attributions.jsonl").exists()
     run_job(profile(workdir), context(run_dir))
-    events, _ = read_events(run_dir / "events.jsonl")
+    events, _ = read_events(RunDir(run_dir).events)
     assert any("resuming: 1 of 6 batches" in e.get("message", "") for e in events)
     got, expected = results(run_dir), results(finished)
     assert got[0] == expected[0]
@@ -225,7 +230,7 @@ def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monke
     )
     run_dir = tmp_path / "run"
     run_job(profile(tmp_path, n_samples=8), context(run_dir))
-    events, _ = read_events(run_dir / "events.jsonl")
+    events, _ = read_events(RunDir(run_dir).events)
     assert [e["rows"] for e in events if e["type"] == "fp16_overflow"] == [4, 4]
     assert any("redone in bf16" in e.get("message", "") for e in events)
     records, summary, _ = results(run_dir)
@@ -236,7 +241,7 @@ def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monke
 def test_a_tolerance_below_what_the_steps_resolve_is_named_up_front(workdir: Path) -> None:
     run_dir = workdir / "runs" / "auto-fine"
     run_job(profile(workdir, n_steps="auto", tolerance=1e-7, max_steps=17, n_samples=4), context(run_dir))
-    events, _ = read_events(run_dir / "events.jsonl")
+    events, _ = read_events(RunDir(run_dir).events)
     warnings = [e["message"] for e in events if e["type"] == "warning"]
     assert any("tolerance 1e-07 is below what fp32 steps can resolve" in w for w in warnings), warnings
 

@@ -15,6 +15,7 @@ from torch import nn
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.attribution import integrated_gradients, integrated_gradients_reference
 from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
@@ -184,9 +185,9 @@ def test_demo_clicked_title_topic_words_rank_first(demo) -> None:
 @pytest.mark.slow
 def test_demo_run_writes_nested_candidate_results(demo, demo_cache: Path, tmp_path: Path) -> None:
     profile = load_profile(PROFILES / "demo-attribution-two-tower.toml", ["run.device=cpu", "attribution.n_samples=6"])
-    run_job(profile, JobContext(tmp_path, EventWriter(tmp_path / "events.jsonl"), demo_cache))
-    records = [json.loads(line) for line in (tmp_path / "results" / "attributions.jsonl").read_text().splitlines()]
-    tensors = load_file(tmp_path / "results" / "attributions.safetensors")
+    run_job(profile, JobContext(tmp_path, EventWriter(RunDir(tmp_path).events), demo_cache))
+    records = [json.loads(line) for line in (RunDir(tmp_path).results / "attributions.jsonl").read_text().splitlines()]
+    tensors = load_file(RunDir(tmp_path).results / "attributions.safetensors")
     assert len(records) == 6 and tensors["scores"].shape[:2] == (6, 4)
     for i, r in enumerate(records):
         assert len(r["tokens"]) == len(r["scores"]) == 4

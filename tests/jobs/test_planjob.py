@@ -18,6 +18,7 @@ from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
 
@@ -45,7 +46,7 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
         },
         "plan.toml",
     )
-    ctx = JobContext(tmp_path / "run", EventWriter(tmp_path / "events.jsonl"), tmp_path / "cache")
+    ctx = JobContext(tmp_path / "run", EventWriter(RunDir(tmp_path).events), tmp_path / "cache")
     summary = planjob.run_job(profile, ctx)
     plan = json.loads((ctx.results_dir / "plan.json").read_text())
     chosen = plan["recommendation"]["chosen"]
@@ -61,7 +62,7 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
     diff = (ctx.results_dir / "config.diff").read_text()
     assert "-  batch_size: 4   # per GPU" in diff and f"+  batch_size: {chosen['micro_batch']}   # per GPU" in diff
     assert config.read_text() == CONFIG  # a run only proposes; applying is explicit
-    events, _ = read_events(tmp_path / "events.jsonl")
+    events, _ = read_events(RunDir(tmp_path).events)
     assert [e["type"] for e in events if e["type"] == "artifact"] == ["artifact", "artifact"]
 
 
@@ -73,8 +74,8 @@ def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: 
         "plan.toml",
     )
     run = tmp_path / "run"
-    planjob.run_job(profile, JobContext(run, EventWriter(tmp_path / "events.jsonl"), tmp_path / "cache"))
-    path = run / "results" / "plan.json"
+    planjob.run_job(profile, JobContext(run, EventWriter(RunDir(tmp_path).events), tmp_path / "cache"))
+    path = RunDir(run).results / "plan.json"
     data = json.loads(path.read_text())
     del data["recommendation"]["headroom"]
     path.write_text(json.dumps(data))
@@ -113,7 +114,7 @@ def test_measured_plan_saves_the_gpu_probes_and_fit(
         },
         "plan.toml",
     )
-    ctx = JobContext(tmp_path / "run", EventWriter(tmp_path / "events.jsonl"), tmp_path / "cache")
+    ctx = JobContext(tmp_path / "run", EventWriter(RunDir(tmp_path).events), tmp_path / "cache")
     planjob.run_job(profile, ctx)
     plan = json.loads((ctx.results_dir / "plan.json").read_text())
     assert plan["gpu_index"] == 1 and plan["gpu_label"] == "8 GB given"

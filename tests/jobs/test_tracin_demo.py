@@ -9,6 +9,7 @@ import pytest
 
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.tracin.job import run_job
 
@@ -20,9 +21,9 @@ def test_self_influence_finds_the_flipped_labels(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     profile = load_profile(PROFILE, ["run.device=cpu"])
-    summary = run_job(profile, JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), tmp_path / "cache"))
+    summary = run_job(profile, JobContext(run_dir, EventWriter(RunDir(run_dir).events), tmp_path / "cache"))
     assert summary["flipped_label_auc"] >= 0.9
-    ranked = [json.loads(line) for line in (run_dir / "results" / "self_influence.jsonl").read_text().splitlines()]
+    ranked = [json.loads(line) for line in (RunDir(run_dir).results / "self_influence.jsonl").read_text().splitlines()]
     n_flipped = sum(entry["flipped"] for entry in ranked)
     assert n_flipped > 0
     top = ranked[:n_flipped]

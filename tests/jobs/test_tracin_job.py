@@ -16,6 +16,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import load_dataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
@@ -89,14 +90,14 @@ n_test = 0
 
 def context(run_dir: Path, tmp_path: Path) -> JobContext:
     run_dir.mkdir(exist_ok=True)
-    return JobContext(run_dir, EventWriter(run_dir / "events.jsonl"), tmp_path / "cache")
+    return JobContext(run_dir, EventWriter(RunDir(run_dir).events), tmp_path / "cache")
 
 
 def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path) -> None:
     profile = load_profile(write_profile(project, tmp_path))
     run_dir = tmp_path / "run"
     summary = run_job(profile, context(run_dir, tmp_path))
-    results = run_dir / "results"
+    results = RunDir(run_dir).results
     assert summary["n_scored"] == 12 and summary["train_examples_per_s"] > 0
 
     adapter = load_hf_adapter(project / "model", torch.device("cpu"))
@@ -135,7 +136,7 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
     assert saved["method"] == "closed_form" and saved["n_parameters"] == 32 * 32 + 32 + 2 * 32 + 2
     assert saved["flipped_label_auc"] is None
     assert saved["label_names"] == adapter.label_names and saved["predictions_checkpoint"] == str(project / "ckpt2.pt")
-    events, _ = read_events(run_dir / "events.jsonl")
+    events, _ = read_events(RunDir(run_dir).events)
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"] == 36 and progress[-1]["unit"] == "train gradients"
     assert {Path(e["path"]).name for e in events if e["type"] == "artifact"} == {
@@ -159,13 +160,13 @@ def test_resumed_run_reuses_finished_shards(project: Path, tmp_path: Path, monke
     profile = load_profile(write_profile(project, tmp_path))
     run_dir = tmp_path / "run"
     run_job(profile, context(run_dir, tmp_path))
-    first = (run_dir / "results" / "influence.jsonl").read_text()
+    first = (RunDir(run_dir).results / "influence.jsonl").read_text()
     loads: list[Path] = []
     original = Adapter.read_weights
     monkeypatch.setattr(Adapter, "read_weights", lambda self, path: loads.append(path) or original(self, path))
     run_job(profile, context(run_dir, tmp_path))
     assert loads == []  # every block's final shard was there
-    assert (run_dir / "results" / "influence.jsonl").read_text() == first
+    assert (RunDir(run_dir).results / "influence.jsonl").read_text() == first
 
     changed = load_profile(write_profile(project, tmp_path, "projection_dim = 8"))
     with pytest.raises(UserError, match="made with other settings or data"):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_configs import BERT_BASE
 from rich.console import Console, RenderableType
 from textual.pilot import Pilot
 from textual.widgets import DataTable, TabbedContent
@@ -43,16 +44,6 @@ from .conftest import notifications, screen_text, wait_for, widget_text
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "yaml"
 GIB = 1024**3
 MIB = 1024**2
-BERT_BASE = {  # only the config is read: no weights, no torch
-    "model_type": "bert",
-    "architectures": ["BertModel"],
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-}
 
 
 @pytest.fixture

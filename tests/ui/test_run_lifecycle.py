@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core.runs import ENGINE_MODULES, RunWatcher
+from gpuopt_tui.core.kinds import KINDS
+from gpuopt_tui.core.runs import RunWatcher
 
 from .conftest import pid_alive, wait_for
 
-ENGINE = Path(__file__).resolve().parents[2] / "gpuopt_tui" / "jobs" / ENGINE_MODULES["attribution"]
+ENGINE = KINDS["attribution"].engine_file
 
 TUI_STARTS_A_RUN = """
 import asyncio, json, sys

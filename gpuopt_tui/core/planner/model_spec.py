@@ -119,12 +119,6 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
     return data, str(p)
 
 
-def load_spec(path: str | Path, task: str = "auto") -> ModelSpec:
-    """The ModelSpec of a local model directory or config.json."""
-    config, label = load_config(path)
-    return spec_from_config(config, label, task)
-
-
 def spec_from_config(config: Mapping[str, Any], source: str = "config", task: str = "auto") -> ModelSpec:
     """The ModelSpec of a Hugging Face config mapping (config.json contents or `PretrainedConfig.to_dict()`)."""
     model_type = str(config.get("model_type", ""))

@@ -18,9 +18,9 @@ import tomlkit
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
 from gpuopt_tui.core.profiles.schema import build, describe, to_plain
 
 if sys.version_info >= (3, 11):
@@ -61,14 +61,12 @@ def read_text(path: Path) -> str:
 def profile_class(data: Mapping[str, Any], source: str) -> type[ProfileBase]:
     kind = data.get("kind")
     if kind is None:
-        raise ProfileError(source, "kind", f"missing; expected one of: {', '.join(PROFILE_CLASSES)}")
-    if kind not in PROFILE_CLASSES:
-        close = difflib.get_close_matches(str(kind), list(PROFILE_CLASSES), n=1)
+        raise ProfileError(source, "kind", f"missing; expected one of: {', '.join(KINDS)}")
+    if kind not in KINDS:
+        close = difflib.get_close_matches(str(kind), list(KINDS), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ProfileError(
-            source, "kind", f"unknown run kind {kind!r}{hint}; expected one of: {', '.join(PROFILE_CLASSES)}"
-        )
-    return PROFILE_CLASSES[kind]
+        raise ProfileError(source, "kind", f"unknown run kind {kind!r}{hint}; expected one of: {', '.join(KINDS)}")
+    return KINDS[kind].profile
 
 
 def profile_from_data(data: Mapping[str, Any], source: str) -> ProfileBase:

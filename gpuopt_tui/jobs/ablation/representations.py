@@ -19,8 +19,6 @@ from torch import Tensor
 
 from gpuopt_tui.jobs.ablation.matrices import MatrixBatch, layer_seed
 
-SPECTRUM_STATS = ("effective_rank", "stable_rank", "spectral_norm", "frobenius_norm", "nuclear_norm")
-
 
 @dataclass(frozen=True)
 class FeatureSettings:

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_json, write_jsonl
+from gpuopt_tui.core.attribution_results import CHECK_NAME, JSONL_NAME, SUMMARY_NAME, TENSORS_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
@@ -87,8 +88,8 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.progress(0, 2, unit="paths", stage="check")
         check = compare_paths(adapter, ds, settings, section.check_samples)
         ctx.progress(2, 2, unit="paths", stage="check")
-        write_json(ctx.results_dir / "check.json", check)
-        ctx.artifact(ctx.results_dir / "check.json", "optimized vs original: relative difference of the scores")
+        write_json(ctx.results_dir / CHECK_NAME, check)
+        ctx.artifact(ctx.results_dir / CHECK_NAME, "optimized vs original: relative difference of the scores")
         ctx.metric("check_max_rel_diff", check["max_rel_diff"])
         summary["check_max_rel_diff"] = check["max_rel_diff"]
         ctx.reset_rate()
@@ -275,9 +276,9 @@ def _write_results(
     samples attributed by this attempt (all ranks) and the attempt's wall seconds for them."""
     structure = adapter.special_ids.non_content()
     files = {
-        "jsonl": ctx.results_dir / "attributions.jsonl",
-        "tensors": ctx.results_dir / "attributions.safetensors",
-        "summary": ctx.results_dir / "summary.json",
+        "jsonl": ctx.results_dir / JSONL_NAME,
+        "tensors": ctx.results_dir / TENSORS_NAME,
+        "summary": ctx.results_dir / SUMMARY_NAME,
     }
     records = sample_records(collected, ds.texts, adapter.tokens, structure, section.top_k_sample)
     write_jsonl(files["jsonl"], records)

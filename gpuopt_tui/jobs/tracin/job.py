@@ -28,6 +28,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.gradient_cache import default_root
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
+from gpuopt_tui.core.tracin_results import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
@@ -218,10 +219,10 @@ def _write_results(
 ) -> dict[str, Any]:
     section = profile.tracin
     files = {
-        "influence": ctx.results_dir / "influence.jsonl",
-        "self_jsonl": ctx.results_dir / "self_influence.jsonl",
-        "self_csv": ctx.results_dir / "self_influence.csv",
-        "summary": ctx.results_dir / "summary.json",
+        "influence": ctx.results_dir / INFLUENCE_NAME,
+        "self_jsonl": ctx.results_dir / SELF_JSONL_NAME,
+        "self_csv": ctx.results_dir / SELF_CSV_NAME,
+        "summary": ctx.results_dir / SUMMARY_NAME,
     }
     flipped = _flipped(train)
     ranked = _self_influence_ranking(train, result, flipped)
@@ -233,7 +234,7 @@ def _write_results(
     ctx.artifact(files["self_jsonl"], "training examples ranked by self-influence")
     ctx.artifact(files["self_csv"], "training examples ranked by self-influence (CSV)")
     if result.matrix is not None:
-        files["matrix"] = ctx.results_dir / "scores.safetensors"
+        files["matrix"] = ctx.results_dir / MATRIX_NAME
         tensors = {
             "scores": result.matrix.float().contiguous(),
             "train_index": result.train_rows,

@@ -17,12 +17,12 @@ from textual.widgets import Button, Label, Select, Static, Tab, Tabs
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.kinds import KINDS, engine_available
 from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import ProfileEntry, list_profiles, load_profile, read_text
 from gpuopt_tui.core.profiles.io import save_profile as write_profile
-from gpuopt_tui.core.profiles.kinds import PROFILE_CLASSES
-from gpuopt_tui.core.runs import RunInfo, engine_available
+from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -87,7 +87,7 @@ class KindScreen(AppScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cls: type[ProfileBase] = PROFILE_CLASSES[self.KIND]
+        self.cls: type[ProfileBase] = KINDS[self.KIND].profile
         self.path: Path | None = None  # the profile file being edited
         self.latest: RunInfo | None = None  # the newest run of this kind
         self._entries: dict[str, ProfileEntry] = {}
@@ -171,7 +171,7 @@ class KindScreen(AppScreen):
 
     def reload_profiles(self, select: Path | None = None) -> None:
         """List the profiles of this kind (and unreadable ones, so their errors can be seen) in the picker."""
-        entries = [e for e in list_profiles() if e.kind == self.KIND or e.error or e.kind not in PROFILE_CLASSES]
+        entries = [e for e in list_profiles() if e.kind == self.KIND or e.error or e.kind not in KINDS]
         self._entries = {str(e.path): e for e in entries}
         options = [(self._label(e), str(e.path)) for e in entries]
         picker = self.query_one("#profile-picker", Select)
@@ -189,7 +189,7 @@ class KindScreen(AppScreen):
     def _label(self, entry: ProfileEntry) -> str:
         if entry.error:
             return f"{entry.name} (unreadable)"
-        if entry.kind not in PROFILE_CLASSES:
+        if entry.kind not in KINDS:
             return f"{entry.name} (unknown kind)"
         return entry.name if entry.shipped else f"{entry.name} (yours)"
 

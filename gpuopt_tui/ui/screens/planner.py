@@ -30,10 +30,11 @@ from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
 
 from gpuopt_tui.core.errors import ProfileError, UserError
+from gpuopt_tui.core.kinds import engine_available
 from gpuopt_tui.core.planner.apply import Restore
 from gpuopt_tui.core.planner.search import Candidate
 from gpuopt_tui.core.profiles.plan import PlanProfile
-from gpuopt_tui.core.runs import RunInfo, engine_available
+from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui import planner_tasks as tasks
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.run_poller import RunsSnapshot

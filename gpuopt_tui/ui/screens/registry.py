@@ -112,12 +112,6 @@ SCREENS: tuple[ScreenSpec, ...] = (
     ),
 )
 SCREEN_NAMES: tuple[str, ...] = tuple(s.name for s in SCREENS)
-KIND_SCREENS: dict[str, str] = {
-    "attribution": "attribution",
-    "tracin": "tracin",
-    "ablation": "ablation",
-    "plan": "planner",
-}
 
 
 def import_screens() -> None:

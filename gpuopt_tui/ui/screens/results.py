@@ -15,11 +15,12 @@ from textual.content import Content
 from textual.widgets import Static
 
 from gpuopt_tui.core.format import human_time
+from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.external import open_file
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
-from gpuopt_tui.ui.screens.registry import KIND_SCREENS, spec
+from gpuopt_tui.ui.screens.registry import spec
 from gpuopt_tui.ui.widgets.file_picker import FilePicker, Picked
 from gpuopt_tui.ui.widgets.run_progress import RunProgress
 from gpuopt_tui.ui.widgets.run_results import RunResults
@@ -27,10 +28,10 @@ from gpuopt_tui.ui.widgets.run_results import RunResults
 
 def results_view(kind: str) -> type[RunResults]:
     """The results view of a run kind: its kind screen's (BROWSE_RESULTS, else RESULTS), or the plain one."""
-    name = KIND_SCREENS.get(kind)
-    if name is None:
+    run_kind = KINDS.get(kind)
+    if run_kind is None:
         return RunResults
-    screen_spec = spec(name)
+    screen_spec = spec(run_kind.screen)
     screen = getattr(importlib.import_module(screen_spec.module), screen_spec.factory)
     return screen.BROWSE_RESULTS or screen.RESULTS
 

@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Input, Static
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_time
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RESUMABLE, RunInfo, delete_run, resume_run
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
@@ -143,7 +144,7 @@ class RunsScreen(AppScreen):
     def _existing(self) -> RunInfo | None:
         """The selected run, if its directory is still there (another process may have deleted it)."""
         info = self.selected
-        if info is not None and not (info.dir / "meta.json").exists():
+        if info is not None and not RunDir(info.dir).meta.exists():
             self.gapp.report_error(f"run {info.id} no longer exists: {info.dir} was deleted", title="Run gone")
             self.gapp.poller.poll_now()
             return None

@@ -15,10 +15,9 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.ui.widgets.confirm import Dialog
 from gpuopt_tui.ui.widgets.run_results import result_files
-
-RUN_FILES = ("log.txt", "profile.toml", "events.jsonl", "meta.json")  # beside results/, in this order
 
 
 @dataclass(frozen=True)
@@ -29,8 +28,8 @@ class Picked:
 
 def run_files(run_dir: Path) -> list[tuple[Path, int]]:
     """The run's result files, then its log, frozen profile, events and meta data (those that exist)."""
-    found = [(run_dir / "results" / name, size) for name, size in result_files(run_dir)]
-    for name in RUN_FILES:
+    found = [(RunDir(run_dir).results / name, size) for name, size in result_files(run_dir)]
+    for name in RunDir.OWN_FILES:
         try:
             found.append((run_dir / name, (run_dir / name).stat().st_size))
         except OSError:

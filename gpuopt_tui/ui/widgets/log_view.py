@@ -12,6 +12,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Log, Static
 
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail
 
 FOLLOW_INTERVAL_S = 1.0
@@ -31,7 +32,7 @@ class LogView(Log):
             self.clear()
             return
         try:
-            stat = (run_dir / "log.txt").stat()
+            stat = RunDir(run_dir).log.stat()
             seen = (run_dir, stat.st_size, stat.st_mtime_ns)
         except OSError:
             seen = (run_dir, -1, -1)
@@ -58,7 +59,7 @@ class LogScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="log-frame"):
             yield Static(
-                Content.from_markup("[b]log of $id[/]  $path", id=self._run_id, path=str(self._run_dir / "log.txt")),
+                Content.from_markup("[b]log of $id[/]  $path", id=self._run_id, path=str(RunDir(self._run_dir).log)),
                 classes="pane-title",
             )
             yield LogView(lines=2000, id="log-full")

@@ -16,6 +16,7 @@ from textual.content import Content
 from textual.widgets import Static, Tabs
 
 from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import is_partial_write
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.widgets.log_view import LogView
@@ -29,7 +30,7 @@ def read_summary(info: RunInfo) -> dict[str, Any]:
     if info.summary:
         return info.summary
     try:
-        data = json.loads((info.dir / "results" / "summary.json").read_text(encoding="utf-8"))
+        data = json.loads((RunDir(info.dir).results / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -37,7 +38,7 @@ def read_summary(info: RunInfo) -> dict[str, Any]:
 
 def result_files(run_dir: Path) -> list[tuple[str, int]]:
     """Files under results/ (relative path, size), at most MAX_FILES."""
-    root = run_dir / "results"
+    root = RunDir(run_dir).results
     found: list[tuple[str, int]] = []
     try:
         for path in sorted(root.rglob("*")):
@@ -128,13 +129,13 @@ class RunResults(VerticalScroll):
             return Content("Results appear here when the run finishes.")
         parts: list[Content] = []
         if info.status in ("failed", "crashed"):
-            return Content.from_markup("[b]End of log.txt[/] (the message is above)")
+            return Content.from_markup("[b]End of $log[/] (the message is above)", log=RunDir.LOG)
         summary = read_summary(info)
         if summary:
             parts.append(Content.from_markup("[b]Summary[/]"))
             parts.extend(Content("  " + line) for line in summary_lines(summary))
         files = result_files(info.dir)
-        parts.append(Content.from_markup("[b]Result files[/]  $dir", dir=str(info.dir / "results")))
+        parts.append(Content.from_markup("[b]Result files[/]  $dir", dir=str(RunDir(info.dir).results)))
         if files:
             parts.extend(Content(f"  {name}  {human_bytes(size)}") for name, size in files)
         else:
