@@ -19,6 +19,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution.check import CHECK_STAGES
 from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
 from gpuopt_tui.jobs.attribution.outputs import float32_values
@@ -171,8 +172,11 @@ def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, fi
     assert summary["check_max_rel_diff"] == check["max_rel_diff"]
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     progress = [e for e in events if e["type"] == "progress"]
-    # the check reports its own progress after the attribution; the run then ends on its samples
-    assert [e.get("stage") for e in progress[-3:]] == ["check", "check", "attribution"]
+    # the check reports each path's progress in steps after the attribution; the run then ends on its samples
+    check = [e for e in progress if e.get("stage") in CHECK_STAGES.values()]
+    assert [e["stage"] for e in (check[0], check[-1])] == list(CHECK_STAGES.values())
+    assert (check[-1]["done"], check[-1]["total"], check[-1]["unit"]) == (4 * 8, 4 * 8, "steps")
+    assert progress[-1]["stage"] == "attribution"
     assert (progress[-1]["done"], progress[-1]["total"], progress[-1]["unit"]) == (22, 22, "samples")
 
 
