@@ -9,16 +9,40 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, Task, TextColumn, TimeElapsedColumn
+from rich.progress_bar import ProgressBar
+from rich.text import Text
 
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import human_bytes, human_duration, safe_text
 from gpuopt_tui.core.run_files import log_tail
-from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress
+from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress, stage_text
 from gpuopt_tui.core.runs import cancel_run
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)
+
+
+def _counted(task: Task) -> bool:
+    """Whether the task's stage has a count (rich keeps the last total when told none: a field says it)."""
+    return task.total is not None and task.fields.get("counted", True)
+
+
+class StageBarColumn(BarColumn):
+    """The bar; it pulses through a stage without a count."""
+
+    def render(self, task: Task) -> ProgressBar:
+        bar = super().render(task)
+        if not _counted(task):
+            bar.total, bar.pulse = None, True
+        return bar
+
+
+class CountColumn(MofNCompleteColumn):
+    """done/total, or nothing for a stage without a count."""
+
+    def render(self, task: Task) -> Text:
+        return super().render(task) if _counted(task) else Text()
 
 
 def _stats(event: dict[str, Any]) -> str:
@@ -92,14 +116,14 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     signal.signal(signal.SIGINT, on_interrupt)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
+        StageBarColumn(),
+        CountColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.fields[stats]}"),
         console=console,
         transient=False,
     )
-    task = progress.add_task(run_dir.name, total=None, stats="starting…")
+    task = progress.add_task(run_dir.name, total=None, stats="starting…", counted=False)
     outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
     ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
     try:
@@ -116,12 +140,12 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                         if "rank" in event:
                             ranks[event["rank"]] = event
                             event = combined_progress(ranks)
-                        label = event.get("stage") or run_dir.name
                         progress.update(
                             task,
-                            description=escape(str(label)),
+                            description=escape(stage_text(event) or run_dir.name),
                             completed=event.get("done", 0),
                             total=event.get("total"),
+                            counted="total" in event,
                             stats=escape(_stats(event)),
                         )
                     elif etype in ("log", "warning"):
