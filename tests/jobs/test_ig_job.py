@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from run_stages import stages
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
@@ -88,6 +89,19 @@ def finished(workdir: Path) -> Path:
     run_dir = workdir / "runs" / "plain"
     run_job(profile(workdir), context(run_dir))
     return run_dir
+
+
+def test_a_run_reports_each_stage(finished: Path) -> None:
+    assert stages(finished / "events.jsonl") == [
+        "loading the model",
+        "reading data.jsonl",
+        f"tokenizing {N_SAMPLES} examples of data.jsonl",
+        "preparing the engine",
+        "attribution [samples]",
+        "collecting the batches [batches]",
+        "writing results",
+        "attribution [samples]",  # said again at the end: run lists show the samples
+    ]
 
 
 def test_result_files(finished: Path) -> None:
@@ -176,6 +190,8 @@ def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, fi
     check = [e for e in progress if e.get("stage") in CHECK_STAGES.values()]
     assert [e["stage"] for e in (check[0], check[-1])] == list(CHECK_STAGES.values())
     assert (check[-1]["done"], check[-1]["total"], check[-1]["unit"]) == (4 * 8, 4 * 8, "steps")
+    for name in CHECK_STAGES.values():  # each path shows its own rate
+        assert [e for e in check if e["stage"] == name][-1]["rate"] > 0
     assert progress[-1]["stage"] == "attribution"
     assert (progress[-1]["done"], progress[-1]["total"], progress[-1]["unit"]) == (22, 22, "samples")
 

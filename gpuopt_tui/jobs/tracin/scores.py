@@ -147,7 +147,8 @@ class TracInRun:
                         selfinf += prev["self_influence"].to(device, dtype)
                     cache_stage = f"{stage}: train gradient cache"
                     on_rows = lambda n, at=done, name=cache_stage: reporter.progress(at + n, total, name)  # noqa: E731
-                    reporter.progress(done, total, stage)
+                    if cache is None:  # (with the cache the block says its own stage)
+                        reporter.progress(done, total, stage)
                     for offset, feats in self._train_features(batcher, computer, cache, j, rows, on_rows):
                         if test_feats is None and n_test:
                             reporter.stage(test_stage)
