@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 "created": i.created,
                 "done": i.progress.get("done"),
                 "total": i.progress.get("total"),
+                "stage": i.progress.get("stage"),
                 "message": i.message,
                 "dir": str(i.dir),
             }

@@ -25,7 +25,7 @@ from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.log_view import LogScreen
 from gpuopt_tui.ui.widgets.run_progress import RunGpuPoller
-from gpuopt_tui.ui.widgets.run_text import elapsed_seconds
+from gpuopt_tui.ui.widgets.run_text import activity_text, elapsed_seconds
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 
 from .conftest import TickCounter, flat_text, make_run, notifications, wait_for, widget_text
@@ -272,6 +272,14 @@ def test_elapsed_leaves_out_the_time_before_a_resumed_attempt(runs_root: Path) -
     assert elapsed_seconds(info, now=9999.0) == 100.0
     info.started = None  # before its `started` event: counted from creation
     assert elapsed_seconds(info, now=9999.0) == 4100.0
+
+
+def test_a_check_run_reports_its_stage_and_rate() -> None:
+    progress = {"stage": "check: one step at a time (fp32)", "done": 12, "total": 64, "unit": "steps", "rate": 3.5}
+    info = RunInfo("r", Path("r"), "attribution", "check", 0.0, "running", progress=progress)
+    assert activity_text(info) == "check: one step at a time (fp32) 12/64 (19%) · 3.50 steps/s"
+    info.status = "finished"  # once it ended: its count
+    assert activity_text(info) == "12/64 (19%)"
 
 
 async def test_the_stage_a_run_is_in_is_shown(live_run: tuple[Path, subprocess.Popen[bytes]]) -> None:

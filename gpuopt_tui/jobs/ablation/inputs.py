@@ -417,7 +417,9 @@ OPEN_STAGES = {
 }
 
 
-def model_source(profile: AblationProfile, device: torch.device, cache_dir: Path, stage: StageFn) -> ModelSource:
+def model_source(
+    profile: AblationProfile, device: torch.device, cache_dir: Path, stage: StageFn = no_stage
+) -> ModelSource:
     from gpuopt_tui.jobs.data import cut_texts_note, load_dataset
     from gpuopt_tui.jobs.models import load_adapter
 
