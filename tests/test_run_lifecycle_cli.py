@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_stages import stages
 
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunWatcher
@@ -37,6 +38,16 @@ def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier
     assert lifecycle(run_dir)[0] == "started" and lifecycle(run_dir)[-1] == "finished"
     rows = (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()
     assert len(rows) == 8
+    assert stages(run_dir / "events.jsonl") == [  # the demo is cached: no build stage
+        "loading libraries",
+        "loading the model",
+        "loading the demo's test data",
+        "preparing the engine",
+        "attribution [samples]",
+        "collecting the batches [batches]",
+        "writing results",
+        "attribution [samples]",
+    ]
 
 
 def test_cancel_then_resume_completes_every_sample(tmp_path: Path, demo_classifier: object) -> None:

@@ -9,17 +9,41 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, Task, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress_bar import ProgressBar
+from rich.text import Text
 
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import human_bytes, human_duration, safe_text
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail
-from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress
+from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress, stage_text
 from gpuopt_tui.core.runs import cancel_run
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)
+
+
+def _counted(task: Task) -> bool:
+    """Whether the task's stage has a count (rich keeps the last total when told none: a field says it)."""
+    return task.total is not None and bool(task.fields.get("counted", True))
+
+
+class StageBarColumn(BarColumn):
+    """The bar; it pulses through a stage without a count."""
+
+    def render(self, task: Task) -> ProgressBar:
+        bar = super().render(task)
+        if not _counted(task):
+            bar.total, bar.pulse = None, True
+        return bar
+
+
+class CountColumn(MofNCompleteColumn):
+    """done/total, or nothing for a stage without a count."""
+
+    def render(self, task: Task) -> Text:
+        return super().render(task) if _counted(task) else Text()
 
 
 def _stats(event: dict[str, Any]) -> str:
@@ -32,6 +56,32 @@ def _stats(event: dict[str, Any]) -> str:
     if event.get("gpu_reserved"):
         parts.append(f"GPU {human_bytes(event['gpu_reserved'])} (peak {human_bytes(event.get('gpu_peak', 0))})")
     return "  ".join(parts)
+
+
+def new_progress(name: str) -> tuple[Progress, TaskID]:
+    """The follow view of run `name`: its stage, a bar, done/total, time elapsed, rate, ETA and GPU memory."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        StageBarColumn(),
+        CountColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        transient=False,
+    )
+    return progress, progress.add_task(name, total=None, stats="starting…", counted=False)
+
+
+def show_progress(progress: Progress, task: TaskID, event: dict[str, Any], name: str) -> None:
+    """Show a progress event: the stage it names (else the run's `name`) and its count, where it has one."""
+    progress.update(
+        task,
+        description=escape(stage_text(event) or name),
+        completed=event.get("done", 0),
+        total=event.get("total"),
+        counted="total" in event,
+        stats=escape(_stats(event)),
+    )
 
 
 def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
@@ -91,16 +141,7 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
             console.print(f"  {e}")
 
     signal.signal(signal.SIGINT, on_interrupt)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[stats]}"),
-        console=console,
-        transient=False,
-    )
-    task = progress.add_task(run_dir.name, total=None, stats="starting…")
+    progress, task = new_progress(run_dir.name)
     outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
     ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
     try:
@@ -117,14 +158,7 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                         if "rank" in event:
                             ranks[event["rank"]] = event
                             event = combined_progress(ranks)
-                        label = event.get("stage") or run_dir.name
-                        progress.update(
-                            task,
-                            description=escape(str(label)),
-                            completed=event.get("done", 0),
-                            total=event.get("total"),
-                            stats=escape(_stats(event)),
-                        )
+                        show_progress(progress, task, event, run_dir.name)
                     elif etype in ("log", "warning"):
                         style = "yellow" if etype == "warning" else "dim"
                         where = f"rank {event['rank']}: " if event.get("rank") else ""

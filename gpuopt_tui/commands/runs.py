@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuopt_tui.core.format import human_duration, human_time
-from gpuopt_tui.core.run_status import RunWatcher
+from gpuopt_tui.core.run_status import RunWatcher, stage_text
 from gpuopt_tui.core.runs import unreadable_runs_dir
 
 NAME = "runs"
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 "created": i.created,
                 "done": i.progress.get("done"),
                 "total": i.progress.get("total"),
+                "stage": i.progress.get("stage"),
                 "message": i.message,
                 "dir": str(i.dir),
             }
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     for i in shown:
         frac = i.fraction
         prog = f"{i.progress.get('done')}/{i.progress.get('total')} ({frac:.0%})" if frac is not None else ""
+        if i.active and "total" not in i.progress:  # a stage without a count: what the run is doing
+            prog = stage_text(i.progress)
         eta = human_duration(i.progress.get("eta")) if i.active and i.progress.get("eta") else ""
         style = STATUS_STYLE.get(i.status, "")
         status = Text(i.status, style=style)

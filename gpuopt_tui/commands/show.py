@@ -10,7 +10,7 @@ from rich.markup import escape
 from gpuopt_tui.core.format import human_time, safe_text
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail, result_files
-from gpuopt_tui.core.run_status import RunInfo, RunWatcher
+from gpuopt_tui.core.run_status import RunInfo, RunWatcher, stage_text
 from gpuopt_tui.core.runs import find_run
 
 NAME = "show"
@@ -33,9 +33,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"  message: {info.message}", markup=False)
     if info.progress:
         progress = info.progress
-        out.print(
-            f"  progress: {progress.get('done')}/{progress.get('total')} {progress.get('unit', '')}", markup=False
-        )
+        if "total" in progress:
+            count = f"{progress.get('done')}/{progress.get('total')} {progress.get('unit', '')}".rstrip()
+            out.print(f"  progress: {count}", markup=False)
+        if stage := stage_text(progress):
+            out.print(f"  stage: {stage}", markup=False)
     _print_ranks(out, info)
     if info.corrupt_lines:
         out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in {RunDir.EVENTS} were skipped[/]")

@@ -45,21 +45,35 @@ class Worker:
 
 def combined_progress(by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One progress for the ranks of a run: done, total and rate summed over the ranks at rank 0's stage
-    (ranks elsewhere, e.g. rank 0 merging results alone, are left out), ETA of the slowest."""
+    (ranks elsewhere, e.g. rank 0 merging results alone, are left out), ETA of the slowest. A stage without a
+    count (loading the model) stays without one."""
     if not by_rank:
         return {}
     lead = by_rank.get(0) or by_rank[min(by_rank)]
     same = [p for p in by_rank.values() if (p.get("stage"), p.get("unit")) == (lead.get("stage"), lead.get("unit"))]
     rates = [p["rate"] for p in same if isinstance(p.get("rate"), (int, float))]
     etas = [p["eta"] for p in same if isinstance(p.get("eta"), (int, float))]
-    return {
-        **lead,
+    counts = {
         "done": sum(p.get("done") or 0 for p in same),
         "total": sum(p.get("total") or 0 for p in same),
+    }
+    return {
+        **lead,
+        **(counts if "total" in lead else {}),
         "rate": sum(rates) if rates else None,
         "eta": max(etas) if etas else None,
         "ranks": len(same),
     }
+
+
+def stage_text(progress: dict[str, Any]) -> str:
+    """What a progress event says the run is doing: its stage, with the epoch where it reports one (probes
+    train for epochs before their count moves); "" when it names none."""
+    stage = str(progress.get("stage") or "")
+    epoch = progress.get("epoch")
+    if stage and isinstance(epoch, int) and not isinstance(epoch, bool):
+        return f"{stage}, epoch {epoch}"
+    return stage
 
 
 def per_rank_progress(

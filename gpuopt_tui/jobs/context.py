@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gpuopt_tui.core.atomic import write_atomically
 from gpuopt_tui.core.errors import UserError
@@ -21,6 +21,22 @@ from gpuopt_tui.core.run_dir import RunDir
 
 RESUME_RECORD = "resume.json"
 T = TypeVar("T")
+
+# Stages that several kinds of run go through (see JobContext.stage); each engine names its own others.
+LIBRARIES_STAGE = "loading libraries"  # the engine's imports (torch, transformers) take seconds
+LOAD_STAGE = "loading the model"
+PREPARE_STAGE = "preparing the engine"  # settings, parameters, the resume record
+WRITE_STAGE = "writing results"
+
+
+class StageFn(Protocol):
+    """Says what a run is doing now (see `JobContext.stage`); engines and model loaders take one."""
+
+    def __call__(self, name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None: ...
+
+
+def no_stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
+    """A StageFn that tells no one (for callers outside a run)."""
 
 
 class JobCancelled(Exception):
@@ -66,6 +82,7 @@ class JobContext:
         self._cancel = threading.Event()
         self._rate_window: list[tuple[float, int]] = []
         self._stage = ""
+        self._last_of_stage: dict[str, dict[str, Any]] = {}  # stage -> the fields of its last progress
         self.dist = dist or Collective()
 
     @property
@@ -113,6 +130,8 @@ class JobContext:
         first event of a new stage are always written."""
         now = time.monotonic()
         window = self._rate_window
+        if window and done < window[-1][1]:  # a count that starts again (a new stage): a new rate
+            window.clear()
         window.append((now, done))
         while len(window) > 2 and now - window[0][0] > 30.0:  # rate over the last ~30 s
             window.pop(0)
@@ -122,8 +141,29 @@ class JobContext:
         fields = {"done": done, "total": total, "unit": unit, "rate": rate, "eta": eta, **extra}
         if stage:
             fields["stage"] = stage
+        self._last_of_stage[stage] = fields
         new_stage, self._stage = stage != self._stage, stage
         self.events.progress(force=done >= total or new_stage, **fields, **self._memory_fields())
+
+    def stage(self, name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
+        """Say what the run is doing now: a progress event with this `stage`, written at once when the stage is
+        new. With `done`/`total` it is progress like `progress` (rate and ETA counted from the stage's start);
+        without, a stage that has no count (loading the model, writing results): its event has no done/total.
+        A run says its main count again (`repeat_progress`) as it ends, so that run lists show it rather than
+        the last stage's."""
+        if done is not None and total is not None:
+            if self._stage != name:
+                self.reset_rate()
+            self.progress(done, total, unit=unit, stage=name)
+        elif self._stage != name:
+            self._stage = name
+            self.events.progress(force=True, stage=name, **self._memory_fields())
+
+    def repeat_progress(self, stage: str) -> None:
+        """Write the last progress of `stage` again, as it was (rate included)."""
+        if stage in self._last_of_stage:
+            self._stage = stage
+            self.events.progress(force=True, **self._last_of_stage[stage], **self._memory_fields())
 
     def reset_rate(self) -> None:
         """Forget rate history, e.g. when a new stage with a different unit starts."""

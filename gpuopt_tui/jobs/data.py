@@ -22,6 +22,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.json_line import JsonLineError, parse_json_line
 from gpuopt_tui.core.profiles.common import DataSection
+from gpuopt_tui.jobs.context import StageFn, no_stage
 
 if TYPE_CHECKING:
     from gpuopt_tui.jobs.models.base import Adapter, Batch
@@ -120,12 +121,18 @@ def batches(
 
 # --- loading -------------------------------------------------------------------------------------------------
 def load_dataset(
-    data: DataSection, adapter: Adapter, *, split: str | None = None, path: str | Path | None = None
+    data: DataSection,
+    adapter: Adapter,
+    *,
+    split: str | None = None,
+    path: str | Path | None = None,
+    stage: StageFn = no_stage,
 ) -> TextDataset:
     """The dataset a profile's [data] section describes, tokenized for `adapter`.
 
     `split` overrides data.split for the demo source; `path` reads another file with the same fields (its
-    format from the extension: .jsonl/.json/.ndjson or .csv), e.g. TracIn's training file.
+    format from the extension: .jsonl/.json/.ndjson or .csv), e.g. TracIn's training file. `stage` hears
+    what is done: reading the file, then tokenizing its texts.
     """
     if path is not None:
         file = Path(path).expanduser()
@@ -133,12 +140,15 @@ def load_dataset(
         if not fmt:
             raise UserError(f"{file}: cannot tell the format from the extension (expected .jsonl or .csv)")
     elif data.source == "demo":
+        stage(f"loading the demo's {split or data.split} data")
         return adapter.builtin_dataset(split or data.split)
     else:
         file, fmt = Path(data.path).expanduser(), data.source
+    stage(f"reading {file.name}")
     rows = read_jsonl(file) if fmt == "jsonl" else read_csv(file)
     if not rows:
         raise UserError(f"{file}: no examples in the file")
+    stage(f"tokenizing {len(rows):,} examples of {file.name}")
     return adapter.dataset_from_rows(rows, data)
 
 

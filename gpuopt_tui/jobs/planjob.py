@@ -97,6 +97,7 @@ def _measured_json(m: MeasuredPlan) -> dict[str, Any]:
 
 
 def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
+    ctx.stage("reading the model and training configs")
     inputs = prepare(profile)
     for r in inputs.values:
         ctx.log(f"{r.label} = {r.text} ({r.source})")
@@ -110,6 +111,7 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
     measured = None
     if profile.plan.measure:  # the closed form's search is skipped: it may refuse a batch the probes accept
         ctx.check_cancelled()
+        ctx.stage("measuring on the GPU", 1, 3, "steps")
         measured = measure_probes(inputs, log=ctx.log)
         rec = recommend_measured(inputs, measured)
     else:

@@ -33,7 +33,7 @@ from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import read_object
-from gpuopt_tui.jobs.context import JobCancelled, JobContext
+from gpuopt_tui.jobs.context import LIBRARIES_STAGE, JobCancelled, JobContext
 
 CANCELLED = "cancelled on request; finished shards are kept for resume"
 Outcome = tuple[str, dict[str, Any]]  # ("finished" | "failed" | "cancelled", the event's fields)
@@ -64,6 +64,7 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
 def execute(profile: ProfileBase, ctx: JobContext) -> Outcome:
     """Run the profile's engine; expected problems become a message, unexpected ones a traceback in the log."""
     try:
+        ctx.stage(LIBRARIES_STAGE)
         engine = _engine(profile.kind)
         ctx._memory_fields = _memory_fields()
         return "finished", {"summary": engine(profile, ctx) or {}}

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from run_stages import stages
 
 from gpuopt_tui.core.ablation_results import ALL_LAYERS, TABLE_HEADER, AblationResults, load_results
 from gpuopt_tui.core.events import EventWriter, read_events
@@ -155,6 +156,18 @@ def test_results_files_and_events(first_run: tuple[Path, AblationResults]) -> No
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["stage"] == "probes" and progress[-1]["done"] == progress[-1]["total"] == len(results.rows)
     assert sum(e["type"] == "artifact" for e in events) == 2
+
+
+def test_a_run_reports_each_stage(first_run: tuple[Path, AblationResults]) -> None:
+    root, _ = first_run
+    assert stages(root / "run1" / "events.jsonl") == [
+        "generating the synthetic layers",
+        "looking up cached features",
+        "features [samples]",
+        "probes [probes]",
+        "writing results",
+        "probes [probes]",  # said again at the end: run lists show the probes
+    ]
 
 
 def test_cached_and_uncached_runs_give_identical_features_and_results(

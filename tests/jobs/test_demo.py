@@ -20,7 +20,7 @@ from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.common import DataSection, ModelSection
 from gpuopt_tui.jobs.data import load_dataset
 from gpuopt_tui.jobs.models import Adapter, load_adapter
-from gpuopt_tui.jobs.models.demo import classifier, demo_bundle, load_demo_adapter, two_tower
+from gpuopt_tui.jobs.models.demo import BUILD_STAGE, classifier, demo_bundle, load_demo_adapter, two_tower
 from gpuopt_tui.jobs.models.demo.cache import MANIFEST, ensure_built, read_manifest
 from gpuopt_tui.jobs.models.hf import load_hf_adapter
 
@@ -95,6 +95,27 @@ def test_incomplete_cache_is_detected(demo_classifier: Adapter, tmp_path: Path) 
         damage(copy)
         assert read_manifest(copy, version) is None, what
     assert read_manifest(bundle.root, version + 1) is None
+
+
+def test_a_builder_waiting_for_another_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "demo" / "toy-v1"
+    building, waiting = threading.Event(), threading.Event()
+
+    def slow(tmp: Path) -> dict:  # holds the lock until the second builder says that it waits
+        building.set()
+        assert waiting.wait(30)
+        (tmp / "weights.bin").write_bytes(b"w")
+        return {}
+
+    def never(tmp: Path) -> dict:
+        raise AssertionError("built twice")
+
+    first = threading.Thread(target=lambda: ensure_built(root, 1, slow))
+    first.start()
+    assert building.wait(30)
+    manifest, built = ensure_built(root, 1, never, on_wait=waiting.set)
+    first.join()
+    assert waiting.is_set() and not built and manifest["files"] == {"weights.bin": 1}
 
 
 def test_ensure_built_rebuilds_and_serialises_builders(tmp_path: Path) -> None:
@@ -322,7 +343,17 @@ def test_demo_weights_depend_only_on_the_seed(demo_classifier, tmp_path) -> None
 
     torch.manual_seed(12345)
     torch.rand(1000)
-    again = demo_bundle("classifier", tmp_path)
+    said: list[tuple[str, int | None, int | None, str]] = []
+
+    def stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
+        said.append((name, done, total, unit))
+
+    again = demo_bundle("classifier", tmp_path, stage=stage)
+    # the build is a stage of the run, counted in training steps from its start to its last step
+    assert said[0][0] == BUILD_STAGE and said[0][1] is None
+    steps = said[1:]
+    assert {s[0] for s in steps} == {BUILD_STAGE} and {s[3] for s in steps} == {"training steps"}
+    assert [s[1] for s in steps] == list(range(1, len(steps) + 1)) and {s[2] for s in steps} == {len(steps)}
     ours, theirs = load_file(str(demo_classifier.checkpoints[-1].path)), load_file(str(again.checkpoints[-1].path))
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)

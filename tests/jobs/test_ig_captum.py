@@ -164,9 +164,9 @@ def test_reference_path_equals_batched_path(arch: str) -> None:
     batched = integrated_gradients(*args, n_steps=N_STEPS, method="riemann_middle", alpha_batch_size=6)
     calls = []
     reference = integrated_gradients_reference(
-        *args, n_steps=N_STEPS, method="riemann_middle", on_sample=lambda d, t: calls.append((d, t))
+        *args, n_steps=N_STEPS, method="riemann_middle", on_step=lambda d, t: calls.append((d, t))
     )
-    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert calls == [(d, 4 * N_STEPS) for d in range(1, 4 * N_STEPS + 1)]
     assert rel_error(batched.attributions, reference.attributions) < 1e-10
     assert torch.allclose(batched.deltas, reference.deltas, rtol=0, atol=1e-10)
     assert torch.equal(batched.target, target)

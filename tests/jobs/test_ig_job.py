@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from run_stages import stages
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
@@ -20,6 +21,7 @@ from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution.check import CHECK_STAGES
 from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
 from gpuopt_tui.jobs.attribution.outputs import float32_values
@@ -92,6 +94,19 @@ def finished(workdir: Path) -> Path:
     run_dir = workdir / "runs" / "plain"
     run_job(profile(workdir), context(run_dir))
     return run_dir
+
+
+def test_a_run_reports_each_stage(finished: Path) -> None:
+    assert stages(finished / "events.jsonl") == [
+        "loading the model",
+        "reading data.jsonl",
+        f"tokenizing {N_SAMPLES} examples of data.jsonl",
+        "preparing the engine",
+        "attribution [samples]",
+        "collecting the batches [batches]",
+        "writing results",
+        "attribution [samples]",  # said again at the end: run lists show the samples
+    ]
 
 
 def test_result_files(finished: Path) -> None:
@@ -176,8 +191,13 @@ def test_bucketing_and_the_reference_path_give_the_same_scores(workdir: Path, fi
     assert summary["check_max_rel_diff"] == check["max_rel_diff"]
     events = [json.loads(line) for line in RunDir(run_dir).events.read_text().splitlines()]
     progress = [e for e in events if e["type"] == "progress"]
-    # the check reports its own progress after the attribution; the run then ends on its samples
-    assert [e.get("stage") for e in progress[-3:]] == ["check", "check", "attribution"]
+    # the check reports each path's progress in steps after the attribution; the run then ends on its samples
+    check = [e for e in progress if e.get("stage") in CHECK_STAGES.values()]
+    assert [e["stage"] for e in (check[0], check[-1])] == list(CHECK_STAGES.values())
+    assert (check[-1]["done"], check[-1]["total"], check[-1]["unit"]) == (4 * 8, 4 * 8, "steps")
+    for name in CHECK_STAGES.values():  # each path shows its own rate
+        assert [e for e in check if e["stage"] == name][-1]["rate"] > 0
+    assert progress[-1]["stage"] == "attribution"
     assert (progress[-1]["done"], progress[-1]["total"], progress[-1]["unit"]) == (22, 22, "samples")
 
 

@@ -92,7 +92,11 @@ def test_step_precision_only_casts_reduced_types() -> None:
 def test_compiled_steps_equal_eager_and_compile_once(case) -> None:
     model, emb, base, mask = case
     events = []
-    compiler = StepCompiler(backend="aot_eager", on_event=lambda type, **fields: events.append((type, fields)))
+    compiler = StepCompiler(
+        backend="aot_eager",
+        on_event=lambda type, **fields: events.append((type, fields)),
+        on_compiling=lambda: events.append(("compiling", {})),  # the run's stage while it compiles
+    )
     for rows, length, steps in ((4, 12, 8), (3, 10, 6)):
         args = (emb[:rows, :length], base[:rows, :length], mask[:rows, :length])
         eager = integrated_gradients(forward_of(model), *args, n_steps=steps, alpha_batch_size=4)
@@ -101,7 +105,7 @@ def test_compiled_steps_equal_eager_and_compile_once(case) -> None:
         )
         assert float(relative_difference(compiled.token_scores(), eager.token_scores()).max()) < 1e-5
     assert compiler.error is None and compiler.compile_seconds > 0
-    assert [type for type, _ in events] == ["compiled"]  # dynamic shapes: the second batch reuses the graph
+    assert [type for type, _ in events] == ["compiling", "compiled"]  # dynamic: the second batch reuses the graph
 
 
 def test_a_failing_compilation_falls_back_to_eager(case, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_stages import stages
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
@@ -64,6 +65,12 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
     assert config.read_text() == CONFIG  # a run only proposes; applying is explicit
     events, _ = read_events(RunDir(tmp_path).events)
     assert [e["type"] for e in events if e["type"] == "artifact"] == ["artifact", "artifact"]
+    assert stages(tmp_path / "events.jsonl") == [
+        "reading the model and training configs",
+        "estimate [steps]",
+        "recommend [steps]",
+        "done [steps]",
+    ]
 
 
 def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: Path) -> None:
@@ -138,3 +145,4 @@ def test_measured_plan_saves_the_gpu_probes_and_fit(
     assert [(r.micro_batch, r.oom, r.max_reserved) for r in saved.probes.results] == [
         (p["micro_batch"], p["oom"], p["peak_reserved"]) for p in probes
     ]
+    assert "measuring on the GPU [steps]" in stages(tmp_path / "events.jsonl")

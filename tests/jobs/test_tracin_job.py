@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_stages import stages
 from safetensors.torch import load_file
 from test_tracin_support import max_rel_error, save_checkpoints
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
@@ -22,9 +23,11 @@ from gpuopt_tui.jobs.data import load_dataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.models.hf import load_hf_adapter
 from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores
+from gpuopt_tui.jobs.tracin.faithfulness import AGREEMENT_EXACT, AGREEMENT_RUN
 from gpuopt_tui.jobs.tracin.job import run_job
 
 WORDS = [f"w{i}" for i in range(30)]
+PREDICTING = "predicting the test examples (last checkpoint)"
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +149,44 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
         "scores.safetensors",
         "summary.json",
     }
+
+
+def test_a_run_reports_each_stage(project: Path, tmp_path: Path) -> None:
+    extra = "agreement_train = 4\ntrain_cache = true"
+    run_dir = tmp_path / "run"
+    run_job(load_profile(write_profile(project, tmp_path, extra)), context(run_dir, tmp_path))
+    seen = stages(run_dir / "events.jsonl")
+    assert seen[:6] == [
+        "loading the model",
+        "reading test.jsonl",
+        "tokenizing 3 examples of test.jsonl",
+        "reading train.jsonl",
+        "tokenizing 12 examples of train.jsonl",
+        "preparing the engine",
+    ]
+    merging, predicting = seen.index("merging the blocks' scores"), seen.index(PREDICTING)
+    assert seen[predicting:] == [PREDICTING, "writing results", "checkpoint 3/3 [train gradients]"]  # the count again
+    scoring = seen[6:merging]
+    for c in (
+        1,
+        2,
+        3,
+    ):  # each checkpoint: loaded, then its blocks through the train gradient cache and its test gradients
+        at = f"checkpoint {c}/3"
+        its = [name for name in scoring if name.startswith(f"{at}:") or name.startswith(f"{at} ")]
+        assert its[0] == f"{at}: loading it"
+        assert set(its) == {
+            f"{at}: loading it",
+            f"{at}: train gradient cache [train gradients]",
+            f"{at}: gradients of 3 test examples",
+            f"{at} [train gradients]",
+        }
+    assert all(name.startswith("checkpoint ") for name in scoring)
+    agreement = seen[merging + 1 : predicting]  # both computations of the check say which one they are
+    for prefix in (AGREEMENT_RUN, AGREEMENT_EXACT):
+        assert f"{prefix}: checkpoint 1/3: loading it" in agreement
+        assert f"{prefix}: checkpoint 3/3 [train gradients]" in agreement
+    assert all(name.startswith((AGREEMENT_RUN, AGREEMENT_EXACT)) for name in agreement)
 
 
 def profile_checkpoints(root: Path) -> list[Checkpoint]:

@@ -71,11 +71,11 @@ async def test_run_survives_sigkill_of_the_tui_and_a_new_tui_reattaches(runs_roo
     pid = json.loads((run_dir / "pid.json").read_text())["pid"]
     assert pid_alive(pid), "the run died with the TUI"
 
-    # the first progress report comes once torch is loaded and the demo model is built (cached after once); the
-    # run must stay alive until then and after
+    # the attribution starts once torch is loaded and the demo model is built (cached after once: stages of their
+    # own); the run must stay alive until then and after
     watcher = RunWatcher(runs_root)
     deadline = time.monotonic() + 90
-    while not watcher.info(run_dir).progress and time.monotonic() < deadline:
+    while watcher.info(run_dir).progress.get("stage") != "attribution" and time.monotonic() < deadline:
         assert watcher.info(run_dir).active, (run_dir / "log.txt").read_text()
         time.sleep(0.5)
 

@@ -25,7 +25,7 @@ from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.log_view import LogScreen
 from gpuopt_tui.ui.widgets.run_progress import RunGpuPoller
-from gpuopt_tui.ui.widgets.run_text import elapsed_seconds
+from gpuopt_tui.ui.widgets.run_text import activity_text, elapsed_seconds
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 
 from .conftest import TickCounter, flat_text, make_run, notifications, wait_for, widget_text
@@ -272,3 +272,30 @@ def test_elapsed_leaves_out_the_time_before_a_resumed_attempt(runs_root: Path) -
     assert elapsed_seconds(info, now=9999.0) == 100.0
     info.started = None  # before its `started` event: counted from creation
     assert elapsed_seconds(info, now=9999.0) == 4100.0
+
+
+def test_a_check_run_reports_its_stage_and_rate() -> None:
+    progress = {"stage": "check: one step at a time (fp32)", "done": 12, "total": 64, "unit": "steps", "rate": 3.5}
+    info = RunInfo("r", Path("r"), "attribution", "check", 0.0, "running", progress=progress)
+    assert activity_text(info) == "check: one step at a time (fp32) 12/64 (19%) · 3.50 steps/s"
+    info.status = "finished"  # once it ended: its count
+    assert activity_text(info) == "12/64 (19%)"
+
+
+async def test_the_stage_a_run_is_in_is_shown(live_run: tuple[Path, subprocess.Popen[bytes]]) -> None:
+    run_dir, _ = live_run
+    writer = EventWriter(run_dir / "events.jsonl")
+    writer.progress(force=True, stage="building the demo model (first use)")
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "building the demo model" in widget_text(app, "#detail-progress"))
+        text = widget_text(app, "#detail-progress")
+        assert "stage building the demo model (first use) · elapsed" in text
+        assert "░" not in text and "rate" not in text  # a stage without a count has no bar and no rate
+        assert table_cell(app, run_dir.name, "progress") == "building the demo model (first use)"
+        writer.progress(force=True, done=3, total=8, unit="samples", rate=1.5, eta=4.0, stage="attribution")
+        await wait_for(pilot, lambda: "3/8 samples" in widget_text(app, "#detail-progress"))
+        assert "rate 1.50 samples/s · ETA 4s" in widget_text(app, "#detail-progress")
+        assert "stage attribution" in widget_text(app, "#detail-progress")
+        assert table_cell(app, run_dir.name, "progress") == "3/8 (38%)"
+    writer.close()

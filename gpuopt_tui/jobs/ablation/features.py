@@ -179,6 +179,8 @@ def _compute(
     rows, done = shares.rows(rank), 0
     layers = list(dict.fromkeys(item.layer for item in items))
     pending: dict[str, PendingEntry] = {}
+    if on_batch is not None:
+        on_batch(0, rows)
     try:
         for _, matrices in source.batches(layers, shares.size, device, batches):
             for item in items:

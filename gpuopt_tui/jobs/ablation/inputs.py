@@ -34,6 +34,7 @@ from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, MatrixBatch
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec, generate
 from gpuopt_tui.jobs.attention import padded_batch_kernels
+from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.data import trim_batch
 from gpuopt_tui.jobs.models.base import to_device
 
@@ -409,18 +410,32 @@ class ModelSource(LayerSource):
         }
 
 
-def model_source(profile: AblationProfile, device: torch.device, cache_dir: Path) -> ModelSource:
+OPEN_STAGES = {
+    "files": "opening the feature files",
+    "lora": "opening the LoRA files",
+    "synthetic": "generating the synthetic layers",
+}
+
+
+def model_source(
+    profile: AblationProfile, device: torch.device, cache_dir: Path, stage: StageFn = no_stage
+) -> ModelSource:
     from gpuopt_tui.jobs.data import cut_texts_note, load_dataset
     from gpuopt_tui.jobs.models import load_adapter
 
-    adapter = load_adapter(profile.model, device, cache_dir)
-    dataset = load_dataset(profile.data, adapter).head(profile.ablation.n_samples)
+    adapter = load_adapter(profile.model, device, cache_dir, stage)
+    dataset = load_dataset(profile.data, adapter, stage=stage).head(profile.ablation.n_samples)
     return ModelSource(adapter, dataset, cut_texts_note(dataset, profile.data, adapter))
 
 
-def open_source(profile: AblationProfile, device: torch.device, cache: FeatureCache, cache_dir: Path) -> LayerSource:
-    """The source a profile's [ablation] section names (`cache` fingerprints input files)."""
+def open_source(
+    profile: AblationProfile, device: torch.device, cache: FeatureCache, cache_dir: Path, stage: StageFn = no_stage
+) -> LayerSource:
+    """The source a profile's [ablation] section names (`cache` fingerprints input files); `stage` hears what
+    opening it does."""
     cfg = profile.ablation
+    if cfg.source in OPEN_STAGES:  # a model source says its own stages
+        stage(OPEN_STAGES[cfg.source])
     if cfg.source == "files":
         return files_source(Path(cfg.features_path), cfg.labels_path, cfg.n_samples, cache)
     if cfg.source == "lora":
@@ -437,4 +452,4 @@ def open_source(profile: AblationProfile, device: torch.device, cache: FeatureCa
             seed=profile.run.seed,
         )
         return synthetic_source(spec)
-    return model_source(profile, device, cache_dir)
+    return model_source(profile, device, cache_dir, stage)

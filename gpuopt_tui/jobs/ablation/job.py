@@ -43,7 +43,7 @@ from gpuopt_tui.jobs.ablation.probe import (
     train_probes,
 )
 from gpuopt_tui.jobs.ablation.representations import FeatureSettings
-from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.jobs.context import WRITE_STAGE, JobContext
 from gpuopt_tui.jobs.device import amp_dtype_supported, resolve_device
 from gpuopt_tui.jobs.sharding import mine
 
@@ -94,7 +94,7 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
     cfg = profile.ablation
     device = resolve_device(profile.run.device)
     store = FeatureCache(ctx.cache_dir / "features" if cfg.use_cache else ctx.state_dir / "features")
-    source = open_source(profile, device, store, ctx.cache_dir)
+    source = open_source(profile, device, store, ctx.cache_dir, ctx.stage)
     ctx.log(f"inputs: {source.description}")
     index_of = {layer: i for i, layer in enumerate(source.layers)}
     layers = [source.layers[i] for i in sample_layers(len(source.layers), cfg.layer_fraction)]
@@ -129,6 +129,7 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
         "precision": settings.precision,
         "cache": asdict(stats) | {"enabled": cfg.use_cache},
     }
+    ctx.stage(WRITE_STAGE)
     json_path, csv_path = write_results(ctx.results_dir, info, rows)
     ctx.artifact(json_path, "probe accuracy per representation and layer (JSON)")
     ctx.artifact(csv_path, "probe accuracy per representation and layer (CSV)")
@@ -145,6 +146,7 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
             f"{name}: layer {top.layer} selected on validation accuracy {top.val_acc_mean:.3f}; "
             f"its test accuracy {top.test_acc_mean:.3f} ± {top.test_acc_std:.3f}"
         )
+    ctx.repeat_progress("probes")  # run lists show the probes, not the last stage
     return {"probes": len(rows), "best": best, "cache_hits": stats.hits, "cache_misses": stats.misses}
 
 
@@ -169,6 +171,7 @@ def _features(
     ctx: JobContext,
 ) -> dict[tuple[str, str], LayerFeatures]:
     settings = FeatureSettings(cfg.top_k, cfg.svd_oversample, cfg.svd_niter, cfg.projection_dim, seed)
+    ctx.stage("looking up cached features")
 
     def on_batch(done: int, total: int) -> None:
         ctx.check_cancelled()

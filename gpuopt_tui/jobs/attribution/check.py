@@ -9,10 +9,13 @@ from typing import Any
 from torch import Tensor
 
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
+from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.data import TextDataset, trim_batch
 from gpuopt_tui.jobs.models import Adapter, to_device
 
 CHECK_AUTO_STEPS = 33  # the steps of both paths when the run's are "auto" (clenshaw_curtis, its third level)
+#: The stage of each path while it runs (progress in (sample, step) pairs: each shows its own rate).
+CHECK_STAGES = {"optimized": "check: optimized path", "original": "check: one step at a time (fp32)"}
 
 
 def relative_difference(values: Tensor, reference: Tensor) -> Tensor:
@@ -21,9 +24,12 @@ def relative_difference(values: Tensor, reference: Tensor) -> Tensor:
     return (flat - ref).abs().amax(1) / ref.abs().amax(1).clamp_min(1e-30)
 
 
-def compare_paths(adapter: Adapter, ds: TextDataset, settings: Settings, n_samples: int) -> dict[str, Any]:
+def compare_paths(
+    adapter: Adapter, ds: TextDataset, settings: Settings, n_samples: int, stage: StageFn = no_stage
+) -> dict[str, Any]:
     """Attribute the first `n_samples` samples both ways; the optimized path keeps its precision, the
-    original runs in fp32 (with "auto" steps both take CHECK_AUTO_STEPS fixed steps). Returns the max and
+    original runs in fp32 (with "auto" steps both take CHECK_AUTO_STEPS fixed steps); `stage` hears each
+    path's progress (CHECK_STAGES, in steps: samples x n_steps). Returns the max and
     median relative difference of the token scores and timings. The difference can be exactly 0 in fp32 on
     the CPU: for small models the kernels compute each row the same way whatever the batch, so the two paths
     may round identically."""
@@ -32,10 +38,16 @@ def compare_paths(adapter: Adapter, ds: TextDataset, settings: Settings, n_sampl
     subset = ds.head(n_samples)
     batch = to_device(trim_batch(subset.batch(list(range(len(subset)))), subset.token_fields), adapter.device)
     scores, seconds = {}, {}
+    steps = len(subset) * int(settings.n_steps)
     for name, optimized, prec in (("optimized", True, settings.precision), ("original", False, "fp32")):
         variant = dataclasses.replace(settings, optimized=optimized, precision=prec)
+
+        def on_chunk(done: int, total: int, name: str = name) -> None:
+            stage(CHECK_STAGES[name], steps * done // total, steps, "steps")
+
+        on_chunk(0, 1)
         start = time.perf_counter()
-        scores[name] = attribute_batch(adapter, batch, variant, variant.planner())["token_scores"]
+        scores[name] = attribute_batch(adapter, batch, variant, variant.planner(), on_chunk)["token_scores"]
         seconds[name] = time.perf_counter() - start
     diff = relative_difference(scores["optimized"], scores["original"])
     optimized_s, original_s = seconds["optimized"], seconds["original"]

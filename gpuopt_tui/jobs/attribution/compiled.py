@@ -44,11 +44,13 @@ class StepCompiler:
         dynamic: bool = True,
         options: dict[str, Any] | None = None,
         on_event: EventFn | None = None,
+        on_compiling: Callable[[], None] | None = None,
     ) -> None:
         self.backend = backend
         self.dynamic = dynamic  # False: one graph per input shape (each new shape compiles again)
         self.options = options  # the backend's settings (inductor: max_autotune, triton.cudagraphs, ...)
         self.on_event = on_event
+        self.on_compiling = on_compiling  # called as a compilation starts (it takes seconds to minutes)
         self.compile_seconds = 0.0  # wall time of the chunks that compiled: compiling plus their work
         self.error: str | None = None  # why compiling failed; the steps then run eagerly
         self._compiled: dict[ForwardFn, ForwardFn] = {}
@@ -73,6 +75,8 @@ class StepCompiler:
         chunk, and with static shapes every chunk of a new shape."""
         new = not self._shapes if self.dynamic else shape not in self._shapes
         self._shapes.add(shape)
+        if new and self.active and self.on_compiling is not None:
+            self.on_compiling()
         return new and self.active
 
     def compiled(self, seconds: float) -> None:

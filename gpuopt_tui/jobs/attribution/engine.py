@@ -85,10 +85,14 @@ class Settings:
         )
 
 
-def step_compiler(settings: Settings, on_event: Callable[..., object] | None = None) -> StepCompiler | None:
+def step_compiler(
+    settings: Settings,
+    on_event: Callable[..., object] | None = None,
+    on_compiling: Callable[[], None] | None = None,
+) -> StepCompiler | None:
     """The run's compiler of the step forward when the settings ask for one (build it once per run: each
-    compiler compiles anew)."""
-    return StepCompiler(on_event=on_event) if settings.compile else None
+    compiler compiles anew); `on_compiling()` is called as each compilation starts."""
+    return StepCompiler(on_event=on_event, on_compiling=on_compiling) if settings.compile else None
 
 
 def batch_target(spec: str, batch: Batch, n_outputs: int) -> Tensor | str:
@@ -115,7 +119,8 @@ def attribute_batch(
 ) -> dict[str, Tensor]:
     """IG of one batch already on the adapter's device; per-sample results (RESULT_KEYS) on the CPU.
 
-    `on_chunk(done, total)` reports progress within the batch (steps when batched, samples otherwise);
+    `on_chunk(done, total)` reports progress within the batch (steps when batched, (sample, step) pairs
+    otherwise);
     `compiler` (see `step_compiler`) compiles the forward of the steps of the batched path.
     """
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -153,7 +158,7 @@ def attribute_batch(
                 **common,
             )
     else:  # the one-step-at-a-time path stays the model's own forward, for accuracy checks
-        result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_sample=on_chunk, **common)
+        result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_step=on_chunk, **common)
     target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
     # F(x) ran in fp32 (see resolve_endpoint_precision): the prediction and the margin are the model's own
     probabilities = result.outputs.float().softmax(-1)

@@ -35,7 +35,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
     write_tensors,
 )
 from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
-from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
@@ -51,16 +51,18 @@ RESULT_SETTINGS = (
     "baseline_token",
     "optimized",
 )
+COMPILE_STAGE = "compiling the step forward (torch.compile)"
 RANKING = "mean share of the sample's total |attribution| per occurrence (structure tokens and zeros excluded)"
 
 
 def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     section = profile.attribution
     device = resolve_device(profile.run.device)
-    adapter = load_adapter(profile.model, device, ctx.cache_dir)
-    ds = load_dataset(profile.data, adapter).head(section.n_samples)
+    adapter = load_adapter(profile.model, device, ctx.cache_dir, ctx.stage)
+    ds = load_dataset(profile.data, adapter, stage=ctx.stage).head(section.n_samples)
     if note := cut_texts_note(ds, profile.data, adapter):
         ctx.log(note)
+    ctx.stage(PREPARE_STAGE)
     settings = Settings.resolve(section, adapter, device, len(ds))
     plan = plan_batches(ds, section.batch_size, section.length_bucketing)
     _check_plan(ctx, settings, plan)
@@ -72,7 +74,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     )
     if settings.n_steps == "auto" and (warning := tolerance_warning(settings.tolerance, settings.precision)):
         ctx.warn(warning)
-    compiler = step_compiler(settings, ctx.event)
+    compiler = step_compiler(settings, ctx.event, lambda: ctx.stage(COMPILE_STAGE))
     start = time.perf_counter()
     attributed = _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
     if compiler is not None and compiler.error is not None:
@@ -84,16 +86,17 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     collected, seconds = _gather(ctx, ds, len(plan))
     summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage)
     if section.check_samples > 0:
-        ctx.reset_rate()
-        ctx.progress(0, 2, unit="paths", stage="check")
-        check = compare_paths(adapter, ds, settings, section.check_samples)
-        ctx.progress(2, 2, unit="paths", stage="check")
+
+        def check_stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
+            ctx.check_cancelled()
+            ctx.stage(name, done, total, unit)
+
+        check = compare_paths(adapter, ds, settings, section.check_samples, check_stage)
         write_json(ctx.results_dir / CHECK_NAME, check)
         ctx.artifact(ctx.results_dir / CHECK_NAME, "optimized vs original: relative difference of the scores")
         ctx.metric("check_max_rel_diff", check["max_rel_diff"])
         summary["check_max_rel_diff"] = check["max_rel_diff"]
-        ctx.reset_rate()
-        ctx.progress(len(ds), len(ds), stage="attribution")  # run lists show the samples, not the check's paths
+    ctx.repeat_progress("attribution")  # run lists show the samples, not the later stages' counts
     return summary
 
 
@@ -234,6 +237,7 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected
     values: dict[str, Tensor] = {}
     seconds = 0.0
     for j in range(n_batches):
+        ctx.stage("collecting the batches", j, n_batches, "batches")
         with safe_open(str(ctx.shard_path(shard_name(j))), "pt") as f:
             seconds += float((f.metadata() or {}).get("seconds", 0.0))
             shard = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is no dict)
@@ -274,6 +278,7 @@ def _write_results(
 ) -> dict[str, Any]:
     """The three result files; returns the short summary for the run's `finished` event. `stage`: the
     samples attributed by this attempt (all ranks) and the attempt's wall seconds for them."""
+    ctx.stage(WRITE_STAGE)
     structure = adapter.special_ids.non_content()
     files = {
         "jsonl": ctx.results_dir / JSONL_NAME,

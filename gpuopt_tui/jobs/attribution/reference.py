@@ -39,12 +39,12 @@ def integrated_gradients_reference(
     endpoint_precision: str | None = None,
     context: Mapping[str, Tensor] | None = None,
     model: nn.Module | None = None,
-    on_sample: Callable[[int, int], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> IGResult:
     """Same contract as `integrated_gradients` (without compilation), computed with one forward/backward per
     (sample, step).
 
-    `on_sample(done_samples, n_samples)` is called after every sample.
+    `on_step(done, total)` is called after every (sample, step) pair: done of n_samples x n_steps.
     """
     if baselines.shape != inputs_embeds.shape:
         raise ValueError(f"baselines {tuple(baselines.shape)} differ from inputs {tuple(inputs_embeds.shape)}")
@@ -67,15 +67,15 @@ def integrated_gradients_reference(
                 mask = None if attention_mask is None else attention_mask[one]
                 sample_context = {k: v[one] for k, v in step_context.items()}
                 sample_target = None if target is None else target[one]
-                for alpha, weight in zip(alphas.tolist(), weights.tolist()):
+                for j, (alpha, weight) in enumerate(zip(alphas.tolist(), weights.tolist())):
                     point = step.inputs(baselines[one] + alpha * (inputs[one] - baselines[one])).requires_grad_()
                     with torch.enable_grad():
                         with autocast(inputs.device, step.autocast):
                             out = forward(point, mask, sample_context)
                         (grad,) = torch.autograd.grad(selected(out.to(acc), sample_target).sum(), point)
                     grads[i] += weight * grad[0].to(acc)
-                if on_sample is not None:
-                    on_sample(i + 1, batch)
+                    if on_step is not None:
+                        on_step(i * len(alphas) + j + 1, batch * len(alphas))
     check_finite(grads, precision)
     steps = torch.full((batch,), int(n_steps), dtype=torch.long, device=inputs.device)
     return finish(grads, inputs, baselines, out_x, out_b, target, steps)

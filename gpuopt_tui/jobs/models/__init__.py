@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from gpuopt_tui.core.profiles.common import ModelSection
+from gpuopt_tui.jobs.context import LOAD_STAGE, StageFn, no_stage
 from gpuopt_tui.jobs.models.base import (
     Adapter,
     Batch,
@@ -31,17 +32,19 @@ __all__ = [
 ]
 
 
-def load_adapter(model: ModelSection, device: torch.device, cache_dir: Path) -> Adapter:
-    """The adapter for a profile's [model] section, with its model in eval mode on `device`.
+def load_adapter(model: ModelSection, device: torch.device, cache_dir: Path, stage: StageFn = no_stage) -> Adapter:
+    """The adapter for a profile's [model] section, with its model in eval mode on `device`; `stage` hears
+    LOAD_STAGE, and for a demo built now its training.
 
     demo: the built-in demo (`model.demo`), trained on first use and cached under `cache_dir`/demo;
     hf: `model.path`, a local Hugging Face sequence-classification directory (never downloaded);
     plugin: `model.factory` = "package.module:function", called with device= and cache_dir=.
     """
+    stage(LOAD_STAGE)
     if model.adapter == "demo":
         from gpuopt_tui.jobs.models.demo import load_demo_adapter
 
-        return load_demo_adapter(model.demo, device, cache_dir)
+        return load_demo_adapter(model.demo, device, cache_dir, stage=stage)
     if model.adapter == "hf":
         from gpuopt_tui.jobs.models.hf import load_hf_adapter
 

@@ -10,11 +10,13 @@ from typing import Any
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.tracin.agreement import rank_correlation, top_k_overlap
-from gpuopt_tui.jobs.tracin.interface import Reporter, TracInOptions
+from gpuopt_tui.jobs.tracin.interface import PrefixedReporter, Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.params import select_parameters
 from gpuopt_tui.jobs.tracin.scores import tracin_scores
 
 MAX_TEST = 16
+AGREEMENT_RUN = "agreement check, the run's settings"  # the stages of its two computations
+AGREEMENT_EXACT = "agreement check, exact"
 TOP_K = 10
 
 
@@ -36,11 +38,14 @@ def exact_agreement(
     probe = sub_test.batch([0])
     everything = select_parameters(adapter, probe, "all")
     quiet = dataclasses.replace(options, train_cache=None, keep_matrix=True, top_k=1)
-    ours = tracin_scores(adapter, checkpoints, sub_train, sub_test, names, quiet, reporter=reporter)
+    ours = tracin_scores(
+        adapter, checkpoints, sub_train, sub_test, names, quiet, reporter=PrefixedReporter(reporter, AGREEMENT_RUN)
+    )
     exact_options = dataclasses.replace(
         quiet, method="factored", projection_dim=0, projection_in=0, projection_out=0, precision="fp32"
     )
-    exact = tracin_scores(adapter, checkpoints, sub_train, sub_test, everything, exact_options, reporter=reporter)
+    exact_reporter = PrefixedReporter(reporter, AGREEMENT_EXACT)
+    exact = tracin_scores(adapter, checkpoints, sub_train, sub_test, everything, exact_options, reporter=exact_reporter)
     return {
         "reference": "exact gradients of every Linear, Embedding and LayerNorm parameter, fp32",
         "excluded_from_reference": exact.stats["excluded_parameters"],

@@ -52,8 +52,31 @@ class Reporter:
     def progress(self, done: int, total: int, stage: str) -> None:
         pass
 
+    def stage(self, name: str) -> None:
+        """What the engine does now where it has no count (loading a checkpoint, the test gradients)."""
+
     def event(self, type: str, **fields: Any) -> None:
         pass
 
     def check_cancelled(self) -> None:
         pass
+
+
+class PrefixedReporter(Reporter):
+    """Passes everything on to `inner`, with `prefix` before each stage name (a second computation in the
+    same run, e.g. the agreement check, says which one it is)."""
+
+    def __init__(self, inner: Reporter, prefix: str) -> None:
+        self.inner, self.prefix = inner, prefix
+
+    def progress(self, done: int, total: int, stage: str) -> None:
+        self.inner.progress(done, total, f"{self.prefix}: {stage}")
+
+    def stage(self, name: str) -> None:
+        self.inner.stage(f"{self.prefix}: {name}")
+
+    def event(self, type: str, **fields: Any) -> None:
+        self.inner.event(type, **fields)
+
+    def check_cancelled(self) -> None:
+        self.inner.check_cancelled()

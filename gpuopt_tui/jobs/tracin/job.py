@@ -29,7 +29,7 @@ from gpuopt_tui.core.gradient_cache import default_root
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
 from gpuopt_tui.core.tracin_results import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
-from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
@@ -47,9 +47,14 @@ PREDICTIONS_SHARD = "test_predictions"
 class ContextReporter(Reporter):
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
+        self.last_stage = ""  # of the last progress reported: said again as the run ends
 
     def progress(self, done: int, total: int, stage: str) -> None:
+        self.last_stage = stage
         self.ctx.progress(done, total, unit="train gradients", stage=stage)
+
+    def stage(self, name: str) -> None:
+        self.ctx.stage(name)
 
     def event(self, type: str, **fields: Any) -> None:
         self.ctx.event(type, **fields)
@@ -80,11 +85,12 @@ class ContextStore:
 def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     section = profile.tracin
     device = resolve_device(profile.run.device)
-    adapter = load_adapter(profile.model, device, ctx.cache_dir)
-    train, test = _datasets(profile, adapter)
+    adapter = load_adapter(profile.model, device, ctx.cache_dir, ctx.stage)
+    train, test = _datasets(profile, adapter, ctx.stage)
     for ds in (test, train):
         if note := cut_texts_note(ds, profile.data, adapter):
             ctx.log(note)
+    ctx.stage(PREPARE_STAGE)
     checkpoints = resolve_checkpoints(section.checkpoints, adapter)
     probe = to_device(trim_batch(test.batch([0]), test.token_fields), device)
     names = select_parameters(adapter, probe, section.layers, section.n_last_layers, section.layer_names)
@@ -119,6 +125,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         f"{len(names)} parameter tensors ({section.layers}), precision {options.precision}"
         + ("; last layer for the first token only (exact)" if lean else "")
     )
+    reporter = ContextReporter(ctx)
     run = TracInRun(
         adapter,
         checkpoints,
@@ -128,31 +135,34 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         options,
         pair_filter=get_filter(section.filter),
         store=ContextStore(ctx),
-        reporter=ContextReporter(ctx),
+        reporter=reporter,
     )
     rank_stats = ctx.dist.gather(run.compute(ctx.rank, ctx.world_size))  # returns once every rank is done
     if rank_stats is None:  # ranks other than 0 are done: rank 0 merges
         return {}
+    ctx.stage("merging the blocks' scores")
     result = run.gather(rank_stats)
     if section.agreement_train:
         result.stats["agreement"] = exact_agreement(
             adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
         )
         ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
-    return _write_results(ctx, profile, adapter, train, test, checkpoints, result)
+    summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result)
+    ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
+    return summary
 
 
 def _excluded(adapter: Adapter, names: list[str], method: str) -> list[str]:
     return module_uses(adapter.model, names)[1] if method == "factored" else []
 
 
-def _datasets(profile: TracInProfile, adapter: Adapter) -> tuple[TextDataset, TextDataset]:
+def _datasets(profile: TracInProfile, adapter: Adapter, stage: StageFn) -> tuple[TextDataset, TextDataset]:
     section = profile.tracin
-    test = load_dataset(profile.data, adapter).head(section.n_test)
+    test = load_dataset(profile.data, adapter, stage=stage).head(section.n_test)
     if section.train_path:
-        train = load_dataset(profile.data, adapter, path=section.train_path)
+        train = load_dataset(profile.data, adapter, path=section.train_path, stage=stage)
     elif profile.data.source == "demo":
-        train = load_dataset(profile.data, adapter, split="train")
+        train = load_dataset(profile.data, adapter, split="train", stage=stage)
     else:
         raise UserError("tracin.train_path: the training examples are needed (a jsonl or csv file)")
     train = train.head(section.n_train)
@@ -224,9 +234,11 @@ def _write_results(
         "self_csv": ctx.results_dir / SELF_CSV_NAME,
         "summary": ctx.results_dir / SUMMARY_NAME,
     }
+    ctx.stage("predicting the test examples (last checkpoint)")
+    predictions = _predictions(adapter, test, checkpoints[-1], section.batch_size, ContextStore(ctx))
+    ctx.stage(WRITE_STAGE)
     flipped = _flipped(train)
     ranked = _self_influence_ranking(train, result, flipped)
-    predictions = _predictions(adapter, test, checkpoints[-1], section.batch_size, ContextStore(ctx))
     write_jsonl(files["influence"], _influence_records(train, test, result, predictions))
     write_jsonl(files["self_jsonl"], ranked)
     _write_csv(files["self_csv"], ranked)

@@ -4,7 +4,7 @@ memory now and then for other processes."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -94,12 +94,22 @@ class MicroBatcher:
                 raise
             return None
 
-    def features(self, computer: GradientComputer, ds: TextDataset, rows: Sequence[int], what: str) -> GradFeatures:
-        """The features of every row, gathered in one preallocated block (no second copy)."""
+    def features(
+        self,
+        computer: GradientComputer,
+        ds: TextDataset,
+        rows: Sequence[int],
+        what: str,
+        on_rows: Callable[[int], None] | None = None,
+    ) -> GradFeatures:
+        """The features of every row, gathered in one preallocated block (no second copy); `on_rows(rows done)`
+        after each micro-batch."""
         out: GradFeatures | None = None
         for offset, part in self.run(computer, ds, rows, what):
             out = out if out is not None else GradFeatures.empty(part, len(rows))
             out.put(offset, part)
+            if on_rows is not None:
+                on_rows(offset + len(part))
         if out is None:
             raise ValueError("no rows")
         return out

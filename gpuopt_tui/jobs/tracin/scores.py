@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -122,17 +122,20 @@ class TracInRun:
                 ckpt = self.checkpoints[c]
                 pending = [j for j in mine if done_through[j] < c]
                 test_feats = None  # the previous checkpoint's are freed before this one's are computed
+                stage = f"checkpoint {c + 1}/{n_ckpt}"
+                reporter.stage(f"{stage}: loading it")
                 with record_function("tracin.load_checkpoint"):
                     loader.load_next()
                 loaded += 1
-                stage = f"checkpoint {c + 1}/{n_ckpt}"
                 if cache is not None:
                     cache.checkpoint(ckpt.path)
+                test_stage = f"{stage}: gradients of {n_test} test examples"
                 # The test gradients come first when the run's first micro-batch is to measure the memory an
                 # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
                 # Otherwise they come after the first training micro-batch is queued (below): their small forward,
                 # bound by the host's kernel launches, then runs while the GPU is busy.
                 if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
+                    reporter.stage(test_stage)
                     test_feats = batcher.features(computer, self.test, range(n_test), "test")
                 for j in pending:
                     rows = self.blocks[j]
@@ -142,8 +145,13 @@ class TracInRun:
                     if prev is not None:
                         scores += prev["scores"].to(device, dtype)
                         selfinf += prev["self_influence"].to(device, dtype)
-                    for offset, feats in self._train_features(batcher, computer, cache, j, rows):
+                    cache_stage = f"{stage}: train gradient cache"
+                    on_rows = lambda n, at=done, name=cache_stage: reporter.progress(at + n, total, name)  # noqa: E731
+                    if cache is None:  # (with the cache the block says its own stage)
+                        reporter.progress(done, total, stage)
+                    for offset, feats in self._train_features(batcher, computer, cache, j, rows, on_rows):
                         if test_feats is None and n_test:
+                            reporter.stage(test_stage)
                             test_feats = batcher.features(computer, self.test, range(n_test), "test")
                         part = slice(offset, offset + len(feats))
                         with record_function("tracin.products"):
@@ -180,14 +188,17 @@ class TracInRun:
         cache: TrainGradientCache | None,
         block: int,
         rows: list[int],
+        on_rows: Callable[[int], None],
     ) -> Iterator[tuple[int, GradFeatures]]:
         """(offset, features) of a block's training rows: streamed in micro-batches, or with the cache on the
-        whole block at once, read from the cache or computed and stored there."""
+        whole block at once, read from the cache or computed and stored there (`on_rows(rows done)` after
+        each micro-batch)."""
         if cache is None:
             yield from batcher.run(computer, self.train, rows, "train")
             return
         dtype = torch.promote_types(next(self.adapter.model.parameters()).dtype, torch.float32)
-        compute = lambda: batcher.features(computer, self.train, rows, "train")  # noqa: E731
+        on_rows(0)
+        compute = lambda: batcher.features(computer, self.train, rows, "train", on_rows)  # noqa: E731
         yield 0, cache.block(block, rows, self.adapter.device, dtype, compute)
 
     def gather(self, rank_stats: Sequence[dict[str, Any]]) -> InfluenceResult:

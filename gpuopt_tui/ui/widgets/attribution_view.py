@@ -35,7 +35,7 @@ from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
 from gpuopt_tui.ui.widgets.run_results import RunResults
-from gpuopt_tui.ui.widgets.run_text import progress_text
+from gpuopt_tui.ui.widgets.run_text import activity_text
 from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
 
@@ -207,7 +207,7 @@ class AttributionRunResults(RunResults):
             id=run.id,
             name=run.name,
             status=run.status,
-            progress=progress_text(run),
+            progress=activity_text(run),  # the check's stage and rate while it goes on
         )
         result = self._check_run_result
         if run.active:

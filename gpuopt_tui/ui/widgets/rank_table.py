@@ -55,11 +55,12 @@ def rank_cells(
 
 
 def _progress(info: RunInfo, report: dict[str, Any]) -> str:
-    """`done/total (pct)` of the rank's own share, with its stage where it differs from the run's."""
+    """`done/total (pct)` of the rank's own share, with its stage where it differs from the run's (a stage
+    without a count: the stage alone, where it differs)."""
     done, total = report.get("done"), report.get("total")
-    if not isinstance(done, (int, float)) or not isinstance(total, (int, float)):
-        return ""
-    pct = f" ({min(1.0, done / total):.0%})" if total > 0 else ""
     stage = report.get("stage")
     elsewhere = f" {stage}" if stage and stage != info.progress.get("stage") else ""
+    if not isinstance(done, (int, float)) or not isinstance(total, (int, float)):
+        return elsewhere.lstrip()
+    pct = f" ({min(1.0, done / total):.0%})" if total > 0 else ""
     return f"{done}/{total}{pct}{elsewhere}"

@@ -14,6 +14,7 @@ from textual.events import Resize
 from textual.widgets import Static
 
 from gpuopt_tui.core.format import human_duration
+from gpuopt_tui.core.run_status import stage_text
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
 from gpuopt_tui.core.telemetry.runmem import run_memory
@@ -92,17 +93,18 @@ class RunProgress(Static):
         progress = info.progress
         memory = run_memory(memory_reports(info), self._fresh_snapshot(), info.id, info.pids())
         if progress:
-            width = max(BAR_MIN, self.size.width - 24)
-            fraction = info.fraction
-            pct = f" {fraction:4.0%}" if fraction is not None else ""
-            count = f"{progress.get('done')}/{progress.get('total')} {progress.get('unit') or ''}".rstrip()
-            lines.append(Content(f"{bar(fraction, width)}{pct} {count}"))
-            details = [f"rate {rate_text(progress)}{over_ranks_text(info)}"]
-            if info.active:
-                details.append(f"ETA {eta_text(info) or '--'}")
-            details.append(f"elapsed {human_duration(elapsed_seconds(info))}")
-            if progress.get("stage"):
-                details.append(f"stage {progress['stage']}")
+            stage = [f"stage {text}"] if (text := stage_text(progress)) else []
+            elapsed = f"elapsed {human_duration(elapsed_seconds(info))}"
+            if "total" in progress:
+                width = max(BAR_MIN, self.size.width - 24)
+                fraction = info.fraction
+                pct = f" {fraction:4.0%}" if fraction is not None else ""
+                count = f"{progress.get('done')}/{progress.get('total')} {progress.get('unit') or ''}".rstrip()
+                lines.append(Content(f"{bar(fraction, width)}{pct} {count}"))
+                eta = [f"ETA {eta_text(info) or '--'}"] if info.active else []
+                details = [f"rate {rate_text(progress)}{over_ranks_text(info)}", *eta, elapsed, *stage]
+            else:  # a stage without a count (loading the model): no bar, rate or ETA
+                details = [*stage, elapsed]
             lines.append(Content(" · ".join(details)))
             torch = torch_memory_text(memory)
             lines.append(Content(f"GPU memory (torch): {torch}" if torch else "GPU memory: not reported by this run"))

@@ -8,6 +8,7 @@ from typing import Any
 from textual.content import Content
 
 from gpuopt_tui.core.format import human_bytes, human_duration
+from gpuopt_tui.core.run_status import stage_text
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.telemetry.runmem import RunMemory
 
@@ -42,14 +43,25 @@ def ranks_text(info: RunInfo) -> str:
 
 
 def progress_text(info: RunInfo) -> str:
-    """`done/total (pct)` and, over several processes, how many; "" before the first report."""
+    """`done/total (pct)` (the stage, for a stage without a count) and, over several processes, how many; ""
+    before the first report."""
     done, total = info.progress.get("done"), info.progress.get("total")
-    count = ""
+    count = stage_text(info.progress)
     if done is not None and total is not None:
         fraction = info.fraction
         pct = f" ({fraction:.0%})" if fraction is not None else ""
         count = f"{done}/{total}{pct}"
     return " · ".join(part for part in (count, ranks_text(info)) if part)
+
+
+def activity_text(info: RunInfo) -> str:
+    """What an active run is doing, in a line: its stage, count and rate ("check: optimized path 96/256 (38%)
+    · 41 steps/s"); an ended run's progress_text."""
+    count = progress_text(info)
+    if not info.active or "total" not in info.progress:
+        return count
+    stage = stage_text(info.progress)
+    return f"{stage} {count} · {rate_text(info.progress)}" if stage else f"{count} · {rate_text(info.progress)}"
 
 
 def over_ranks_text(info: RunInfo) -> str:

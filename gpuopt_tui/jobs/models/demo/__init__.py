@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.context import LOAD_STAGE, StageFn, no_stage
 from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.models.demo import classifier, two_tower
 from gpuopt_tui.jobs.models.demo.bundle import DemoBundle
@@ -21,7 +22,10 @@ from gpuopt_tui.jobs.models.demo.train import one_thread
 
 __all__ = ["KINDS", "DemoBundle", "demo_bundle", "demo_root", "load_demo_adapter"]
 
-#: kind -> (module with build(root, seed) and the adapter class, cache version)
+BUILD_STAGE = "building the demo model (first use)"
+WAIT_STAGE = "waiting for another process building the demo model"
+
+#: kind -> (module with build(root, seed, on_step) and the adapter class, cache version)
 KINDS = {"classifier": (classifier, 1), "two_tower": (two_tower, 1)}
 
 
@@ -31,22 +35,34 @@ def demo_root(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     return Path(cache_dir) / "demo" / f"{kind}-v{version}{suffix}"
 
 
-def demo_bundle(kind: str = "classifier", cache_dir: Path | None = None, seed: int = 0) -> DemoBundle:
-    """The demo `kind` ("classifier" or "two_tower"), trained now unless a complete cache exists."""
+def demo_bundle(
+    kind: str = "classifier", cache_dir: Path | None = None, seed: int = 0, stage: StageFn = no_stage
+) -> DemoBundle:
+    """The demo `kind` ("classifier" or "two_tower"), trained now unless a complete cache exists; `stage` hears
+    of the training (BUILD_STAGE, in optimizer steps) and of a wait for another process building it."""
     if cache_dir is None:
         from gpuopt_tui.core.paths import cache_dir as default_cache_dir
 
         cache_dir = default_cache_dir()
     module, version = _kind(kind)
     root = demo_root(kind, cache_dir, seed)
+
+    def build(tmp: Path) -> dict[str, object]:
+        stage(BUILD_STAGE)
+        return module.build(tmp, seed, lambda done, total: stage(BUILD_STAGE, done, total, "training steps"))
+
     with one_thread():
-        manifest, built = ensure_built(root, version, lambda tmp: module.build(tmp, seed))
+        manifest, built = ensure_built(root, version, build, on_wait=lambda: stage(WAIT_STAGE))
     return DemoBundle(kind, root, manifest, built)
 
 
-def load_demo_adapter(kind: str, device: torch.device, cache_dir: Path, seed: int = 0) -> Adapter:
+def load_demo_adapter(
+    kind: str, device: torch.device, cache_dir: Path, seed: int = 0, stage: StageFn = no_stage
+) -> Adapter:
     module, _ = _kind(kind)
-    return module.DemoAdapter(demo_bundle(kind, cache_dir, seed), device)
+    bundle = demo_bundle(kind, cache_dir, seed, stage)
+    stage(LOAD_STAGE)
+    return module.DemoAdapter(bundle, device)
 
 
 def _kind(kind: str) -> tuple[object, int]:

@@ -53,27 +53,38 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def _exclusive(lock_path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # no advisory locks (Windows): the atomic rename still keeps readers safe
         yield
         return
     with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_built(root: Path, version: int, build: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-    """Return (manifest, built_now) for `root`, calling `build(tmp_dir) -> manifest fields` when needed."""
+def ensure_built(
+    root: Path,
+    version: int,
+    build: Callable[[Path], dict[str, Any]],
+    on_wait: Callable[[], None] | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """Return (manifest, built_now) for `root`, calling `build(tmp_dir) -> manifest fields` when needed;
+    `on_wait()` is called before waiting for another process that holds the lock (it is building)."""
     manifest = read_manifest(root, version)
     if manifest is not None:
         return manifest, False
     root.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(root.parent / f".{root.name}.lock"):
+    with _exclusive(root.parent / f".{root.name}.lock", on_wait):
         manifest = read_manifest(root, version)  # another process may have finished it meanwhile
         if manifest is not None:
             return manifest, False

@@ -20,6 +20,7 @@ adapter.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,9 @@ def build_config() -> Any:
     )
 
 
-def build(root: Path, seed: int) -> dict[str, Any]:
-    """Generate the data, train, and save everything under `root`; returns the manifest fields."""
+def build(root: Path, seed: int, on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Generate the data, train (`on_step(done, total)` after each step), and save everything under `root`;
+    returns the manifest fields."""
     from transformers import BertForSequenceClassification
 
     quiet_progress_bars()
@@ -125,7 +127,7 @@ def build(root: Path, seed: int) -> dict[str, Any]:
         return F.cross_entropy(logits, batch["labels"])
 
     fields = {"input_ids": "attention_mask"}
-    checkpoints, seconds = train(model, loss_fn, train_set, fields, PLAN, root / "checkpoints", seed)
+    checkpoints, seconds = train(model, loss_fn, train_set, fields, PLAN, root / "checkpoints", seed, on_step)
     with torch.no_grad():
         test_pred = model(input_ids=test_set["input_ids"], attention_mask=test_set["attention_mask"]).logits
     save_model_dir(model, root / "model")

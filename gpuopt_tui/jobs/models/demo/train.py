@@ -56,9 +56,11 @@ def train(
     plan: TrainPlan,
     checkpoint_dir: Path,
     seed: int,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """Train `model` in place on `tensors` (mean of `loss_fn` over each batch); returns the checkpoint records
-    ({"file", "epoch", "step", "lr"}, file relative to checkpoint_dir's parent) and the seconds spent."""
+    ({"file", "epoch", "step", "lr"}, file relative to checkpoint_dir's parent) and the seconds spent.
+    `on_step(done, total)` is called after every optimizer step."""
     n = next(iter(tensors.values())).shape[0]
     steps_per_epoch = -(-n // plan.batch_size)
     total = plan.epochs * steps_per_epoch
@@ -85,6 +87,8 @@ def train(
                 nn.utils.clip_grad_norm_(model.parameters(), plan.clip_norm)
                 optimizer.step()
                 step += 1
+                if on_step is not None:
+                    on_step(step, total)
             if epoch in plan.checkpoint_epochs:
                 path = checkpoint_dir / f"epoch-{epoch:02d}.safetensors"
                 state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}

@@ -18,7 +18,7 @@ clicked title's topic words highest; 2% of training clicks are moved to a wrong 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,8 +285,9 @@ def build_tokenizer() -> Any:
     return BertTokenizer(vocab={word: i for i, word in enumerate(vocabulary())})
 
 
-def build(root: Path, seed: int) -> dict[str, Any]:
-    """Generate impressions, train, save model, checkpoints and data under `root`; returns manifest fields."""
+def build(root: Path, seed: int, on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Generate impressions, train (`on_step(done, total)` after each step), save model, checkpoints and data
+    under `root`; returns manifest fields."""
     quiet_progress_bars()
     rng = random.Random(seed)
     train_rows, test_rows = make_impressions(N_TRAIN, rng), make_impressions(N_TEST, rng)
@@ -309,7 +310,7 @@ def build(root: Path, seed: int) -> dict[str, Any]:
         return F.cross_entropy(adapter.logits(batch), batch["labels"])
 
     checkpoints, seconds = train(
-        model, loss_fn, sets["train"].tensors, adapter.token_fields, PLAN, root / "checkpoints", seed
+        model, loss_fn, sets["train"].tensors, adapter.token_fields, PLAN, root / "checkpoints", seed, on_step
     )
     with torch.no_grad():
         test_pred = adapter.logits(sets["test"].tensors).argmax(-1)
