@@ -21,7 +21,8 @@ The forward may run under bf16/fp16 autocast; a layer's input and output gradien
 (bf16 matrix products accumulate in fp32; only their k-wide results are rounded, like every activation of such a
 forward), so no full-width fp32 copy of an activation is made, and the k-wide results are widened to fp32 (float64
 for float64 models) before the sums over tokens. Padded tokens are zeroed after the projection (the same numbers:
-a row scaled by 0 or 1). LayerNorm weights need g * x_hat at full width, which is formed in fp32.
+a row scaled by 0 or 1). LayerNorm weights need g * x_hat at full width, which is formed in fp32 (x_hat zeroed on
+padded tokens in the forward).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class FactoredGradients:
         self.precision = precision
         self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         self.uses, self.excluded = module_uses(self.model, names)
+        self.modules = dict(self.model.named_modules(remove_duplicate=False))
         self.projector = Projector(1, seed, adapter.device, self.dtype)
         self._narrow: dict[tuple[str, int, torch.dtype], Tensor] = {}  # factors in bf16/fp16
         params = dict(self.model.named_parameters())
@@ -115,9 +117,8 @@ class FactoredGradients:
         keep = None if mask is None else mask.reshape(n, -1).to(self.dtype)
         feats: dict[str, Tensor] = {}
         anchor = torch.zeros((), device=self.adapter.device, dtype=self.dtype, requires_grad=True)
-        modules = dict(self.model.named_modules(remove_duplicate=False))
         handles = [
-            modules[name].register_forward_hook(self._hook(name, uses, n, keep, feats, anchor), with_kwargs=True)
+            self.modules[name].register_forward_hook(self._hook(name, uses, n, keep, feats, anchor), with_kwargs=True)
             for name, uses in self.uses.items()
         ]
         try:
@@ -168,7 +169,7 @@ class FactoredGradients:
                 saved[use.param] = self._embedding_rows(use.param, ids, live)
             elif use.role == "norm_weight":
                 xhat = F.layer_norm(x.to(self.dtype), module.normalized_shape, eps=module.eps)
-                saved[use.param] = _rows(xhat, n)
+                saved[use.param] = _masked(_rows(xhat, n), keep)  # so g * x_hat needs no masked g
         return saved
 
     def _output_side(
@@ -191,8 +192,7 @@ class FactoredGradients:
             elif role == "embedding":
                 part = self._embedding_grad(name, saved[name], _masked(self._project(name, 1, g), keep))
             elif role == "norm_weight":
-                wide = _masked(g.to(self.dtype), keep)
-                part = self._project(name, 0, (wide * saved[name]).sum(1))
+                part = self._project(name, 0, (g.to(self.dtype) * saved[name]).sum(1))
             else:  # bias, norm_bias: sum_t P^T g_t
                 part = _masked(self._project(name, 0, g), keep).sum(1)
             part = part.reshape(n, -1)
