@@ -33,9 +33,17 @@ ranks the flipped training labels above the clean ones (rows that compute self-i
 examples scored per second against all M test examples over the 3 checkpoints, loading them included: median of
 3 timed runs after a warm-up run (1 for runs slower than 2 s). Peak: the largest GPU memory allocated in a run.
 
-Usage on a GPU machine (each part within about 8 minutes on an H100):
-    python benchmarks/tracin_projected_bench.py --model small --out benchmarks/results/tracin_projected_small_H100.md
-    python benchmarks/tracin_projected_bench.py --model base --out benchmarks/results/tracin_projected_base_H100.md
+Usage on a GPU machine (each command within 10 minutes on an H100; the table prints each row's peak GPU memory):
+    python benchmarks/tracin_projected_bench.py --quick --device cuda --out /tmp/tracin_projected_quick.md
+    python benchmarks/tracin_projected_bench.py --model small --checkpoint-cache /tmp/tracin-ckpt \
+        --out benchmarks/results/tracin_projected_small_H100.md
+    python benchmarks/tracin_projected_bench.py --model base --checkpoint-cache /tmp/tracin-ckpt \
+        --modes proj,last,exact,cache --out benchmarks/results/tracin_projected_base_H100.md
+    python benchmarks/tracin_projected_bench.py --model base --checkpoint-cache /tmp/tracin-ckpt \
+        --modes captum-all,dattri-logra --out benchmarks/results/tracin_projected_base_rivals_H100.md
+BERT-base trains its checkpoints first (kept in --checkpoint-cache for the next command) and scores 20480
+training examples in micro-batches of 256 (--micro-batch). dattri's TracIn on BERT-base projects each
+example's 110M-number gradient densely and takes minutes per batch, so it is left out of the commands above.
 Quick check on a CPU (tiny model, under a minute):
     python benchmarks/tracin_projected_bench.py --quick
 """
@@ -49,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +102,7 @@ class Plan:
     cache_sizes: tuple[int, ...]  # K of the cache comparisons
     dattri_dim: int  # dattri TracIn's dense projection
     loader_batch: int  # dattri's data loaders
+    micro_batch: int | Literal["auto"] = "auto"  # our projected and last-layer rows (the exact one: auto)
 
 
 PLANS = {
@@ -102,7 +111,9 @@ PLANS = {
     # dattri's TracIn projects each example's whole gradient with a fresh dense random matrix per batch: on
     # BERT-base (110M parameters) that is minutes per batch, so it gets one batch
     # the cache at 16 x 16 only: at 32 x 32 the 20480 gradients of BERT-base take 10 GB per run
-    "base": Plan(20480, 64, 256, 16, 32, 4096, 32, (16, 32), (16,), 1024, 32),
+    # micro-batches of 256 (about 8 GiB of activations): "auto" would fill most of the GPU, and the goal is a peak
+    # of at most 16 GiB
+    "base": Plan(20480, 64, 256, 16, 32, 4096, 32, (16, 32), (16,), 1024, 32, 256),
 }
 MODES = ("proj", "proj-fp32", "last", "exact", "vmap-exact", "captum-all", "dattri-logra", "dattri-tracin", "cache")
 GOAL_RATE, GOAL_SPEARMAN, GOAL_PEAK_GIB, GOAL_DATTRI, GOAL_CACHE = 10_000.0, 0.9, 16.0, 2.0, 20.0
@@ -243,7 +254,9 @@ def run(
             return f"the first {n} of the {len(train)} training examples; rate per example on them"
 
         def factored(k: int, precision: str) -> TracInOptions:
-            return TracInOptions(method="factored", precision=precision, projection_in=k, projection_out=k)
+            return TracInOptions(
+                method="factored", precision=precision, projection_in=k, projection_out=k, batch_size=plan.micro_batch
+            )
 
         table: list[tuple[Row, Any]] = []
         if "proj" in modes:
@@ -255,10 +268,13 @@ def run(
             fn = ours(adapter, checkpoints, train, test, everything, factored(k, "fp32"))
             table.append(mode(f"proj-{k}-fp32", f"ours: all layers, factored {k} x {k}, fp32", fn, len(train)))
         if "last" in modes:
-            fn = ours(adapter, checkpoints, train, test, last, TracInOptions(precision=low))
+            fn = ours(
+                adapter, checkpoints, train, test, last, TracInOptions(precision=low, batch_size=plan.micro_batch)
+            )
             table.append(mode("last", f"ours: last layers, closed form, {low}", fn, len(train)))
         if "exact" in modes or any(m in modes for m in ("proj", "last", "dattri-logra")):
-            fn = ours(adapter, checkpoints, sub_train, sub_test, everything, factored(0, "fp32"))
+            exact = dataclasses.replace(factored(0, "fp32"), batch_size="auto")
+            fn = ours(adapter, checkpoints, sub_train, sub_test, everything, exact)
             note = f"reference: {plan.n_exact} training x {plan.m_exact} test examples"
             table.append(mode("exact", "ours: all parameters, exact, fp32", fn, len(sub_train), note))
         if "vmap-exact" in modes and size_name != "base":
@@ -504,6 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-sizes", help="comma list of K for the cache comparison (default: 16,32 small; 16 base)"
     )
+    parser.add_argument(
+        "--micro-batch",
+        type=micro_batch,
+        help="examples per micro-batch of our projected rows: auto or a number (default: auto; 256 for base)",
+    )
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)} (default: all)")
     parser.add_argument("--checkpoint-cache", type=Path, help="keep the trained checkpoints here and reuse them")
     parser.add_argument("--out", type=Path, help="write a markdown results file here, and JSON beside it")
@@ -517,7 +538,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = tuple(int(k) for k in args.sizes.split(",")) if args.sizes else plan.sizes
     cache_sizes = tuple(int(k) for k in args.cache_sizes.split(",")) if args.cache_sizes else plan.cache_sizes
     plan = dataclasses.replace(
-        plan, n_train=args.train or plan.n_train, n_test=args.test or plan.n_test, sizes=sizes, cache_sizes=cache_sizes
+        plan,
+        n_train=args.train or plan.n_train,
+        n_test=args.test or plan.n_test,
+        sizes=sizes,
+        cache_sizes=cache_sizes,
+        micro_batch=args.micro_batch or plan.micro_batch,
     )
     device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
     if args.quick:
@@ -540,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         write_json(args.out.with_suffix(".json"), record)
     return 1 if any(r.error for r in rows) else 0
+
+
+def micro_batch(text: str) -> int | Literal["auto"]:
+    return "auto" if text == "auto" else positive(text)
 
 
 if __name__ == "__main__":
