@@ -275,7 +275,7 @@ def run(
         if "exact" in modes or any(m in modes for m in ("proj", "last", "dattri-logra")):
             exact = dataclasses.replace(factored(0, "fp32"), batch_size="auto")
             fn = ours(adapter, checkpoints, sub_train, sub_test, everything, exact)
-            note = f"reference: {plan.n_exact} training x {plan.m_exact} test examples"
+            note = f"reference: {len(sub_train)} training x {len(sub_test)} test examples"
             table.append(mode("exact", "ours: all parameters, exact, fp32", fn, len(sub_train), note))
         if "vmap-exact" in modes and size_name != "base":
             fn = ours(adapter, checkpoints, sub_train, sub_test, everything, TracInOptions(method="vmap"))
@@ -521,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cache-sizes", help="comma list of K for the cache comparison (default: 16,32 small; 16 base)"
     )
     parser.add_argument(
+        "--exact-train", type=positive, help="training examples of the exact reference (default 512 small)"
+    )
+    parser.add_argument(
         "--micro-batch",
         type=micro_batch,
         help="examples per micro-batch of our projected rows: auto or a number (default: auto; 256 for base)",
@@ -544,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes=sizes,
         cache_sizes=cache_sizes,
         micro_batch=args.micro_batch or plan.micro_batch,
+        n_exact=args.exact_train or plan.n_exact,
     )
     device = torch.device(args.device or ("cpu" if args.quick or not torch.cuda.is_available() else "cuda"))
     if args.quick:
