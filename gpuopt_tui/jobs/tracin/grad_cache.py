@@ -165,7 +165,13 @@ class TrainGradientCache:
     def _read_ahead(self) -> None:
         if self._ahead is None and self._plan:
             path, block, rows = self._plan.popleft()
-            self._ahead = ((path, block), self._pool.submit(self._entries[path].read, block, rows, self.pin))
+            self._ahead = ((path, block), self._pool.submit(self._read, self._entries[path], block, rows))
+
+    def _read(self, entry: CheckpointGradients, block: int, rows: Sequence[int]) -> HostBlock | None:
+        if not self.pin:
+            return entry.read(block, rows, pin=False)
+        with torch.cuda.device(self.device):  # memory is page-locked for the GPU current in the reading thread
+            return entry.read(block, rows, pin=True)
 
     def checkpoint(self, path: Path) -> None:
         """Use the entry of this checkpoint file (by its content) from now on."""
@@ -179,7 +185,7 @@ class TrainGradientCache:
             stored = self._ahead[1].result()
             self._ahead = None
         else:  # not announced by `expect`
-            stored = entry.read(block, rows, self.pin)
+            stored = self._read(entry, block, rows)
         self._read_ahead()  # the next block is read while this one is in use
         if stored is not None:
             self.read += 1
