@@ -115,8 +115,8 @@ class TracInRun:
         needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
         cache = self._cache(computer, dtype, [(c, j) for c in needed for j in mine if done_through[j] < c])
         with (
-            CheckpointLoader(adapter, [self.checkpoints[c].path for c in needed], prefetch=opts.prefetch) as loader,
             cache or contextlib.nullcontext(),
+            CheckpointLoader(adapter, [self.checkpoints[c].path for c in needed], prefetch=opts.prefetch) as loader,
         ):
             for c in needed:
                 ckpt = self.checkpoints[c]
