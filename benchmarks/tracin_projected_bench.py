@@ -107,7 +107,7 @@ class Plan:
 
 PLANS = {
     "quick": Plan(96, 8, 32, 4, 16, 96, 32, (4, 8), (8,), 64, 16),
-    "small": Plan(4096, 64, 512, 16, 128, 4096, 512, (16, 32, 64), (16, 32), 1024, 64),
+    "small": Plan(4096, 64, 512, 16, 128, 4096, 512, (8, 16, 32, 64), (16, 32), 1024, 64),
     # dattri's TracIn projects each example's whole gradient with a fresh dense random matrix per batch: on
     # BERT-base (110M parameters) that is minutes per batch, so it gets one batch
     # the cache at 16 x 16 only: at 32 x 32 the 20480 gradients of BERT-base take 10 GB per run
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("small", "base"), default="small", help="BERT-small (4x256) or BERT-base")
     parser.add_argument("--train", type=positive, help="training examples N (default: 4096 small, 20480 base)")
     parser.add_argument("--test", type=positive, help="test examples M (default 64)")
-    parser.add_argument("--sizes", help="comma list of K for the proj-K rows (default: 16,32,64 small; 16,32 base)")
+    parser.add_argument("--sizes", help="comma list of K for the proj-K rows (default: 8,16,32,64 small; 16,32 base)")
     parser.add_argument(
         "--cache-sizes", help="comma list of K for the cache comparison (default: 16,32 small; 16 base)"
     )
