@@ -22,7 +22,9 @@ Rows (--modes takes a comma list; all by default):
   the whole gradient to --dattri-dim numbers), on the first n_exact training examples (a prefix: rate per
   example on it);
 - cache: a second, different test set scored against the training gradients that a first run left in the cache
-  (proj-K at the middle K), against recomputing them: the time ratio.
+  (proj-K for each K of --cache-sizes), against recomputing them: the time ratio, and where the cached run's
+  time goes (one run under torch.profiler: cache key, checkpoint loads, test gradients, reading the cached
+  blocks, products).
 
 Agreement (per test example across training examples, then the mean over test examples), against the exact row
 on its n_exact x m_exact examples (the rows shared with a capped mode where it scored fewer): Spearman, and top-10
@@ -31,9 +33,17 @@ ranks the flipped training labels above the clean ones (rows that compute self-i
 examples scored per second against all M test examples over the 3 checkpoints, loading them included: median of
 3 timed runs after a warm-up run (1 for runs slower than 2 s). Peak: the largest GPU memory allocated in a run.
 
-Usage on a GPU machine (each part within about 8 minutes on an H100):
-    python benchmarks/tracin_projected_bench.py --model small --out benchmarks/results/tracin_projected_small_H100.md
-    python benchmarks/tracin_projected_bench.py --model base --out benchmarks/results/tracin_projected_base_H100.md
+Usage on a GPU machine (each command within 10 minutes on an H100; the table prints each row's peak GPU memory):
+    python benchmarks/tracin_projected_bench.py --quick --device cuda --out /tmp/tracin_projected_quick.md
+    python benchmarks/tracin_projected_bench.py --model small --checkpoint-cache /tmp/tracin-ckpt \
+        --out benchmarks/results/tracin_projected_small_H100.md
+    python benchmarks/tracin_projected_bench.py --model base --checkpoint-cache /tmp/tracin-ckpt \
+        --modes proj,last,exact,cache --out benchmarks/results/tracin_projected_base_H100.md
+    python benchmarks/tracin_projected_bench.py --model base --checkpoint-cache /tmp/tracin-ckpt \
+        --modes captum-all,dattri-logra --out benchmarks/results/tracin_projected_base_rivals_H100.md
+BERT-base trains its checkpoints first (kept in --checkpoint-cache for the next command) and scores 20480
+training examples in micro-batches of 256 (--micro-batch). dattri's TracIn on BERT-base projects each
+example's 110M-number gradient densely and takes minutes per batch, so it is left out of the commands above.
 Quick check on a CPU (tiny model, under a minute):
     python benchmarks/tracin_projected_bench.py --quick
 """
@@ -47,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +74,8 @@ from tracin_bench import (
     fmt,
     measure,
     ours,
+    positive,
+    profile,
     report,
     timed,
 )
@@ -89,16 +101,21 @@ class Plan:
     n_logra: int  # training examples of dattri's LoGra (a prefix when fewer than n_train)
     n_dattri: int  # training examples of dattri's TracIn
     sizes: tuple[int, ...]  # K of the proj-K rows
+    cache_sizes: tuple[int, ...]  # K of the cache comparisons
     dattri_dim: int  # dattri TracIn's dense projection
     loader_batch: int  # dattri's data loaders
+    micro_batch: int | Literal["auto"] = "auto"  # our projected and last-layer rows (the exact one: auto)
 
 
 PLANS = {
-    "quick": Plan(96, 8, 32, 4, 16, 96, 32, (4, 8), 64, 16),
-    "small": Plan(4096, 64, 512, 16, 128, 4096, 512, (16, 32, 64), 1024, 64),
+    "quick": Plan(96, 8, 32, 4, 16, 96, 32, (4, 8), (8,), 64, 16),
+    "small": Plan(4096, 64, 512, 16, 128, 4096, 512, (8, 16, 32, 64), (16, 32), 1024, 64),
     # dattri's TracIn projects each example's whole gradient with a fresh dense random matrix per batch: on
     # BERT-base (110M parameters) that is minutes per batch, so it gets one batch
-    "base": Plan(20480, 64, 256, 16, 32, 4096, 32, (16, 32), 1024, 32),
+    # the cache at 16 x 16 only: at 32 x 32 the 20480 gradients of BERT-base take 10 GB per run
+    # micro-batches of 256 (about 8 GiB of activations): "auto" would fill most of the GPU, and the goal is a peak
+    # of at most 16 GiB
+    "base": Plan(20480, 64, 256, 16, 32, 4096, 32, (16, 32), (16,), 1024, 32, 256),
 }
 MODES = ("proj", "proj-fp32", "last", "exact", "vmap-exact", "captum-all", "dattri-logra", "dattri-tracin", "cache")
 GOAL_RATE, GOAL_SPEARMAN, GOAL_PEAK_GIB, GOAL_DATTRI, GOAL_CACHE = 10_000.0, 0.9, 16.0, 2.0, 20.0
@@ -239,7 +256,9 @@ def run(
             return f"the first {n} of the {len(train)} training examples; rate per example on them"
 
         def factored(k: int, precision: str) -> TracInOptions:
-            return TracInOptions(method="factored", precision=precision, projection_in=k, projection_out=k)
+            return TracInOptions(
+                method="factored", precision=precision, projection_in=k, projection_out=k, batch_size=plan.micro_batch
+            )
 
         table: list[tuple[Row, Any]] = []
         if "proj" in modes:
@@ -251,11 +270,14 @@ def run(
             fn = ours(adapter, checkpoints, train, test, everything, factored(k, "fp32"))
             table.append(mode(f"proj-{k}-fp32", f"ours: all layers, factored {k} x {k}, fp32", fn, len(train)))
         if "last" in modes:
-            fn = ours(adapter, checkpoints, train, test, last, TracInOptions(precision=low))
+            fn = ours(
+                adapter, checkpoints, train, test, last, TracInOptions(precision=low, batch_size=plan.micro_batch)
+            )
             table.append(mode("last", f"ours: last layers, closed form, {low}", fn, len(train)))
         if "exact" in modes or any(m in modes for m in ("proj", "last", "dattri-logra")):
-            fn = ours(adapter, checkpoints, sub_train, sub_test, everything, factored(0, "fp32"))
-            note = f"reference: {plan.n_exact} training x {plan.m_exact} test examples"
+            exact = dataclasses.replace(factored(0, "fp32"), batch_size="auto")
+            fn = ours(adapter, checkpoints, sub_train, sub_test, everything, exact)
+            note = f"reference: {len(sub_train)} training x {len(sub_test)} test examples"
             table.append(mode("exact", "ours: all parameters, exact, fp32", fn, len(sub_train), note))
         if "vmap-exact" in modes and size_name != "base":
             fn = ours(adapter, checkpoints, sub_train, sub_test, everything, TracInOptions(method="vmap"))
@@ -318,11 +340,13 @@ def run(
         rows = [row for row, _ in table]
         compare(rows, flipped)
         if "cache" in modes:
-            k = plan.sizes[len(plan.sizes) // 2]
             second = dataset(size, plan.n_test, 4, adapter, 0.0)
-            facts["cache"] = cache_ratio(
-                device, adapter, checkpoints, train, test, second, everything, factored(k, low)
-            )
+            facts["cache"] = []
+            for k in plan.cache_sizes:
+                print(f"... cache: factored {k} x {k}, a second test set against cached training gradients", flush=True)
+                facts["cache"].append(
+                    cache_ratio(device, adapter, checkpoints, train, test, second, everything, factored(k, low))
+                )
     return rows, facts
 
 
@@ -352,11 +376,13 @@ def cache_ratio(
     names: list[str],
     options: TracInOptions,
 ) -> dict[str, Any]:
-    """Time of a second test set against the cached training gradients vs recomputing them."""
+    """Time of a second test set against the cached training gradients vs recomputing them, and the cached run's
+    stages under torch.profiler."""
     with tempfile.TemporaryDirectory() as folder:
         cached = dataclasses.replace(options, train_cache=Path(folder))
         _, fill, fill_peak = timed(device, ours(adapter, checkpoints, train, test, names, cached))
         read_out, read, read_peak = measure(device, ours(adapter, checkpoints, train, second, names, cached))
+        stages = profile(device, ours(adapter, checkpoints, train, second, names, cached))
         size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
     fresh_out, fresh, fresh_peak = measure(device, ours(adapter, checkpoints, train, second, names, options))
     return {
@@ -368,6 +394,7 @@ def cache_ratio(
         "cache_bytes": size,
         "peak_gib": [fill_peak, read_peak, fresh_peak],
         "spearman_cached_vs_recomputed": rank_correlation(read_out.scores, fresh_out.scores),
+        "profile": stages,
     }
 
 
@@ -409,21 +436,42 @@ def markdown(env: dict[str, Any], size_name: str, plan: Plan, rows: list[Row], f
             f"| {r.mode}{note} | {r.settings} | {r.n_train} | {rate} | {fmt(r.peak_gib, '.2f')} | "
             f"{fmt(r.spearman, '.4f')} | {fmt(r.top_overlap, '.3f')} | {fmt(r.flipped_auc, '.3f')} |"
         )
-    cache = facts.get("cache")
-    if cache:
-        lines += [
-            "",
-            f"Second test set ({plan.n_test} other examples) against the cached training gradients ({cache['settings']}, "
-            f"{cache['cache_bytes'] / 2**20:.1f} MiB in the cache): {cache['cached_seconds']:.3f} s vs "
-            f"{cache['recompute_seconds']:.3f} s recomputing = {cache['ratio']:.1f}x (filling the cache: "
-            f"{cache['fill_seconds']:.3f} s); Spearman cached vs recomputed (bf16-stored gradients): "
-            f"{cache['spearman_cached_vs_recomputed']:.4f}.",
-        ]
-    lines += ["", "## Goals", "", *goals(size_name, rows, cache)]
+    caches = facts.get("cache") or []
+    for cache in caches:
+        lines += cache_markdown(plan, cache)
+    lines += ["", "## Goals", "", *goals(size_name, rows, caches)]
     return "\n".join(lines) + "\n"
 
 
-def goals(size_name: str, rows: list[Row], cache: dict[str, Any] | None) -> list[str]:
+def cache_markdown(plan: Plan, cache: dict[str, Any]) -> list[str]:
+    peaks = ", ".join(fmt(p, ".2f") for p in cache["peak_gib"]) if cache["peak_gib"][0] is not None else ""
+    prof = cache["profile"]
+    stages = prof["stages"]
+    lines = [
+        "",
+        f"### Second test set against the cached training gradients: {cache['settings']}",
+        "",
+        f"{plan.n_test} other test examples against the training gradients a first run left in the cache "
+        f"({cache['cache_bytes'] / 2**20:.1f} MiB): {cache['cached_seconds']:.3f} s vs {cache['recompute_seconds']:.3f} s "
+        f"recomputing = {cache['ratio']:.1f}x (filling the cache: {cache['fill_seconds']:.3f} s"
+        + (f"; peak GiB filling, cached, recomputing: {peaks}" if peaks else "")
+        + "); Spearman cached vs recomputed (bf16-stored gradients): "
+        f"{cache['spearman_cached_vs_recomputed']:.4f}.",
+        "",
+        f"Where the cached run's time goes (one run under torch.profiler, {prof['wall_ms']:.1f} ms wall; host ms: "
+        "inside the stage on the host, waits for the GPU included; GPU ms: kernels and copies it launched; the "
+        "cached blocks are read from disk in a background thread, so `tracin.cache_blocks` is the wait for them "
+        "plus their copy to the device):",
+        "",
+        "| stage | calls | host ms | GPU ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, stage in sorted(stages.items(), key=lambda item: -item[1]["host_ms"]):
+        lines.append(f"| {name} | {stage['calls']} | {stage['host_ms']:.1f} | {stage['gpu_ms']:.1f} |")
+    return lines
+
+
+def goals(size_name: str, rows: list[Row], caches: list[dict[str, Any]]) -> list[str]:
     ours_rows = [r for r in rows if r.key.startswith("proj-") and r.rate]
     out = []
     if size_name == "small":
@@ -457,18 +505,28 @@ def goals(size_name: str, rows: list[Row], cache: dict[str, Any] | None) -> list
             )
     else:
         out.append(f"- >= {GOAL_DATTRI:g}x dattri: not measured (no dattri row ran)")
-    if cache:
-        verdict = "met" if cache["ratio"] >= GOAL_CACHE else "not met"
-        out.append(
-            f"- second test set against cached gradients >= {GOAL_CACHE:g}x faster: {verdict} ({cache['ratio']:.1f}x)"
-        )
+    if caches:
+        verdict = "met" if any(c["ratio"] >= GOAL_CACHE for c in caches) else "not met"
+        ratios = ", ".join(f"{c['settings']} {c['ratio']:.1f}x" for c in caches)
+        out.append(f"- second test set against cached gradients >= {GOAL_CACHE:g}x faster: {verdict} ({ratios})")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, "(default: 4096 small, 20480 base)", "(default 64)")
-    parser.add_argument("--sizes", help="comma list of K for the proj-K rows (default: 16,32,64 small; 16,32 base)")
+    parser.add_argument("--sizes", help="comma list of K for the proj-K rows (default: 8,16,32,64 small; 16,32 base)")
+    parser.add_argument(
+        "--cache-sizes", help="comma list of K for the cache comparison (default: 16,32 small; 16 base)"
+    )
+    parser.add_argument(
+        "--exact-train", type=positive, help="training examples of the exact reference (default 512 small)"
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=micro_batch,
+        help="examples per micro-batch of our projected rows: auto or a number (default: auto; 256 for base)",
+    )
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)} (default: all)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -477,7 +535,16 @@ def main(argv: list[str] | None = None) -> int:
     size_name = "quick" if args.quick else args.model
     plan = PLANS[size_name]
     sizes = tuple(int(k) for k in args.sizes.split(",")) if args.sizes else plan.sizes
-    plan = dataclasses.replace(plan, n_train=args.train or plan.n_train, n_test=args.test or plan.n_test, sizes=sizes)
+    cache_sizes = tuple(int(k) for k in args.cache_sizes.split(",")) if args.cache_sizes else plan.cache_sizes
+    plan = dataclasses.replace(
+        plan,
+        n_train=args.train or plan.n_train,
+        n_test=args.test or plan.n_test,
+        sizes=sizes,
+        cache_sizes=cache_sizes,
+        micro_batch=args.micro_batch or plan.micro_batch,
+        n_exact=args.exact_train or plan.n_exact,
+    )
     device = chosen_device(args)
     env = environment(device)
     start = time.perf_counter()
@@ -486,6 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(env, size_name, plan, rows, facts)
     plan_record = {"name": size_name, **asdict(plan)}
     return report(args.out, text, {"environment": env, "plan": plan_record, "modes": modes, "facts": facts}, rows)
+
+
+def micro_batch(text: str) -> int | Literal["auto"]:
+    return "auto" if text == "auto" else positive(text)
 
 
 if __name__ == "__main__":

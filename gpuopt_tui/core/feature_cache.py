@@ -287,27 +287,30 @@ class FeatureCache:
 
     # -- content fingerprints of input files -------------------------------------------------------------------
     def file_fingerprint(self, path: Path) -> str:
-        """SHA-256 of a file's bytes, remembered by (path, size, mtime) so that reruns on unchanged multi-GB
-        inputs need not read them again; a file that changes gets a new size or mtime and is hashed anew."""
-        path = Path(path).resolve()
-        st = path.stat()
-        memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
-        memo_file = self.root / FINGERPRINTS
-        try:
-            memo = json.loads(memo_file.read_text(encoding="utf-8"))
-            if not isinstance(memo, dict):
-                memo = {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return remembered_sha256(path, self.root / FINGERPRINTS)
+
+
+def remembered_sha256(path: Path, memo_file: Path) -> str:
+    """SHA-256 of a file's bytes, remembered in `memo_file` by (path, size, mtime) so that reruns on unchanged
+    multi-GB inputs need not read them again; a file that changes gets a new size or mtime and is hashed anew."""
+    path = Path(path).resolve()
+    st = path.stat()
+    memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        memo = json.loads(memo_file.read_text(encoding="utf-8"))
+        if not isinstance(memo, dict):
             memo = {}
-        known = memo.get(memo_key)
-        if isinstance(known, str):
-            return known
-        digest = file_sha256(path)
-        memo = {k: v for k, v in memo.items() if not k.startswith(f"{path}|")}
-        memo[memo_key] = digest
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(memo_file, json.dumps(memo, indent=1))
-        return digest
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        memo = {}
+    known = memo.get(memo_key)
+    if isinstance(known, str):
+        return known
+    digest = file_sha256(path)
+    memo = {k: v for k, v in memo.items() if not k.startswith(f"{path}|")}
+    memo[memo_key] = digest
+    memo_file.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(memo_file, json.dumps(memo, indent=1))
+    return digest
 
 
 def _mtime(path: Path) -> float:

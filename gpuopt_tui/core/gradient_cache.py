@@ -3,7 +3,8 @@
 One entry per (checkpoint content, training data, gradient settings): a folder named by the hash of those
 (`entry_key`) under ``<cache dir>/tracin-gradients``, holding ``manifest.json`` (what the entry was computed from)
 and one ``block_NNNNN.safetensors`` per block of training examples, each written atomically as it is finished, so
-an interrupted run leaves only whole blocks behind and the next run computes the rest. Pure Python (the tensors
+an interrupted run leaves only whole blocks behind and the next run computes the rest. ``checkpoint-hashes.json``
+beside the entries remembers the checkpoint files' hashes by (path, size, mtime). Pure Python (the tensors
 are read and written in jobs/tracin/grad_cache.py), so the TUI and `gpuopt-tui cache` can list and clear entries
 without torch.
 """
@@ -22,6 +23,7 @@ from gpuopt_tui.core import paths
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+CHECKPOINT_HASHES = "checkpoint-hashes.json"
 
 
 def default_root() -> Path:

@@ -16,8 +16,13 @@ where the attention mask is 0 contribute nothing. A layer run on a batch of one 
 examples (shared position ids) is expanded to the examples, so each gets its own gradient. Parameters of other
 modules are excluded; `excluded` lists them.
 
-Projections are seeded per parameter and axis (`Projector.factor`), the same for training and test examples;
-the forward may run under bf16/fp16 autocast, the projections and sums run in fp32 (float64 for float64 models).
+Projections are seeded per parameter and axis (`Projector.factor`), the same for training and test examples.
+The forward may run under bf16/fp16 autocast; a layer's input and output gradient are then projected as they come
+(bf16 matrix products accumulate in fp32; only their k-wide results are rounded, like every activation of such a
+forward), so no full-width fp32 copy of an activation is made, and the k-wide results are widened to fp32 (float64
+for float64 models) before the sums over tokens. Padded tokens are zeroed after the projection (the same numbers:
+a row scaled by 0 or 1). LayerNorm weights need g * x_hat at full width, which is formed in fp32 (x_hat zeroed on
+padded tokens in the forward).
 """
 
 from __future__ import annotations
@@ -90,7 +95,9 @@ class FactoredGradients:
         self.precision = precision
         self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         self.uses, self.excluded = module_uses(self.model, names)
+        self.modules = dict(self.model.named_modules(remove_duplicate=False))
         self.projector = Projector(1, seed, adapter.device, self.dtype)
+        self._narrow: dict[tuple[str, int, torch.dtype], Tensor] = {}  # factors in bf16/fp16
         params = dict(self.model.named_parameters())
         self.sizes: dict[str, tuple[int, ...]] = {}  # parameter -> projected shape (per axis)
         for found in self.uses.values():
@@ -110,9 +117,8 @@ class FactoredGradients:
         keep = None if mask is None else mask.reshape(n, -1).to(self.dtype)
         feats: dict[str, Tensor] = {}
         anchor = torch.zeros((), device=self.adapter.device, dtype=self.dtype, requires_grad=True)
-        modules = dict(self.model.named_modules(remove_duplicate=False))
         handles = [
-            modules[name].register_forward_hook(self._hook(name, uses, n, keep, feats, anchor), with_kwargs=True)
+            self.modules[name].register_forward_hook(self._hook(name, uses, n, keep, feats, anchor), with_kwargs=True)
             for name, uses in self.uses.items()
         ]
         try:
@@ -154,7 +160,7 @@ class FactoredGradients:
         for use in uses:
             if use.role in ("weight", "conv_weight"):
                 axis = 1 if use.role == "weight" else 0
-                saved[use.param] = self._project(use.param, axis, _masked(_rows(x, n).to(self.dtype), keep))
+                saved[use.param] = _masked(self._project(use.param, axis, _rows(x, n)), keep)
             elif use.role == "embedding":
                 ids = x.reshape(n, -1)
                 live = torch.ones_like(ids, dtype=self.dtype) if keep is None or keep.shape != ids.shape else keep
@@ -163,7 +169,7 @@ class FactoredGradients:
                 saved[use.param] = self._embedding_rows(use.param, ids, live)
             elif use.role == "norm_weight":
                 xhat = F.layer_norm(x.to(self.dtype), module.normalized_shape, eps=module.eps)
-                saved[use.param] = _rows(xhat, n)
+                saved[use.param] = _masked(_rows(xhat, n), keep)  # so g * x_hat needs no masked g
         return saved
 
     def _output_side(
@@ -176,27 +182,36 @@ class FactoredGradients:
         saved: dict[str, Tensor],
         feats: dict[str, Tensor],
     ) -> None:
-        g = _masked(_rows(g, n).to(self.dtype), keep)
+        g = _rows(g, n)
         for use in uses:
             name, role = use.param, use.role
             if role == "weight":
-                part = torch.einsum("bto,bti->boi", self._project(name, 0, g), saved[name])
+                part = torch.einsum("bto,bti->boi", _masked(self._project(name, 0, g), keep), saved[name])
             elif role == "conv_weight":
-                part = torch.einsum("bti,bto->bio", saved[name], self._project(name, 1, g))
+                part = torch.einsum("bti,bto->bio", saved[name], _masked(self._project(name, 1, g), keep))
             elif role == "embedding":
-                part = self._embedding_grad(name, saved[name], g)
+                part = self._embedding_grad(name, saved[name], _masked(self._project(name, 1, g), keep))
             elif role == "norm_weight":
-                part = self._project(name, 0, (g * saved[name]).sum(1))
-            else:  # bias, norm_bias
-                part = self._project(name, 0, g.sum(1))
+                part = self._project(name, 0, (g.to(self.dtype) * saved[name]).sum(1))
+            else:  # bias, norm_bias: sum_t P^T g_t
+                part = _masked(self._project(name, 0, g), keep).sum(1)
             part = part.reshape(n, -1)
             feats[name] = feats[name] + part if name in feats else part
 
     def _project(self, name: str, axis: int, x: Tensor) -> Tensor:
-        """x [..., dim] -> [..., k] along `axis` of parameter `name` (unchanged when that side is exact)."""
+        """x [..., dim] -> [..., k] along `axis` of parameter `name` (x itself when that side is exact), in the
+        engine's dtype; a bf16/fp16 x is multiplied in its own precision (the module docstring says why)."""
         k = self.sizes[name][axis]
         dim = self.shapes[name][axis]
-        return x if k == dim else x @ self.projector.factor(name, axis, dim, k)
+        if k == dim:
+            return x.to(self.dtype)
+        factor = self.projector.factor(name, axis, dim, k)
+        if x.dtype != factor.dtype and x.dtype in (torch.bfloat16, torch.float16):
+            key = (name, axis, x.dtype)
+            if key not in self._narrow:
+                self._narrow[key] = factor.to(x.dtype)
+            factor = self._narrow[key]
+        return (x.to(factor.dtype) @ factor).to(self.dtype)
 
     def _embedding_rows(self, name: str, ids: Tensor, live: Tensor) -> Tensor:
         """The input side of an embedding: rows of its projection factor [n, T, k_in], zero where not live;
@@ -207,7 +222,7 @@ class FactoredGradients:
         return self.projector.factor(name, 0, vocab, k)[ids] * live[..., None]
 
     def _embedding_grad(self, name: str, rows: Tensor, g: Tensor) -> Tensor:
-        g = self._project(name, 1, g)
+        """g: the projected output gradient [n, T, k_out], zero on padded tokens."""
         vocab, k = self.shapes[name][0], self.sizes[name][0]
         if k != vocab:
             return torch.einsum("btv,btd->bvd", rows, g)

@@ -9,6 +9,7 @@ input is a rotation, so a `dim` at least as large as every parameter tensor repr
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -44,10 +45,7 @@ class Projector:
         key = (name, axis, rows, cols)
         cached = self._factors.get(key)
         if cached is None:
-            gen = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}:{name}:{axis}".encode()))
-            gauss = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
-            q, _ = torch.linalg.qr(gauss)
-            cached = (q * math.sqrt(rows / cols)).to(self.device, self.dtype)
+            cached = _orthonormal(self.seed, name, axis, rows, cols, self.dtype).to(self.device)
             self._factors[key] = cached
         return cached
 
@@ -76,3 +74,14 @@ class Projector:
             return min(math.prod(shape), self.dim)
         k1, k2 = factor_dims(shape[0], math.prod(shape[1:]), self.dim)
         return k1 * k2
+
+
+@functools.lru_cache(maxsize=1024)
+def _orthonormal(seed: int, name: str, axis: int, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+    """A seeded (rows x cols) factor on the CPU. Remembered for the process: the Gaussian draw and QR of a large
+    factor (an embedding's vocabulary side) take tens of milliseconds, which every run scoring a new test set
+    would pay again."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}:{axis}".encode()))
+    gauss = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    q, _ = torch.linalg.qr(gauss)
+    return (q * math.sqrt(rows / cols)).to(dtype)

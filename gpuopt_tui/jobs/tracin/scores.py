@@ -12,6 +12,7 @@ accumulate in fp32 (float64 for float64 models).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -109,15 +110,14 @@ class TracInRun:
         batcher = MicroBatcher(opts.batch_size, reporter)
         cleanup = Cleanup(opts.cleanup_every, device)
         loaded = final_batch = 0
-        cache = (
-            TrainGradientCache(opts.train_cache, cache_key(adapter, self.train, self.params, computer.method, opts))
-            if opts.train_cache
-            else None
-        )
         start = time.perf_counter()
         # the checkpoints with a block left to score, each read from disk while the one before is scored
         needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
-        with CheckpointLoader(adapter, [self.checkpoints[c].path for c in needed], prefetch=opts.prefetch) as loader:
+        cache = self._cache(computer, dtype, [(c, j) for c in needed for j in mine if done_through[j] < c])
+        with (
+            cache or contextlib.nullcontext(),
+            CheckpointLoader(adapter, [self.checkpoints[c].path for c in needed], prefetch=opts.prefetch) as loader,
+        ):
             for c in needed:
                 ckpt = self.checkpoints[c]
                 pending = [j for j in mine if done_through[j] < c]
@@ -196,10 +196,24 @@ class TracInRun:
         if cache is None:
             yield from batcher.run(computer, self.train, rows, "train")
             return
-        dtype = torch.promote_types(next(self.adapter.model.parameters()).dtype, torch.float32)
         on_rows(0)
         compute = lambda: batcher.features(computer, self.train, rows, "train", on_rows)  # noqa: E731
-        yield 0, cache.block(block, rows, self.adapter.device, dtype, compute)
+        with record_function("tracin.cache_blocks"):
+            feats = cache.block(block, rows, compute)
+        yield 0, feats
+
+    def _cache(
+        self, computer: GradientComputer, dtype: torch.dtype, pending: list[tuple[int, int]]
+    ) -> TrainGradientCache | None:
+        """The training-gradient cache when the options name one, told which (checkpoint, block) pairs come."""
+        opts = self.opts
+        if not opts.train_cache:
+            return None
+        with record_function("tracin.cache_key"):
+            parts = cache_key(self.adapter, self.train, self.params, computer.method, opts)
+            cache = TrainGradientCache(opts.train_cache, parts, self.adapter.device, dtype)
+            cache.expect((self.checkpoints[c].path, j, self.blocks[j]) for c, j in pending)
+        return cache
 
     def gather(self, rank_stats: Sequence[dict[str, Any]]) -> InfluenceResult:
         """Merge every block's final shard; `rank_stats`: what `compute` returned on each rank."""
