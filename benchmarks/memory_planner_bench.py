@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuopt_tui.core.planner import gpu as gpu_memory  # noqa: E402
-from gpuopt_tui.core.planner.estimate import GiB, MiB, Overheads, TrainSetup, estimate  # noqa: E402
+from gpuopt_tui.core.planner.estimate import Overheads, estimate  # noqa: E402
 from gpuopt_tui.core.planner.fit import ProbeResult, fit_line, shrink  # noqa: E402
 from gpuopt_tui.core.planner.measure import (  # noqa: E402
     ALLOC_CONF,
@@ -69,6 +69,7 @@ from gpuopt_tui.core.planner.search import (  # noqa: E402
     closed_form,
     largest_batch,
 )
+from gpuopt_tui.core.planner.train_setup import GiB, MiB, TrainSetup  # noqa: E402
 
 BERT_BASE = {
     "model_type": "bert",

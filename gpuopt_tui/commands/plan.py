@@ -37,10 +37,11 @@ from gpuopt_tui.core.plan_report import (
     warning_lines,
 )
 from gpuopt_tui.core.planner import apply, session
-from gpuopt_tui.core.planner.estimate import LOOPS, Estimate
+from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan, measure_setup
 from gpuopt_tui.core.planner.resolve import Origins
 from gpuopt_tui.core.planner.search import Recommendation
+from gpuopt_tui.core.planner.train_setup import LOOPS
 from gpuopt_tui.core.profiles.io import (
     apply_overrides,
     find_profile,

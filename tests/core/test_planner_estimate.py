@@ -10,8 +10,9 @@ import pytest
 from model_configs import BERT_BASE_CLASSIFIER
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner.estimate import GiB, Overheads, TrainSetup, estimate
+from gpuopt_tui.core.planner.estimate import Overheads, estimate
 from gpuopt_tui.core.planner.model_spec import spec_from_config
+from gpuopt_tui.core.planner.train_setup import GiB, TrainSetup
 
 GPT2_SMALL = {
     "model_type": "gpt2",

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner.estimate import LOOPS, TrainSetup
 from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
 from gpuopt_tui.core.planner.layouts import LAYOUTS
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, fits_budget, measure, probe_request, run_probe
 from gpuopt_tui.core.planner.search import Budget, recommend
+from gpuopt_tui.core.planner.train_setup import LOOPS, TrainSetup
 
 GIB = 1024**3
 MIB = 1024**2

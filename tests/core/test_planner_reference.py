@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from gpuopt_tui.core.planner.activations import layer_inventory, saved_bytes_per_token  # noqa: E402
-from gpuopt_tui.core.planner.estimate import TrainSetup, estimate  # noqa: E402
+from gpuopt_tui.core.planner.estimate import estimate  # noqa: E402
 from gpuopt_tui.core.planner.measure import probe_request, run_probe  # noqa: E402
 from gpuopt_tui.core.planner.model_spec import spec_from_config  # noqa: E402
+from gpuopt_tui.core.planner.train_setup import TrainSetup  # noqa: E402
 from gpuopt_tui.jobs.memprobe import LiveTensors, add_lora, build_model  # noqa: E402
 
 H, F, V = 32, 64, 100

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner.estimate import TrainSetup
 from gpuopt_tui.core.planner.model_spec import spec_from_config
 from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
@@ -24,6 +23,7 @@ from gpuopt_tui.core.planner.search import (
     max_samples,
     recommend,
 )
+from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 GIB = 1024**3
 

@@ -12,9 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gpuopt_tui.core.planner.estimate import TrainSetup, estimate  # noqa: E402
+from gpuopt_tui.core.planner.estimate import estimate  # noqa: E402
 from gpuopt_tui.core.planner.measure import probe_request  # noqa: E402
 from gpuopt_tui.core.planner.model_spec import spec_from_config  # noqa: E402
+from gpuopt_tui.core.planner.train_setup import TrainSetup  # noqa: E402
 from gpuopt_tui.jobs.memprobe import LiveTensors, probe  # noqa: E402
 
 SEQ = 128

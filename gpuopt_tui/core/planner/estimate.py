@@ -8,7 +8,8 @@ Where each term comes from:
 - Autocast keeps fp32 weights (they are the master copy) and caches a 16-bit copy of every trainable weight it
   casts, for the whole forward pass; the copies are also saved for backward (the gradient of a linear layer's
   input needs its weight), so without checkpointing they stay until each layer's backward. Frozen weights are
-  cast afresh at every use; under LoRA their copies are saved the same way, the base model's linears included.
+  cast afresh at every use; under LoRA their copies are saved the same way, the base model's linears included
+  (with gradient checkpointing a layer saves none of them: each copy lives only while its layer runs).
 - Activations: the saved-tensor inventories in `activations.py` (checked against autograd on real models);
   gradient checkpointing keeps each layer's fp32 input and recomputes one layer at a time in the backward pass.
   Encoder batches are taken to be padded (their attention mask becomes a bias in every layer); decoders to be
@@ -54,93 +55,19 @@ Probes (the measured tier) replace all three.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import activations as act
 from gpuopt_tui.core.planner.model_spec import ModelSpec
+from gpuopt_tui.core.planner.train_setup import OPTIMIZER_STATE, OPTIMIZER_TEMP, MiB, TrainSetup
 
-MiB = 1024**2
-GiB = 1024**3
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
-OPTIMIZERS = ("adamw", "sgd", "adam8bit")
-TRAINABLE = ("all", "frozen_encoder", "lora")
-# When a training loop frees gradients: "hf" (Trainer: zero_grad after the optimizer step, and it clips gradient
-# norms), "plain" (zero_grad before the forward or after the step), "lightning" (between forward and backward)
-LOOPS = ("hf", "lightning", "plain")
-# bytes of optimizer state per trainable parameter
-OPTIMIZER_STATE = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 2 * 4 / 2048}
-# bytes of temporaries per trainable parameter while the optimizer steps: the foreach AdamW builds one fp32
-# list (sqrt of the second moment); SGD momentum and bitsandbytes update in place
-OPTIMIZER_TEMP = {"adamw": 4.0, "sgd": 0.0, "adam8bit": 0.0}
 # Reserved but unallocated bytes per token and vocabulary entry around an LM loss (calibrated, see the docstring):
 # the freed 16-bit logits leave a hole the fp32 blocks of the backward pass cannot use (2 B, derived); when the
 # head's weights train, their gradients split the freed logits blocks further (4 B, calibrated)
 LM_RESERVED_SLACK = {"head trains": 4, "head frozen": 2}
 LM_PHASES = ("end of forward", "start of backward")
-
-
-@dataclass(frozen=True)
-class TrainSetup:
-    """A training step as the planner sees it."""
-
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    trainable: str = "all"
-    lora_rank: int = 8
-    lora_targets: tuple[str, ...] = ("query", "value")
-    gradient_checkpointing: bool = False
-    seq_len: int = 128
-    micro_batch: int = 8
-    n_positives: int = 0  # samples per anchor: each example is 1 + n_positives + n_negatives sequences
-    n_negatives: int = 0
-    accumulate: int = 1
-    n_gpus: int = 1
-    zero_stage: int = 0
-    loop: str = "lightning"  # one of LOOPS: lightning keeps the previous gradients through the forward pass
-
-    @property
-    def sequences_per_example(self) -> int:
-        return 1 + self.n_positives + self.n_negatives
-
-    @property
-    def sequences(self) -> int:
-        return self.micro_batch * self.sequences_per_example
-
-    @property
-    def tokens(self) -> int:
-        return self.sequences * self.seq_len
-
-    @property
-    def effective_batch(self) -> int:
-        return self.micro_batch * self.accumulate * self.n_gpus
-
-    @property
-    def mixed(self) -> bool:
-        return self.precision != "fp32"
-
-    def with_batch(self, micro_batch: int, accumulate: int | None = None) -> TrainSetup:
-        return dataclasses.replace(
-            self, micro_batch=micro_batch, accumulate=self.accumulate if accumulate is None else accumulate
-        )
-
-    def check(self) -> None:
-        """Raise UserError for values no estimate can be made for."""
-        choices = {"precision": PRECISIONS, "optimizer": OPTIMIZERS, "trainable": TRAINABLE, "loop": LOOPS}
-        for key, allowed in choices.items():
-            value = getattr(self, key)
-            if value not in allowed:
-                raise UserError(f'{key} "{value}": expected one of {", ".join(allowed)}')
-        for key in ("seq_len", "micro_batch", "accumulate", "n_gpus", "lora_rank"):
-            if getattr(self, key) < 1:
-                raise UserError(f"{key} = {getattr(self, key)}: expected a positive integer")
-        for key in ("n_positives", "n_negatives"):
-            if getattr(self, key) < 0:
-                raise UserError(f"{key} = {getattr(self, key)}: expected 0 or more")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise UserError(f"zero_stage = {self.zero_stage}: expected 0, 1, 2 or 3")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class Layout:
     keys: Mapping[str, tuple[Key, ...]]
     sections: tuple[str, ...] = ("",)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # the framework's own defaults, by role
-    loop: str | None = None  # the training loop the framework runs (estimate.LOOPS); None: unknown
+    loop: str | None = None  # the training loop the framework runs (train_setup.LOOPS); None: unknown
 
     def candidates(self, role: str) -> tuple[Key, ...]:
         """Every key of `role` under every section, the layout's own first, then the generic keys."""

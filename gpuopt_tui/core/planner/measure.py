@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner.estimate import TrainSetup
 from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
 from gpuopt_tui.core.planner.search import Budget, PeakModel
+from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 PROBE_MODULE = "gpuopt_tui.jobs.memprobe"
 # The allocator setting used by every probe; training runs should use the same one for the plan to hold.

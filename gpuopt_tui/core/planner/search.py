@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner.estimate import Overheads, TrainSetup, estimate
+from gpuopt_tui.core.planner.estimate import Overheads, estimate
 from gpuopt_tui.core.planner.model_spec import ModelSpec
+from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 PeakModel = Callable[[TrainSetup], int]
 MAX_BATCH = 1 << 20

@@ -28,7 +28,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
-from gpuopt_tui.core.planner.estimate import Estimate, TrainSetup, estimate
+from gpuopt_tui.core.planner.estimate import Estimate, estimate
 from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, named_task, spec_from_config
 from gpuopt_tui.core.planner.resolve import CONFIG, DEFAULT, PROFILE, Origins, Resolved, resolve_setup_roles, warnings
@@ -42,6 +42,7 @@ from gpuopt_tui.core.planner.search import (
     largest_batch,
     recommend,
 )
+from gpuopt_tui.core.planner.train_setup import TrainSetup
 from gpuopt_tui.core.planner.yamledit import FilePatch, Scalar, ValueEdit
 from gpuopt_tui.core.profiles.common import ModelSection
 from gpuopt_tui.core.profiles.plan import PlanProfile

@@ -13,7 +13,7 @@ from typing import Any
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import layouts, yamledit
 from gpuopt_tui.core.planner.compose import Composition, Source, compose
-from gpuopt_tui.core.planner.estimate import PRECISIONS, TRAINABLE
+from gpuopt_tui.core.planner.train_setup import PRECISIONS, TRAINABLE
 
 ROLES = (
     "model",

@@ -384,12 +384,18 @@ class CachePanel(Vertical):
             table.add_column(column, key=column)
 
     def reload(self) -> None:
-        self._read("listing")
+        self._read()
 
     @work(thread=True, exclusive=True, group="feature-cache", exit_on_error=False)
-    def _read(self, what: str) -> None:
-        """The listing, to show ("listing") or to ask whether to clear it ("ask")."""
-        reply(self, what, None, read_listing)
+    def _read(self) -> None:
+        """The listing, to show."""
+        reply(self, "listing", None, read_listing)
+
+    # in a group of its own: a listing read started meanwhile (a reload) must not cancel the question
+    @work(thread=True, exclusive=True, group="feature-cache-ask", exit_on_error=False)
+    def _read_to_ask(self) -> None:
+        """The listing as it is now, to ask whether to clear it."""
+        reply(self, "ask", None, read_listing)
 
     @work(thread=True, exclusive=True, group="feature-cache-clear", exit_on_error=False)
     def _clear(self) -> None:
@@ -431,7 +437,7 @@ class CachePanel(Vertical):
     @on(Button.Pressed, "#cache-clear")
     def action_clear(self) -> None:
         """Read the cache again, ask whether to clear what it holds now, then clear it in a thread."""
-        self._read("ask")
+        self._read_to_ask()
 
     def _ask(self, listing: CacheListing) -> None:
         if not listing.entries:
