@@ -13,8 +13,10 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Region
 from textual.message import Message
 from textual.screen import Screen
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Footer
 
@@ -27,7 +29,7 @@ from gpuopt_tui.core.telemetry.procinfo import send_signal, start_time
 from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
-from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, OneLine, TextBlock, no_gpu_text, process_summary
+from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, LineStack, OneLine, no_gpu_text, process_summary
 
 _BARS = " ▁▂▃▄▅▆▇█"
 _HEADER = f"{'GPU':>3}  {'PID':>8}  {'USER':<10}  {'GPU MEM':>11}  {'RUN':<20}  COMMAND"
@@ -53,7 +55,8 @@ def plot_text(values: list[float | None], height: int, style: str) -> Text:
 
 
 class HistoryPlot(Widget):
-    """One series of one GPU over the history window; redraws only when its columns change."""
+    """One series of one GPU over the history window. Each line of the plot is repainted only when it changed
+    (a scrolling plot changes a few cells a poll, and a whole-widget repaint would send every line again)."""
 
     DEFAULT_CSS = "HistoryPlot { height: 1fr; min-height: 3; }"  # grows with the terminal
 
@@ -62,15 +65,28 @@ class HistoryPlot(Widget):
         self.series = series
         self.style = style
         self.values: list[float | None] = []
+        self._lines: list[Strip] = []
 
     def show(self, history: History, index: int) -> None:
         values = history.buckets(index, self.series, self.size.width)
-        if values != self.values:
-            self.values = values
+        if values == self.values and len(self._lines) == self.size.height:
+            return
+        self.values = values
+        text = plot_text(values, self.size.height, self.style)
+        lines = [Strip(line.render(self.app.console)) for line in text.split("\n")]
+        if len(lines) != len(self._lines):
+            self._lines = lines
             self.refresh()
+            return
+        changed = [y for y, (old, new) in enumerate(zip(self._lines, lines)) if old != new]
+        self._lines = lines
+        for y in changed:
+            self.refresh(Region(0, y, self.size.width, 1))
 
-    def render(self) -> Text:
-        return plot_text(self.values, self.size.height, self.style)
+    def render_line(self, y: int) -> Strip:
+        width, base = self.size.width, self.rich_style  # the theme's colours under the plot's own
+        line = self._lines[y].apply_style(base) if y < len(self._lines) else Strip.blank(width, base)
+        return line.adjust_cell_length(width, base)
 
 
 def detail_text(gpu: GpuSample) -> str:
@@ -204,9 +220,7 @@ class GpuView(Vertical):
     GpuView #gpu-message { padding: 0 1; color: $text-muted; }
     GpuView GpuRows { padding: 0 1; }
     GpuView #gpu-detail { height: 1fr; min-height: 8; margin-top: 1; padding: 0 1; }
-    GpuView #gpu-fields {
-        width: 1fr; min-width: 48; max-width: 60; height: auto; text-wrap: nowrap; text-overflow: ellipsis;
-    }
+    GpuView #gpu-fields { width: 1fr; min-width: 48; max-width: 60; }
     GpuView #gpu-plots { width: 1fr; height: 1fr; }
     GpuView .plot-label { color: $text-muted; }
     GpuView #gpu-note { color: $warning; padding: 0 1; }
@@ -253,7 +267,7 @@ class GpuView(Vertical):
         yield OneLine("Reading GPUs…", id="gpu-message")
         yield GpuRows()
         with Horizontal(id="gpu-detail"):
-            yield TextBlock(id="gpu-fields")
+            yield LineStack(id="gpu-fields")
             with Vertical(id="gpu-plots"):
                 yield OneLine(classes="plot-label", id="label-memory")
                 yield HistoryPlot("memory", "magenta", id="plot-memory")
@@ -315,7 +329,7 @@ class GpuView(Vertical):
         if self.snapshot is None or not self.snapshot.has_gpus:
             return
         gpu = self.snapshot.gpus[self.selected]
-        self.query_one("#gpu-fields", TextBlock).set_text(detail_text(gpu))
+        self.query_one("#gpu-fields", LineStack).set_lines(detail_text(gpu).split("\n"))
         window = f"last {self.history.window_s / 60:g} min"
         total = "" if gpu.memory_total is None else f" of {display.gib(gpu.memory_total)} GiB"
         self.query_one("#label-memory", OneLine).set_text(

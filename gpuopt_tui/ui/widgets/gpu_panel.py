@@ -159,6 +159,23 @@ class OneLine(TextBlock):
     DEFAULT_CSS = "OneLine { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }"
 
 
+class LineStack(Vertical):
+    """Lines of plain text, one widget each, so that a change repaints only the lines that changed: one block of
+    text would send all its lines to the terminal whenever any of them changed (a GPU's details change a figure
+    or two a poll)."""
+
+    DEFAULT_CSS = "LineStack { height: auto; } LineStack > OneLine { width: 1fr; }"
+
+    def set_lines(self, lines: list[str]) -> None:
+        shown = list(self.query_children(OneLine))
+        for line, text in zip(shown, lines):
+            line.set_text(text)
+        if len(lines) > len(shown):
+            self.mount_all(OneLine(text) for text in lines[len(shown) :])
+        for line in shown[len(lines) :]:
+            line.remove()
+
+
 def process_summary(snapshot: Snapshot) -> str:
     count = len({p.pid for p in snapshot.processes})
     runs = len({p.run_id for p in snapshot.processes if p.run_id})
