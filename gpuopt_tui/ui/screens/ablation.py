@@ -170,6 +170,9 @@ class ProbingResults(RunResults):
             ),
         ]
 
+    def views_mounted(self) -> None:
+        self.query_one("#ablation-show-cache").display = False  # the Cache tab shows it now
+
     def on_mount(self) -> None:
         self._timer = self.set_interval(LIVE_INTERVAL_S, self._tick, pause=True, name="ablation live events")
         self._redraw()
@@ -315,7 +318,6 @@ class ProbingResults(RunResults):
 
     def _redraw_views(self) -> None:
         rows = self._rows()
-        self.query_one("#ablation-show-cache").display = False  # the Cache tab shows it now
         self.query_one(CachePanel).run_going = self.info is not None and self.info.active
         self.query_one(ProbeTable).show_rows(rows, self.split)
         self.query_one(AccuracyPlot).show(self._plot_data(rows))

@@ -384,12 +384,17 @@ class CachePanel(Vertical):
             table.add_column(column, key=column)
 
     def reload(self) -> None:
-        self._read("listing")
+        self._read_listing()
 
     @work(thread=True, exclusive=True, group="feature-cache", exit_on_error=False)
-    def _read(self, what: str) -> None:
-        """The listing, to show ("listing") or to ask whether to clear it ("ask")."""
-        reply(self, what, None, read_listing)
+    def _read_listing(self) -> None:
+        reply(self, "listing", None, read_listing)
+
+    @work(thread=True, exclusive=True, group="feature-cache-ask", exit_on_error=False)
+    def _read_to_ask(self) -> None:
+        """The listing, to ask whether to clear it (a reload meanwhile, e.g. on showing the view, does not cancel
+        it)."""
+        reply(self, "ask", None, read_listing)
 
     @work(thread=True, exclusive=True, group="feature-cache-clear", exit_on_error=False)
     def _clear(self) -> None:
@@ -431,7 +436,7 @@ class CachePanel(Vertical):
     @on(Button.Pressed, "#cache-clear")
     def action_clear(self) -> None:
         """Read the cache again, ask whether to clear what it holds now, then clear it in a thread."""
-        self._read("ask")
+        self._read_to_ask()
 
     def _ask(self, listing: CacheListing) -> None:
         if not listing.entries:

@@ -128,7 +128,11 @@ class RunResults(VerticalScroll):
             views = self.compose_views()
             await (self.mount_all(views, before=text) if self.VIEWS_FIRST else self.mount_all(views))
             self._views = "ready"
+            self.views_mounted()
         draw()
+
+    def views_mounted(self) -> None:
+        """Called once, when the views were mounted."""
 
     def show(self, info: RunInfo | None) -> None:
         """Called with the latest run on each poll; `run_changed` only when its state moved on."""
