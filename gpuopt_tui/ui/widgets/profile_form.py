@@ -105,7 +105,9 @@ class ProfileForm(Vertical):
         self.errors: dict[str, str] = {}  # what is shown, by key
         self.current: str | None = None  # the key in the editor
         self._key_width = max(len("  " + key.rsplit(".", 1)[-1]) for key in self.infos)
-        self._widths = (VALUE_WIDTH, NOTE_WIDTH)  # of the value and note columns (fitted_widths)
+        # of the value and note columns (fitted_widths); the rows are drawn once the form's width is known: a table
+        # drawn before, at other widths, would be drawn twice on the screen's first showing
+        self._widths: tuple[int, int] | None = None
 
     def compose(self) -> ComposeResult:
         yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
@@ -126,8 +128,11 @@ class ProfileForm(Vertical):
     def on_resize(self, event: Resize) -> None:
         widths = fitted_widths(event.size.width, self._key_width)
         if widths != self._widths:
+            first = self._widths is None
             self._widths = widths
-            self._show_rows()
+            self._show_rows(relayout=True)
+            if first and self.current is not None:
+                self.table.select(self.current)  # the cursor on the key in the editor, not on the first row
 
     @property
     def table(self) -> KeyedTable:
@@ -206,7 +211,10 @@ class ProfileForm(Vertical):
 
     # -- the table ----------------------------------------------------------------------------------------------
 
-    def _show_rows(self) -> None:
+    def _show_rows(self, relayout: bool = False) -> None:
+        if self._widths is None:
+            return
+        value_width, note_width = self._widths
         rows: dict[str, tuple[Text, Text, Text]] = {}
         section = None
         for key, info in self.infos.items():
@@ -214,11 +222,12 @@ class ProfileForm(Vertical):
                 section = section_of(key)
                 title = f"[{section}]" if section else "profile"
                 rows[SECTION + section] = (Text(title, "bold"), Text(""), Text(""))
-            rows[key] = (Text("  " + key.rsplit(".", 1)[-1]), self._value_cell(key), self._note_cell(key, info))
-        self.table.set_rows(rows)
+            leaf = Text("  " + key.rsplit(".", 1)[-1])
+            rows[key] = (leaf, self._value_cell(key, value_width), self._note_cell(key, info, note_width))
+        self.table.set_rows(rows, relayout)
         self._show_error_line()
 
-    def _value_cell(self, key: str) -> Text:
+    def _value_cell(self, key: str, width: int) -> Text:
         text = (
             self._texts[key]
             if editor_kind(self.infos[key]) == "text"
@@ -226,10 +235,9 @@ class ProfileForm(Vertical):
         )
         if not text:
             return Text("(empty)", "dim")
-        return Text(cut(text, self._widths[0]), "red" if key in self.errors else "")
+        return Text(cut(text, width), "red" if key in self.errors else "")
 
-    def _note_cell(self, key: str, info: FieldInfo) -> Text:
-        width = self._widths[1]
+    def _note_cell(self, key: str, info: FieldInfo, width: int) -> Text:
         if key in self.errors:
             return Text(cut("✗ " + self.errors[key], width), "bold red")
         if self._values[key] != self._loaded[key]:
