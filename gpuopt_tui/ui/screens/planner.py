@@ -103,8 +103,8 @@ class PlannerScreen(KindScreen):
             with TabPane("Measured", id="tab-measured"):
                 yield PlanView(NO_MEASUREMENT, id="plan-measured")
 
-    def on_mount(self) -> None:
-        self.call_later(self._estimate_form)  # once KindScreen.on_mount has loaded the profile
+    def profile_opened(self) -> None:
+        self._estimate_form()
 
     @property
     def base(self) -> Path:
@@ -137,6 +137,8 @@ class PlannerScreen(KindScreen):
         reply(self, what, None, task)
 
     def on_loaded(self, message: Loaded) -> None:
+        if message.what == "profiles":
+            return  # KindScreen's
         if message.what == "estimate":
             self._estimated_plan(message)
         elif message.what == "measure":
