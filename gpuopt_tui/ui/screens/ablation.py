@@ -127,7 +127,7 @@ class ProbingResults(RunResults):
         height: 1fr;
         min-height: 6;
     }
-    ProbingResults #ablation-views > * {
+    ProbingResults #ablation-views > ProbeTable {  /* the plot and the cache panel take 1fr themselves */
         height: 1fr;
     }
     """
