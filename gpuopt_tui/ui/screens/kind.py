@@ -130,6 +130,8 @@ class KindScreen(AppScreen):
     def on_mount(self) -> None:
         self._show_engine()
         listing = self.gapp.profile_listings.pop(self.KIND, None)  # read after the app's first frame, if it was
+        if listing is None and self.gapp.startup_seconds is None:
+            listing = read_listing(self.KIND, None)  # the first screen: nothing is on the terminal to keep answering
         if listing is not None:
             self._show_listing(listing)
         else:
