@@ -31,6 +31,7 @@ from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import list_profiles, load_profile
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
+from gpuopt_tui.ui.profile_listing import ProfileListing, prefetch
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
@@ -119,6 +120,7 @@ class GpuOptApp(App[int]):
         self._recent_errors: dict[str, float] = {}
         self._quit_dialog: ConfirmDialog | None = None  # the question asked on quitting with runs going on
         self._telemetry = telemetry
+        self.profile_listings: dict[str, ProfileListing] = {}  # by kind, read after the first frame (kind screens)
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
 
@@ -132,7 +134,8 @@ class GpuOptApp(App[int]):
         self.startup_seconds = age if age is not None else time.perf_counter() - _IMPORTED_AT
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
-        self.run_worker(import_screens, name="loading screens", thread=True, exit_on_error=False)
+        work = partial(prepare_screens, self.profile_listings)
+        self.run_worker(work, name="loading screens", thread=True, exit_on_error=False)
 
     def on_unmount(self) -> None:
         if self._telemetry is not None:
@@ -284,6 +287,12 @@ class GpuOptApp(App[int]):
             return
         logger.error("worker %r failed", event.worker.name, exc_info=error)
         self.report_error(f"{type(error).__name__}: {error}", title=f"{event.worker.name or 'background task'} failed")
+
+
+def prepare_screens(listings: dict[str, ProfileListing]) -> None:
+    """What a screen's first showing would otherwise do on the UI thread: import its module, read its profiles."""
+    import_screens()
+    prefetch(listings)
 
 
 def make_app(

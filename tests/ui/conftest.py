@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from textual.app import App
 from textual.command import Command, CommandList
+from textual.css.query import NoMatches
 from textual.pilot import Pilot
 
 from gpuopt_tui.core.atomic import atomic_write_text
@@ -105,13 +106,21 @@ def notifications(app: App[object]) -> list[str]:
 
 
 async def wait_for(pilot: Pilot[object], condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Let the app handle its messages until `condition()` holds (timers, workers and polls land in between).
+    """Let the app handle its messages until `condition()` holds (timers, workers and polls land in between); a
+    widget it queries that is not mounted yet (results views are mounted when there are results) counts as not yet.
     The timeout only turns a hang into a failure: it is far above what any step takes on a busy machine."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not _holds(condition):
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await pilot.pause()
+
+
+def _holds(condition: Callable[[], bool]) -> bool:
+    try:
+        return condition()
+    except NoMatches:
+        return False
 
 
 async def settle(pilot: Pilot[object]) -> None:

@@ -253,9 +253,10 @@ async def test_probes_show_up_as_a_running_runs_events_arrive(running_run: Path)
     app = make_app(screen="ablation")
     async with app.run_test(size=(120, 40)) as pilot:
         results = pilot.app.screen.query_one(ProbingResults)
-        table = results.query_one(ProbeTable)
         await wait_for(pilot, lambda: results.info is not None and results.info.active)
         assert widget_text(app, "#ablation-head") == "live · 0 probes finished"
+        await wait_for(pilot, lambda: bool(results.query(ProbeTable)))  # mounted once a run is shown
+        table = results.query_one(ProbeTable)
 
         append(probe_at[4] + 1)  # features and the first five probes
         await wait_for(pilot, lambda: table.row_count == 5)

@@ -24,7 +24,7 @@ from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.profile_values import field_error, field_text, parse_field
 from gpuopt_tui.ui.widgets.prompt import TextPrompt
 
-from .conftest import flat_text, notifications, screen_text, wait_for, widget_text
+from .conftest import flat_text, notifications, screen_text, settle, wait_for, widget_text
 
 FIELDS = {info.key: info for info in describe(AttributionProfile)}
 
@@ -169,12 +169,12 @@ async def test_unusable_profiles_are_listed_with_their_error(user_profiles: Path
     (user_profiles / "broken.toml").write_text(text, encoding="utf-8")
     app = make_app(screen="attribution")
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
+        await settle(pilot)  # profiles are read in a thread
         screen = app.screen
         assert isinstance(screen, KindScreen)
         picker = screen.query_one("#profile-picker", Select)
         picker.value = str(user_profiles / "broken.toml")
-        await pilot.pause()
+        await settle(pilot)
         assert any(message in n for n in notifications(app))
         assert message in flat_text(app)
         assert screen.form.disabled
@@ -182,7 +182,7 @@ async def test_unusable_profiles_are_listed_with_their_error(user_profiles: Path
         await pilot.pause()
         assert any("open a readable profile first" in n for n in notifications(app))
         picker.value = str(shipped_profiles_dir() / "demo-attribution.toml")
-        await pilot.pause()
+        await settle(pilot)
         assert not screen.form.disabled
         assert app.is_running
 

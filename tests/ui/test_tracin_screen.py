@@ -198,7 +198,7 @@ async def test_a_run_without_results_yet_says_so(running_tracin: Path) -> None:
     app = make_app(screen="tracin")
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: "No result files yet" in widget_text(app, "#results-text"))
-        assert not app.screen.query_one("#tracin-tabs").display
+        assert not any(tabs.display for tabs in app.screen.query("#tracin-tabs"))
 
 
 async def test_a_run_in_progress_shows_the_files_it_has(running_tracin: Path) -> None:

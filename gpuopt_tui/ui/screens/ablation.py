@@ -15,7 +15,8 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
-from textual.widgets import ContentSwitcher, Static, Tab, Tabs
+from textual.widget import Widget
+from textual.widgets import Button, ContentSwitcher, Static, Tab, Tabs
 
 from gpuopt_tui.core.ablation_results import (
     FEATURE_METRIC,
@@ -88,6 +89,8 @@ class ReportedState:
 class ProbingResults(RunResults):
     """The latest probing run: a head line, then the views Table, Plot and Cache (tabs, or `v`)."""
 
+    VIEWS_FIRST = True
+
     DEFAULT_CSS = """
     ProbingResults {
         overflow-y: auto;
@@ -100,6 +103,9 @@ class ProbingResults(RunResults):
     ProbingResults #ablation-head {
         height: auto;
         max-height: 3;
+    }
+    ProbingResults #ablation-show-cache {
+        width: auto;
     }
     ProbingResults #ablation-bar {
         height: 1;
@@ -121,7 +127,7 @@ class ProbingResults(RunResults):
         height: 1fr;
         min-height: 6;
     }
-    ProbingResults #ablation-views > * {
+    ProbingResults #ablation-views > ProbeTable {  /* the plot and the cache panel take 1fr themselves */
         height: 1fr;
     }
     """
@@ -144,14 +150,28 @@ class ProbingResults(RunResults):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="ablation-head")
-        with Horizontal(id="ablation-bar"):
-            yield Tabs(*(Tab(view.capitalize(), id=f"view-{view}") for view in VIEWS), id="ablation-tabs")
-            yield Tabs(*(Tab(split, id=f"split-{split}") for split in SPLITS), id="ablation-split")
-        with ContentSwitcher(initial="table", id="ablation-views"):
-            yield ProbeTable(id="table")
-            yield AccuracyPlot(id="plot")
-            yield CachePanel(id="cache")
+        yield Button("Show the feature cache", id="ablation-show-cache", compact=True)  # until the views are mounted
         yield from super().compose()
+
+    def compose_views(self) -> list[Widget]:
+        """The view and split tabs and the views: mounted once a run is shown, or the cache is asked for."""
+        return [
+            Horizontal(
+                Tabs(*(Tab(view.capitalize(), id=f"view-{view}") for view in VIEWS), id="ablation-tabs"),
+                Tabs(*(Tab(split, id=f"split-{split}") for split in SPLITS), id="ablation-split"),
+                id="ablation-bar",
+            ),
+            ContentSwitcher(
+                ProbeTable(id="table"),
+                AccuracyPlot(id="plot"),
+                CachePanel(id="cache"),
+                initial="table",
+                id="ablation-views",
+            ),
+        ]
+
+    def views_mounted(self) -> None:
+        self.query_one("#ablation-show-cache").display = False  # the Cache tab shows it now
 
     def on_mount(self) -> None:
         self._timer = self.set_interval(LIVE_INTERVAL_S, self._tick, pause=True, name="ablation live events")
@@ -161,10 +181,18 @@ class ProbingResults(RunResults):
 
     @property
     def view(self) -> str:
+        """The view shown ("" before the views are mounted)."""
+        if not self.views_ready:
+            return ""
         return self.query_one("#ablation-views", ContentSwitcher).current or "table"
 
     def show_view(self, view: str) -> None:
-        self.query_one("#ablation-tabs", Tabs).active = f"view-{view}"
+        self.with_views(lambda: setattr(self.query_one("#ablation-tabs", Tabs), "active", f"view-{view}"))
+
+    @on(Button.Pressed, "#ablation-show-cache")
+    def _show_cache(self) -> None:
+        self.show_view("cache")
+        self.with_views(self.focus_first)
 
     @on(Tabs.TabActivated, "#ablation-tabs")
     def _view_chosen(self, event: Tabs.TabActivated) -> None:
@@ -177,7 +205,10 @@ class ProbingResults(RunResults):
 
     def focus_first(self) -> None:
         """The view tabs: they stay in sight whichever view is shown, so v, s, o and c keep working."""
-        self.query_one("#ablation-tabs").focus()
+        if self.views_ready:
+            self.query_one("#ablation-tabs").focus()
+        else:
+            self.query_one("#ablation-show-cache").focus()
 
     def action_next_view(self) -> None:
         self.show_view(VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)])
@@ -198,9 +229,11 @@ class ProbingResults(RunResults):
 
     def action_clear_cache(self) -> None:
         self.show_view("cache")
-        self.query_one(CachePanel).action_clear()
+        self.with_views(lambda: self.query_one(CachePanel).action_clear())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("next_view", "next_split", "next_sort", "clear_cache") and not self.views_ready:
+            return False
         if action == "next_sort":
             return self.view == "table"
         if action == "next_split":
@@ -222,7 +255,6 @@ class ProbingResults(RunResults):
             self.results, self.problem = None, ""
             self._reported = ReportedState(info) if info is not None else None
         self.info = info
-        self.query_one(CachePanel).run_going = info is not None and info.active
         self._redraw()
         if info is None:
             return
@@ -278,17 +310,22 @@ class ProbingResults(RunResults):
         return self._reported.rows() if self._reported is not None else []
 
     def _redraw(self) -> None:
-        rows = self._rows()
         self.query_one("#ablation-head", Static).update(self._head())
-        self.query_one(ProbeTable).show_rows(rows, self.split)
-        self.query_one(AccuracyPlot).show(self._plot_data(rows))
         # the summary and file list of the base view repeat what the table says; kept for runs without results
         self.query_one("#results-text").display = self.results is None and not (self.info and self.info.active)
+        if self.info is not None or self.views_ready:
+            self.with_views(self._redraw_views)
+
+    def _redraw_views(self) -> None:
+        rows = self._rows()
+        self.query_one(CachePanel).run_going = self.info is not None and self.info.active
+        self.query_one(ProbeTable).show_rows(rows, self.split)
+        self.query_one(AccuracyPlot).show(self._plot_data(rows))
 
     def _head(self) -> Content:
         info = self.info
         if info is None:
-            return Content("Probes show here as they finish, as a table and a plot; Cache lists the cached features.")
+            return Content("Probes show here as they finish, as a table and a plot.")
         if self.results is not None:
             return self._results_head(self.results)
         if info.status == "finished":

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -20,9 +22,11 @@ from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.kinds import KINDS, engine_available
 from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import ProfileEntry, list_profiles, load_profile, read_text
+from gpuopt_tui.core.profiles.io import ProfileEntry, read_text
 from gpuopt_tui.core.profiles.io import save_profile as write_profile
 from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.loading import Loaded, reply
+from gpuopt_tui.ui.profile_listing import ProfileListing, read_listing, read_profile
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -125,7 +129,13 @@ class KindScreen(AppScreen):
 
     def on_mount(self) -> None:
         self._show_engine()
-        self.reload_profiles()
+        listing = self.gapp.profile_listings.pop(self.KIND, None)  # read after the app's first frame, if it was
+        if listing is None and self.gapp.startup_seconds is None:
+            listing = read_listing(self.KIND, None)  # the first screen: nothing is on the terminal to keep answering
+        if listing is not None:
+            self._show_listing(listing)
+        else:
+            self.reload_profiles()
         self.query_one("#profile-picker").focus()
 
     def on_resize(self, event: Resize) -> None:
@@ -170,21 +180,43 @@ class KindScreen(AppScreen):
     # -- profiles -----------------------------------------------------------------------------------------------
 
     def reload_profiles(self, select: Path | None = None) -> None:
-        """List the profiles of this kind (and unreadable ones, so their errors can be seen) in the picker."""
-        entries = [e for e in list_profiles() if e.kind == self.KIND or e.error or e.kind not in KINDS]
-        self._entries = {str(e.path): e for e in entries}
-        options = [(self._label(e), str(e.path)) for e in entries]
-        picker = self.query_one("#profile-picker", Select)
-        picker.set_options(options)
-        wanted = select or self.path or self._default_path(entries)
-        if wanted is not None and str(wanted) in self._entries:
-            picker.value = str(wanted)
-            self._open(wanted)
+        """List the profiles of this kind (and unreadable ones, so their errors can be seen) in the picker, and open
+        `select` (else the one open, else the kind's demo); read in a thread."""
+        wanted = select or self.path
+        self._read(partial(read_listing, self.KIND, wanted))
 
-    def _default_path(self, entries: list[ProfileEntry]) -> Path | None:
-        usable = [e for e in entries if e.kind == self.KIND and not e.error]
-        demo = next((e for e in usable if e.name == f"demo-{self.KIND}"), None)
-        return (demo or usable[0]).path if usable else None
+    @work(thread=True, exclusive=True, group="profiles", exit_on_error=False)
+    def _read(self, read: Callable[[], ProfileListing]) -> None:
+        reply(self, "profiles", None, read)
+
+    @on(Loaded)
+    def _profiles_read(self, message: Loaded) -> None:
+        if message.what == "profiles" and message.value is not None:
+            self._show_listing(message.value)
+
+    def _show_listing(self, listing: ProfileListing) -> None:
+        picker = self.query_one("#profile-picker", Select)
+        if listing.entries is not None:
+            self._entries = {str(e.path): e for e in listing.entries}
+            picker.set_options([(self._label(e), str(e.path)) for e in listing.entries])
+        if listing.path is None:
+            return
+        self._opened = str(listing.path)  # before the picker shows it: that Changed is not a pick
+        picker.value = str(listing.path)
+        if listing.profile is None:
+            self.path = None
+            self.form.disabled = True
+            self._set_info(Content.from_markup("[$error]$error[/]", error=listing.error), error=True)
+            self.app.notify(listing.error, title="Cannot open this profile", severity="error", timeout=10)
+        else:
+            self.path = listing.path
+            self.form.disabled = False
+            self.form.load(listing.profile)
+            self._show_profile_info(dirty=False)
+        self.profile_opened()
+
+    def profile_opened(self) -> None:
+        """Called when a profile was opened into the form, or could not be (the form is disabled then)."""
 
     def _label(self, entry: ProfileEntry) -> str:
         if entry.error:
@@ -212,21 +244,7 @@ class KindScreen(AppScreen):
 
     def _open(self, path: Path) -> None:
         self._opened = str(path)
-        entry = self._entries.get(str(path))
-        try:
-            if entry is not None and entry.error:
-                raise UserError(entry.error)
-            profile = load_profile(path)
-        except UserError as e:
-            self.path = None
-            self.form.disabled = True
-            self._set_info(Content.from_markup("[$error]$error[/]", error=str(e)), error=True)
-            self.app.notify(str(e), title="Cannot open this profile", severity="error", timeout=10)
-            return
-        self.path = path
-        self.form.disabled = False
-        self.form.load(profile)
-        self._show_profile_info(dirty=False)
+        self._read(partial(read_profile, path, None))
 
     def _show_profile_info(self, dirty: bool) -> None:
         if self.path is None:

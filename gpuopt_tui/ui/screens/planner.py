@@ -78,44 +78,6 @@ class PlannerScreen(KindScreen):
         Binding("ctrl+z", "undo", "Undo", id="planner.undo", tooltip="Restore the config from its newest backup"),
     ]
 
-    CSS: ClassVar[str] = """
-    PlannerScreen #run-side {
-        width: 62%;
-    }
-    PlannerScreen #plan-actions {
-        height: 1;
-    }
-    PlannerScreen #plan-actions Button {
-        margin: 0 1 0 0;
-    }
-    PlannerScreen #plan-config {
-        height: auto;
-        color: $text-muted;
-    }
-    PlannerScreen #plan-tune {
-        display: none;
-    }
-    PlannerScreen #plan-tune.-shown {
-        display: block;
-    }
-    PlannerScreen #plan-tabs {
-        height: 1fr;
-    }
-    PlannerScreen #plan-tabs TabPane {
-        padding: 0;
-    }
-    PlannerScreen #run-results {
-        height: auto;
-        max-height: 5;
-    }
-    PlannerScreen.-narrow #plan-title, PlannerScreen.-narrow #engine-note, PlannerScreen.-narrow #run-results {
-        display: none;
-    }
-    PlannerScreen.-narrow #run-progress {
-        max-height: 2;
-    }
-    """
-
     def __init__(self) -> None:
         super().__init__()
         self._seq = 0  # estimates asked for, numbered
@@ -142,8 +104,8 @@ class PlannerScreen(KindScreen):
             with TabPane("Measured", id="tab-measured"):
                 yield PlanView(NO_MEASUREMENT, id="plan-measured")
 
-    def on_mount(self) -> None:
-        self.call_later(self._estimate_form)  # once KindScreen.on_mount has loaded the profile
+    def profile_opened(self) -> None:
+        self._estimate_form()
 
     @property
     def base(self) -> Path:
@@ -176,6 +138,8 @@ class PlannerScreen(KindScreen):
         reply(self, what, None, task)
 
     def on_loaded(self, message: Loaded) -> None:
+        if message.what == "profiles":
+            return  # KindScreen's
         if message.what == "estimate":
             self._estimated_plan(message)
         elif message.what == "measure":

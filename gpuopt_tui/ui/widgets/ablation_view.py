@@ -384,17 +384,16 @@ class CachePanel(Vertical):
             table.add_column(column, key=column)
 
     def reload(self) -> None:
-        self._read()
+        self._read_listing()
 
     @work(thread=True, exclusive=True, group="feature-cache", exit_on_error=False)
-    def _read(self) -> None:
-        """The listing, to show."""
+    def _read_listing(self) -> None:
         reply(self, "listing", None, read_listing)
 
-    # in a group of its own: a listing read started meanwhile (a reload) must not cancel the question
     @work(thread=True, exclusive=True, group="feature-cache-ask", exit_on_error=False)
     def _read_to_ask(self) -> None:
-        """The listing as it is now, to ask whether to clear it."""
+        """The listing, to ask whether to clear it (a reload meanwhile, e.g. on showing the view, does not cancel
+        it)."""
         reply(self, "ask", None, read_listing)
 
     @work(thread=True, exclusive=True, group="feature-cache-clear", exit_on_error=False)

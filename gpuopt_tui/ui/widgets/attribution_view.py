@@ -15,10 +15,10 @@ from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
+from textual.widget import Widget
 from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
@@ -34,7 +34,7 @@ from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
-from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
 from gpuopt_tui.ui.widgets.run_text import activity_text
 from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
@@ -74,27 +74,31 @@ class AttributionRunResults(RunResults):
         self._check_run: RunInfo | None = None  # a check run started beside the run shown (see show_check_run)
         self._check_run_result: CheckResult | str | None = None  # its check.json, or why it cannot be read
 
-    def compose(self) -> ComposeResult:
-        yield from super().compose()
-        with TabbedContent(id="attribution-tabs"):
-            with TabPane("Samples", id="tab-samples"):
-                yield SampleBrowser(id="samples")
-            with TabPane("Top tokens", id="tab-top"), VerticalScroll():
-                yield Static("", id="top-note", markup=False)
-                yield DataTable(id="overall-top", cursor_type="none", show_cursor=False)
-            with TabPane("Deltas", id="tab-deltas"), VerticalScroll():
-                yield Static("", id="delta-text", markup=False)
-            with TabPane("Check", id="tab-check"), VerticalScroll():
-                yield Static("", id="check-text", markup=False)
-                yield Button("Run a check", id="check-run", compact=True)
-            with TabPane("Files", id="tab-files"):
-                yield Static("", id="files-note", markup=False)
-                yield OptionList(id="export-files", compact=True)
-
-    def on_mount(self) -> None:
-        table = self.query_one("#overall-top", DataTable)
+    def compose_views(self) -> list[Widget]:
+        table = DataTable[Text](id="overall-top", cursor_type="none", show_cursor=False)
         table.add_columns(*TOP_COLUMNS)
         table.can_focus = False  # read-only, shown whole: the pane around it scrolls
+        return [
+            tabbed(
+                TabPane("Samples", SampleBrowser(id="samples"), id="tab-samples"),
+                TabPane("Top tokens", VerticalScroll(Static("", id="top-note", markup=False), table), id="tab-top"),
+                TabPane("Deltas", VerticalScroll(Static("", id="delta-text", markup=False)), id="tab-deltas"),
+                TabPane(
+                    "Check",
+                    VerticalScroll(
+                        Static("", id="check-text", markup=False), Button("Run a check", id="check-run", compact=True)
+                    ),
+                    id="tab-check",
+                ),
+                TabPane(
+                    "Files",
+                    Static("", id="files-note", markup=False),
+                    OptionList(id="export-files", compact=True),
+                    id="tab-files",
+                ),
+                id="attribution-tabs",
+            )
+        ]
 
     # -- which run, and reading its files -----------------------------------------------------------------------
 
@@ -169,6 +173,13 @@ class AttributionRunResults(RunResults):
         self._loading = False
         self.query_one("#results-text", Static).update(self.describe(self._info))
         self.set_class(files.has_results, "-has-results")
+        if files.has_results or self.views_ready:
+            self.with_views(lambda: self._show_files_read(files, same_run))
+        self.refresh_bindings()
+
+    def _show_files_read(self, files: RunFiles, same_run: bool) -> None:
+        if files is not self._files:
+            return  # a newer read came meanwhile: it is drawn by its own call
         self.query_one(SampleBrowser).show_index(files.samples, same_run)
         self._show_top(files.summary)
         self._show_deltas(files.summary)
@@ -249,6 +260,8 @@ class AttributionRunResults(RunResults):
         self.query_one("#delta-text", Static).update(delta_report(summary))
 
     def _show_check(self, check: CheckResult | None) -> None:
+        if not self.views_ready:
+            return  # drawn with the rest of the views when they are mounted
         info, files = self._info, self._files
         text = self.query_one("#check-text", Static)
         button = self.query_one("#check-run", Button)
@@ -298,6 +311,8 @@ class AttributionRunResults(RunResults):
 
     def focus_first(self) -> None:
         """Focus the sample table, or the tabs when another tab is shown."""
+        if not self.views_ready:
+            return
         if self.active_tab == "tab-samples":
             self.query_one(SampleBrowser).focus_table()
         else:
@@ -305,10 +320,12 @@ class AttributionRunResults(RunResults):
 
     @property
     def active_tab(self) -> str:
-        return self.query_one("#attribution-tabs", TabbedContent).active
+        """The tab shown ("" before the tabs are mounted)."""
+        return self.query_one("#attribution-tabs", TabbedContent).active if self.views_ready else ""
 
     def show_tab(self, tab: str) -> None:
-        self.query_one("#attribution-tabs", TabbedContent).active = tab
+        if self.views_ready:  # else there are no results to show a tab of
+            self.query_one("#attribution-tabs", TabbedContent).active = tab
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "copy_path":

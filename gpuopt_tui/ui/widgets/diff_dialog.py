@@ -41,7 +41,7 @@ class DiffDialog(ConfirmDialog):
         Binding("pagedown", "scroll_diff('page_down')", "Page down", show=False, id="diff.page_down"),
     ]
 
-    CSS: ClassVar[str] = """
+    DEFAULT_CSS: ClassVar[str] = """
     DiffDialog .dialog {
         width: 110;
     }

@@ -32,9 +32,10 @@ class KeyedTable(DataTable[Text]):
         if key in self._shown:
             self.move_cursor(row=self.get_row_index(key))
 
-    def set_rows(self, rows: Mapping[str, Sequence[Text]]) -> None:
-        """Show `rows` (key -> a cell per column), in their order."""
-        if list(rows) != list(self._shown):
+    def set_rows(self, rows: Mapping[str, Sequence[Text]], relayout: bool = False) -> None:
+        """Show `rows` (key -> a cell per column), in their order; `relayout`: most cells changed (laying the table
+        out again is then quicker than measuring each column again at each changed cell)."""
+        if relayout or list(rows) != list(self._shown):
             self._rebuild(rows)
             return
         for key, new in rows.items():

@@ -49,25 +49,23 @@ def bars(plan: TierPlan) -> Group:
     return Group(*(b for b in (plan.current, recommended) if b is not None))
 
 
+def sections(first: RenderableType | None, *rest: RenderableType | None) -> Group:
+    """`first`, then each of `rest` that is there after a blank line."""
+    parts: list[RenderableType] = [first] if first is not None else []
+    for part in rest:
+        if part is not None:
+            parts += [Text(""), part]
+    return Group(*parts)
+
+
 class PlanView(VerticalScroll):
     """Shows a TierPlan, or a message where there is none; `selected` is the candidate under the table's cursor."""
 
     DEFAULT_CSS: ClassVar[str] = """
     PlanView {
         height: 1fr;
-    }
-    PlanView > Static {
-        height: auto;
-    }
-    PlanView .plan-section {
-        margin-top: 1;
-    }
-    PlanView DataTable {
-        height: auto;
-        max-height: 10;
-    }
-    PlanView .plan-notes {
-        color: $warning;
+        & > Static { height: auto; }
+        & > DataTable { height: auto; max-height: 10; }
     }
     """
 
@@ -86,43 +84,40 @@ class PlanView(VerticalScroll):
         self._rows: list[Candidate] = []
 
     def compose(self) -> ComposeResult:
+        # three widgets whatever the plan: what is above the candidates, the candidates, what is below them
         yield Static(self._message, classes="plan-head")
-        yield Static("", classes="plan-notes plan-section")  # warnings first: values only a default sets
-        yield Static("", classes="plan-bars plan-section")
-        yield Static("", classes="plan-recommendation plan-section")
-        yield DataTable(cursor_type="row", classes="plan-candidates")
-        yield Static("", classes="plan-stages plan-section")
-        yield Static("", classes="plan-details plan-section")
-        yield Static("", classes="plan-breakdown plan-section")
-
-    def on_mount(self) -> None:
-        self._show_parts(False)
-
-    def _show_parts(self, shown: bool) -> None:
-        for widget in self.query(".plan-section, DataTable"):
-            widget.display = shown
+        table = DataTable[Text](cursor_type="row", classes="plan-candidates")
+        table.display = False
+        yield table
+        tail = Static("", classes="plan-tail")
+        tail.display = False
+        yield tail
 
     def show_message(self, message: str | Content) -> None:
         """Only a message: the plan shown before (if any) is gone."""
         self.plan = None
         self._rows = []
         self.query_one(".plan-head", Static).update(message)
-        self.query_one(DataTable).clear()
-        self._show_parts(False)
+        table = self.query_one(DataTable)
+        table.clear()
+        table.display = False
+        self.query_one(".plan-tail").display = False
 
     def show_plan(self, plan: TierPlan) -> None:
         self.plan = plan
         rec = plan.rec
-        self.query_one(".plan-head", Static).update(plan.head)
-        self.query_one(".plan-bars", Static).update(bars(plan))
-        self.query_one(".plan-recommendation", Static).update(
-            Group(
-                recommendation_text(rec),
-                Text(f"effective batch target {rec.target} · enter on a row: preview writing it", style="dim"),
-            )
+        colour = self.app.theme_variables.get("warning", "yellow")
+        warnings = [Text(f"warning: {w}", colour) for w in plan.warnings]
+        warnings += [Text(f"note: {n}", colour) for n in plan.notes]
+        recommendation = Group(
+            recommendation_text(rec),
+            Text(f"effective batch target {rec.target} · enter on a row: preview writing it", style="dim"),
         )
-        self._show_parts(True)
+        # warnings first: values only a default sets
+        above = [Group(*warnings) if warnings else None, bars(plan), recommendation]
+        self.query_one(".plan-head", Static).update(sections(plan.head, *above))
         table = self.query_one(DataTable)
+        table.display = True
         table.clear(columns=True)  # columns keep the widths of what they held
         table.add_columns(
             *(Text(c, justify="left" if c in ("", "configuration") else "right") for c in CANDIDATE_COLUMNS)
@@ -132,17 +127,10 @@ class PlanView(VerticalScroll):
         for c, chosen in rows:
             table.add_row(*candidate_cells(c, chosen))
         table.move_cursor(row=next(i for i, (_, chosen) in enumerate(rows) if chosen), scroll=False)
-        stages = self.query_one(".plan-stages", Static)
-        stages.display = bool(rec.stages)
-        stages.update(stages_table(rec.stages, title=STAGES_TITLE, file_names=True) if rec.stages else "")
-        self.query_one(".plan-details", Static).update(Group(*plan.details))
-        breakdown = self.query_one(".plan-breakdown", Static)
-        breakdown.display = plan.breakdown is not None
-        breakdown.update(plan.breakdown or "")
-        notes = self.query_one(".plan-notes", Static)
-        lines = [Content(f"warning: {w}") for w in plan.warnings] + [Content(f"note: {n}") for n in plan.notes]
-        notes.display = bool(lines)
-        notes.update(Content("\n").join(lines))
+        stages = stages_table(rec.stages, title=STAGES_TITLE, file_names=True) if rec.stages else None
+        tail = self.query_one(".plan-tail", Static)
+        tail.display = True
+        tail.update(sections(None, stages, Group(*plan.details), plan.breakdown))
 
     @property
     def selected(self) -> Candidate | None:

@@ -17,6 +17,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.events import Resize
 from textual.message import Message
 from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static
 
@@ -38,10 +39,14 @@ from gpuopt_tui.ui.widgets.profile_values import (
 
 FORM_HINT = "↑↓ choose a key · enter edits it (toggles a true/false) · enter or escape back to the table"
 SECTION = "section:"  # row keys of section titles
-# longer values and messages are cut in the table (so that it fits half of 120 columns); the editor and the error
-# line below the table show them whole
+# Longer values and messages are cut in the table, to fit the form's width (the editor and the error line below the
+# table show them whole): the value column narrows first, down to MIN_VALUE_WIDTH, then where each value comes from
+# is a short tag (e.g. the planner's form, beside a wide plan).
 VALUE_WIDTH = 24
-NOTE_WIDTH = 18
+MIN_VALUE_WIDTH = 10
+NOTE_WIDTH = 7  # "default", "profile"
+SHORT_NOTES = {"default": "dflt", "profile": "file", "edited": "edit"}
+TABLE_CHROME = 2 + 3 * 2  # the vertical scrollbar, and a cell's padding on either side in each column
 Editor = Literal["text", "choice", "toggle"]
 
 
@@ -55,6 +60,17 @@ def editor_kind(info: FieldInfo) -> Editor:
 
 def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def fitted_widths(width: int, key_width: int) -> tuple[int, int]:
+    """(value, note) column widths for a table `width` columns wide whose key column takes `key_width`; a note
+    narrower than NOTE_WIDTH is a short tag."""
+    room = width - TABLE_CHROME - key_width
+    if room - NOTE_WIDTH >= MIN_VALUE_WIDTH:
+        value = min(VALUE_WIDTH, room - NOTE_WIDTH)
+        return value, room - value
+    short = max(len(tag) for tag in SHORT_NOTES.values())
+    return max(MIN_VALUE_WIDTH, room - short), short
 
 
 def section_of(key: str) -> str:
@@ -88,6 +104,10 @@ class ProfileForm(Vertical):
         self._own_errors: dict[str, str] = {}  # each key checked on its own
         self.errors: dict[str, str] = {}  # what is shown, by key
         self.current: str | None = None  # the key in the editor
+        self._key_width = max(len("  " + key.rsplit(".", 1)[-1]) for key in self.infos)
+        # of the value and note columns (fitted_widths); the rows are drawn once the form's width is known: a table
+        # drawn before, at other widths, would be drawn twice on the screen's first showing
+        self._widths: tuple[int, int] | None = None
 
     def compose(self) -> ComposeResult:
         yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
@@ -104,6 +124,15 @@ class ProfileForm(Vertical):
     def on_mount(self) -> None:
         self._show_rows()
         self._show_key(next(iter(self.infos)))
+
+    def on_resize(self, event: Resize) -> None:
+        widths = fitted_widths(event.size.width, self._key_width)
+        if widths != self._widths:
+            first = self._widths is None
+            self._widths = widths
+            self._show_rows(relayout=True)
+            if first and self.current is not None:
+                self.table.select(self.current)  # the cursor on the key in the editor, not on the first row
 
     @property
     def table(self) -> KeyedTable:
@@ -182,7 +211,10 @@ class ProfileForm(Vertical):
 
     # -- the table ----------------------------------------------------------------------------------------------
 
-    def _show_rows(self) -> None:
+    def _show_rows(self, relayout: bool = False) -> None:
+        if self._widths is None:
+            return
+        value_width, note_width = self._widths
         rows: dict[str, tuple[Text, Text, Text]] = {}
         section = None
         for key, info in self.infos.items():
@@ -190,11 +222,12 @@ class ProfileForm(Vertical):
                 section = section_of(key)
                 title = f"[{section}]" if section else "profile"
                 rows[SECTION + section] = (Text(title, "bold"), Text(""), Text(""))
-            rows[key] = (Text("  " + key.rsplit(".", 1)[-1]), self._value_cell(key), self._note_cell(key, info))
-        self.table.set_rows(rows)
+            leaf = Text("  " + key.rsplit(".", 1)[-1])
+            rows[key] = (leaf, self._value_cell(key, value_width), self._note_cell(key, info, note_width))
+        self.table.set_rows(rows, relayout)
         self._show_error_line()
 
-    def _value_cell(self, key: str) -> Text:
+    def _value_cell(self, key: str, width: int) -> Text:
         text = (
             self._texts[key]
             if editor_kind(self.infos[key]) == "text"
@@ -202,14 +235,16 @@ class ProfileForm(Vertical):
         )
         if not text:
             return Text("(empty)", "dim")
-        return Text(cut(text, VALUE_WIDTH), "red" if key in self.errors else "")
+        return Text(cut(text, width), "red" if key in self.errors else "")
 
-    def _note_cell(self, key: str, info: FieldInfo) -> Text:
+    def _note_cell(self, key: str, info: FieldInfo, width: int) -> Text:
         if key in self.errors:
-            return Text(cut("✗ " + self.errors[key], NOTE_WIDTH), "bold red")
+            return Text(cut("✗ " + self.errors[key], width), "bold red")
         if self._values[key] != self._loaded[key]:
-            return Text("edited", "yellow")
-        return Text("default", "dim") if self._values[key] == info.default else Text("profile")
+            note, style = "edited", "yellow"
+        else:
+            note, style = ("default", "dim") if self._values[key] == info.default else ("profile", "")
+        return Text(note if width >= NOTE_WIDTH else SHORT_NOTES[note], style)
 
     def _show_error_line(self) -> None:
         line = self.query_one("#form-error", Static)

@@ -1,19 +1,22 @@
 """What a run produced: its summary (from the `finished` event or results/summary.json) and its result files.
 
 Kind screens may use a subclass that draws richer views of the same files; this base shows only what the run
-wrote, never anything computed here.
+wrote, never anything computed here. A subclass's views (tabs, tables) are mounted the first time there is
+something to show in them: a screen whose run has no results yet builds only the summary text.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.widgets import Static, Tabs
+from textual.widget import Widget
+from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.run_dir import RunDir
@@ -71,25 +74,66 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
+def tabbed(*panes: TabPane, id: str) -> TabbedContent:
+    """A TabbedContent of `panes`, made outside a compose method (views are mounted when first needed)."""
+    tabs = TabbedContent(id=id)
+    for pane in panes:
+        tabs.compose_add_child(pane)  # what composing it with `with` does
+    return tabs
+
+
 class RunResults(VerticalScroll):
     """Summary and result files of a run; for a failed run, the tail of its log.
 
     The kind screen maximizes it with ctrl+o (`-maximized` then); subclasses override `run_changed` to read
-    the run's files again, `has_results` and `focus_first`.
+    the run's files again, `has_results` and `focus_first`, and `compose_views` for views mounted on demand
+    (`with_views`).
     """
 
     ALLOW_MAXIMIZE = True
+    VIEWS_FIRST: ClassVar[bool] = False  # the views go above the summary text (else below it)
     in_browser = False  # shown by the results browser, where no profile form is at hand to start a run from
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="run-results")
         self._key: object = object()  # what is shown: (run id, status, end time, artifacts), or None for no run
+        self._views: Literal["none", "mounting", "ready"] = "none"
 
     def compose(self) -> ComposeResult:
         yield Static("", id="results-text", markup=False)
         log = LogView(lines=40, id="results-log")
         log.display = False
         yield log
+
+    def compose_views(self) -> list[Widget]:
+        """The widgets that show a run's results beyond the summary text (none here), made when first needed."""
+        return []
+
+    @property
+    def views_ready(self) -> bool:
+        """Whether the views are mounted: what draws into them does nothing before (`with_views` draws then)."""
+        return self._views == "ready"
+
+    def with_views(self, draw: Callable[[], object]) -> None:
+        """Call `draw` once the views are mounted: at once if they are, else after mounting them."""
+        if self.views_ready:
+            draw()
+        else:
+            self.call_later(self._mount_views, draw)
+
+    async def _mount_views(self, draw: Callable[[], object]) -> None:
+        # callbacks run one at a time, in order: a second one finds the views mounted by the first
+        if self._views == "none":
+            self._views = "mounting"
+            text = self.query_one("#results-text")
+            views = self.compose_views()
+            await (self.mount_all(views, before=text) if self.VIEWS_FIRST else self.mount_all(views))
+            self._views = "ready"
+            self.views_mounted()
+        draw()
+
+    def views_mounted(self) -> None:
+        """Called once, when the views were mounted."""
 
     def show(self, info: RunInfo | None) -> None:
         """Called with the latest run on each poll; `run_changed` only when its state moved on."""

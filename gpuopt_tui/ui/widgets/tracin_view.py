@@ -14,10 +14,10 @@ from typing import ClassVar, Generic, TypeVar
 
 from rich.text import Text
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
+from textual.widget import Widget
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
 
 from gpuopt_tui.core.format import human_bytes
@@ -32,7 +32,7 @@ from gpuopt_tui.core.tracin_results import (
     load_results,
 )
 from gpuopt_tui.ui.loading import Loaded, reply
-from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
 from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content
 
 PAGE = 200  # rows read at a time
@@ -220,28 +220,38 @@ class TracInResultsView(RunResults):
         self._token = 0  # bumped for each read: results of an earlier read are dropped
         self.loaded: TracInFiles | None = None
 
-    def compose(self) -> ComposeResult:
-        yield from super().compose()
-        with TabbedContent(id="tracin-tabs"):
-            with TabPane("Test examples", id="tracin-tests-tab"):
-                yield PagedTable[InfluenceRecord](id="tracin-tests")
-                yield Static("", id="tracin-test-detail", classes="tracin-note", markup=False)
-                yield Static("Proponents (training that lowered its loss)", classes="tracin-title")
-                yield DataTable[Text](id="tracin-proponents", cursor_type="row")
-                yield Static("Opponents (training that raised its loss)", classes="tracin-title")
-                yield DataTable[Text](id="tracin-opponents", cursor_type="row")
-            with TabPane("Self-influence", id="tracin-self-tab"):
-                yield Static("", id="tracin-self-note", classes="tracin-note", markup=False)
-                yield PagedTable[RankedExample](id="tracin-self")
-                yield Static("", id="tracin-self-detail", classes="tracin-note", markup=False)
-            with TabPane("Summary", id="tracin-summary-tab"), VerticalScroll():
-                yield Static("", id="tracin-summary", markup=False)
-            with TabPane("Files", id="tracin-files-tab"):
-                yield Static("", id="tracin-folder", classes="tracin-note", markup=False)
-                yield FileTable(id="tracin-files")
-
-    def on_mount(self) -> None:
-        self.query_one("#tracin-tabs").display = False
+    def compose_views(self) -> list[Widget]:
+        return [
+            tabbed(
+                TabPane(
+                    "Test examples",
+                    PagedTable[InfluenceRecord](id="tracin-tests"),
+                    Static("", id="tracin-test-detail", classes="tracin-note", markup=False),
+                    Static("Proponents (training that lowered its loss)", classes="tracin-title"),
+                    DataTable[Text](id="tracin-proponents", cursor_type="row"),
+                    Static("Opponents (training that raised its loss)", classes="tracin-title"),
+                    DataTable[Text](id="tracin-opponents", cursor_type="row"),
+                    id="tracin-tests-tab",
+                ),
+                TabPane(
+                    "Self-influence",
+                    Static("", id="tracin-self-note", classes="tracin-note", markup=False),
+                    PagedTable[RankedExample](id="tracin-self"),
+                    Static("", id="tracin-self-detail", classes="tracin-note", markup=False),
+                    id="tracin-self-tab",
+                ),
+                TabPane(
+                    "Summary", VerticalScroll(Static("", id="tracin-summary", markup=False)), id="tracin-summary-tab"
+                ),
+                TabPane(
+                    "Files",
+                    Static("", id="tracin-folder", classes="tracin-note", markup=False),
+                    FileTable(id="tracin-files"),
+                    id="tracin-files-tab",
+                ),
+                id="tracin-tabs",
+            )
+        ]
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -287,10 +297,16 @@ class TracInResultsView(RunResults):
 
     def _show(self, loaded: TracInFiles | None) -> None:
         self.loaded = loaded
-        tabs = self.query_one("#tracin-tabs", TabbedContent)
-        tabs.display = loaded is not None
         if loaded is None:
+            if self.views_ready:
+                self.query_one("#tracin-tabs").display = False
             return
+        self.with_views(lambda: self._fill(loaded))
+
+    def _fill(self, loaded: TracInFiles) -> None:
+        if loaded is not self.loaded:
+            return  # a newer read came meanwhile: it is drawn by its own call
+        self.query_one("#tracin-tabs").display = True
         tests = self.query_one("#tracin-tests", PagedTable)
         results = loaded.results
         name = results.summary.label_name if results.summary else label_text
@@ -360,6 +376,8 @@ class TracInResultsView(RunResults):
 
     def focus_first(self) -> None:
         """Focus the table of the tab shown (after the view is maximized)."""
+        if not self.views_ready:
+            return
         tabs = self.query_one("#tracin-tabs", TabbedContent)
         if tabs.display and tabs.active_pane is not None:
             tables = tabs.active_pane.query(DataTable)

@@ -1,0 +1,66 @@
+"""What a kind screen's profile picker and form show, read off the UI thread: the profiles of a kind (and the
+unreadable ones, so that their errors can be seen) and the one to open.
+
+The app reads every kind's listing in a thread after its first frame (`prefetch`, into the app's
+`profile_listings`), so that a kind screen shown for the first time opens its profile at once, with no file read
+on the UI thread and no form drawn with defaults first; later reads (after a save, on picking a profile) are the
+screen's thread workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.kinds import KINDS
+from gpuopt_tui.core.profiles.common import ProfileBase
+from gpuopt_tui.core.profiles.io import ProfileEntry, list_profiles, load_profile
+
+
+@dataclass(frozen=True)
+class ProfileListing:
+    """`entries` to list (None: the list is not read again), the profile at `path` to open (None: none to open)
+    as read, or why it cannot be read."""
+
+    entries: list[ProfileEntry] | None
+    path: Path | None
+    profile: ProfileBase | None = None
+    error: str = ""
+
+
+def kind_entries(kind: str) -> list[ProfileEntry]:
+    return [e for e in list_profiles() if e.kind == kind or e.error or e.kind not in KINDS]
+
+
+def default_path(kind: str, entries: list[ProfileEntry]) -> Path | None:
+    """The kind's demo profile, else its first readable one."""
+    usable = [e for e in entries if e.kind == kind and not e.error]
+    demo = next((e for e in usable if e.name == f"demo-{kind}"), None)
+    return (demo or usable[0]).path if usable else None
+
+
+def read_profile(path: Path | None, entries: list[ProfileEntry] | None) -> ProfileListing:
+    """The profile at `path` (listed as unreadable in `entries`, if it is)."""
+    if path is None:
+        return ProfileListing(entries, None)
+    entry = next((e for e in entries or () if e.path == path), None)
+    try:
+        if entry is not None and entry.error:
+            raise UserError(entry.error)
+        return ProfileListing(entries, path, load_profile(path))
+    except UserError as e:
+        return ProfileListing(entries, path, error=str(e))
+
+
+def read_listing(kind: str, wanted: Path | None) -> ProfileListing:
+    """The kind's profiles, and `wanted` (else the kind's default) opened if it is one of them."""
+    entries = kind_entries(kind)
+    path = wanted or default_path(kind, entries)
+    return read_profile(path if path is not None and path in {e.path for e in entries} else None, entries)
+
+
+def prefetch(into: dict[str, ProfileListing]) -> None:
+    """Read every kind's listing into `into` (in a thread), for the kind screens to take when first shown."""
+    for kind in KINDS:
+        into[kind] = read_listing(kind, None)

@@ -1,0 +1,62 @@
+"""What a screen builds: a kind screen with no run mounts no results views (tabs and tables come with results, or
+when asked for), and the profile form fits its columns to the width it gets."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import DataTable, TabbedContent
+
+from gpuopt_tui.app import make_app
+from gpuopt_tui.ui.screens.ablation import ProbingResults
+from gpuopt_tui.ui.widgets.ablation_view import CachePanel
+from gpuopt_tui.ui.widgets.profile_form import MIN_VALUE_WIDTH, NOTE_WIDTH, VALUE_WIDTH, ProfileForm, fitted_widths
+from gpuopt_tui.ui.widgets.run_results import RunResults
+
+from .conftest import screen_lines, settle, wait_for
+
+
+@pytest.mark.parametrize("screen", ["attribution", "tracin", "ablation"])
+async def test_a_kind_screen_without_a_run_mounts_no_results_views(screen: str) -> None:
+    app = make_app(screen=screen)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        results = app.screen.query_one("#run-results", RunResults)
+        assert not results.views_ready
+        assert not results.query(TabbedContent) and not results.query(DataTable)
+        assert len(list(results.walk_children())) <= 4  # the summary text and the log (ablation: head and button)
+
+
+async def test_the_feature_cache_button_mounts_the_views_and_lists_the_cache() -> None:
+    app = make_app(screen="ablation")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        results = app.screen.query_one(ProbingResults)
+        assert results.check_action("next_view", ()) is False  # no views to step through yet
+        await pilot.click("#ablation-show-cache")
+        await wait_for(pilot, lambda: results.query_one(CachePanel).listing is not None)
+        assert results.views_ready and results.view == "cache"
+        assert not results.query_one("#ablation-show-cache").display  # the Cache tab is there now
+        assert "The feature cache is empty" in "\n".join(screen_lines(app))
+
+
+def test_the_value_column_narrows_before_the_sources_turn_to_tags() -> None:
+    key = 24
+    assert fitted_widths(66, key) == (VALUE_WIDTH, 66 - 8 - key - VALUE_WIDTH)  # a kind screen's form at 120
+    value, note = fitted_widths(50, key)
+    assert MIN_VALUE_WIDTH <= value < VALUE_WIDTH and note == NOTE_WIDTH
+    assert fitted_widths(46, key) == (10, 4)  # the planner's form at 120: short tags
+    assert fitted_widths(20, key)[0] == MIN_VALUE_WIDTH  # never narrower: the table scrolls sideways then
+
+
+async def test_the_planner_form_shows_each_keys_value_and_source_at_120x40() -> None:
+    app = make_app(screen="planner")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        form = app.screen.query_one(ProfileForm)
+        table = form.table
+        assert table.virtual_size.width <= table.scrollable_content_region.width  # nothing cut at the right
+        region = form.region
+        lines = [line[region.x : region.right] for line in screen_lines(app)[region.y : region.bottom]]
+        for key, value, tag in (("precision", "bf16-mixed", "file"), ("optimizer", "adamw", "dflt")):
+            row = next(line for line in lines if f"  {key} " in line)
+            assert row.split() == [key, value, tag], row
