@@ -25,7 +25,7 @@ from gpuopt_tui.core.run_dir import RunDir
 
 JSONL_NAME = "attributions.jsonl"
 TENSORS_NAME = "attributions.safetensors"
-SUMMARY_NAME = "summary.json"
+SUMMARY_NAME = RunDir.SUMMARY
 CHECK_NAME = "check.json"
 EXPORTS = (
     (JSONL_NAME, "per-sample tokens and scores, one JSON line per sample"),

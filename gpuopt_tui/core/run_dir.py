@@ -31,6 +31,7 @@ class RunDir:
     EVENTS: ClassVar[str] = "events.jsonl"
     LOG: ClassVar[str] = "log.txt"
     RESULTS: ClassVar[str] = "results"
+    SUMMARY: ClassVar[str] = "summary.json"  # in results/: every kind's short summary of a finished run
     STATE: ClassVar[str] = "state"
     RANKS: ClassVar[str] = "ranks"  # where the workers of the current attempt leave how they ended
     LOCK: ClassVar[str] = ".lock"
@@ -43,6 +44,7 @@ class RunDir:
     events = _inside(EVENTS)
     log = _inside(LOG)
     results = _inside(RESULTS)
+    summary = property(lambda self: self.results / self.SUMMARY, doc="The run's results/summary.json.")
     state = _inside(STATE)
     ranks = _inside(RANKS)
     lock = _inside(LOCK)

@@ -33,13 +33,14 @@ from gpuopt_tui.core.record_fields import (
     as_text,
     get_field,
 )
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.tracin_summary import TracInSummary, read_summary
 
 INFLUENCE_NAME = "influence.jsonl"
 SELF_JSONL_NAME = "self_influence.jsonl"
 SELF_CSV_NAME = "self_influence.csv"
 MATRIX_NAME = "scores.safetensors"
-SUMMARY_NAME = "summary.json"
+SUMMARY_NAME = RunDir.SUMMARY
 FILE_ROLES = {
     INFLUENCE_NAME: "proponents and opponents of each test example",
     SELF_JSONL_NAME: "training examples ranked by self-influence",

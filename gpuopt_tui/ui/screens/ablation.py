@@ -33,6 +33,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventTail
 from gpuopt_tui.core.profiles.ablation import AblationProfile, split_representation
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.screens.kind import KindScreen
@@ -58,7 +59,7 @@ def probe_events(tail: EventTail) -> list[dict[str, Any]]:
 def representation_order(run_dir: Path) -> list[str]:
     """The representations a run probes, as its frozen profile lists them ([] if it cannot be read)."""
     try:
-        profile = load_profile(run_dir / "profile.toml")
+        profile = load_profile(RunDir(run_dir).profile)
     except UserError:
         return []
     return list(profile.ablation.representations) if isinstance(profile, AblationProfile) else []
@@ -71,7 +72,7 @@ class ReportedState:
 
     def __init__(self, info: RunInfo) -> None:
         self.run_dir = info.dir
-        self.tail = EventTail(info.dir / "events.jsonl")
+        self.tail = EventTail(RunDir(info.dir).events)
         self.probes = ReportedProbes()
         self.order: list[str] | None = None
 

@@ -31,6 +31,7 @@ from gpuopt_tui.core.attribution_results import (
     load_run_files,
 )
 from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
@@ -196,7 +197,7 @@ class AttributionRunResults(RunResults):
         else:
             self._check_run, self._check_run_result = info, None
             if info is not None and info.status == "finished":
-                self._read_check(info.id, info.dir / "results")
+                self._read_check(info.id, RunDir(info.dir).results)
         self._show_check(self._files.check if self._files is not None else None)
 
     @work(thread=True, exclusive=True, group="check-run", exit_on_error=False)

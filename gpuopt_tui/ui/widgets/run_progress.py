@@ -14,6 +14,7 @@ from textual.events import Resize
 from textual.widgets import Static
 
 from gpuopt_tui.core.format import human_duration
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_status import stage_text
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
@@ -120,7 +121,9 @@ class RunProgress(Static):
         if info.corrupt_lines:
             lines.append(
                 Content.from_markup(
-                    "[$warning]$n unreadable line(s) in events.jsonl were skipped[/]", n=str(info.corrupt_lines)
+                    "[$warning]$n unreadable line(s) in $file were skipped[/]",
+                    n=str(info.corrupt_lines),
+                    file=RunDir.EVENTS,
                 )
             )
         return Content("\n").join(lines)

@@ -33,7 +33,7 @@ def read_summary(info: RunInfo) -> dict[str, Any]:
     if info.summary:
         return info.summary
     try:
-        data = json.loads((RunDir(info.dir).results / "summary.json").read_text(encoding="utf-8"))
+        data = json.loads(RunDir(info.dir).summary.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

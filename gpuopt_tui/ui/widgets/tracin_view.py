@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
 
 from gpuopt_tui.core.format import human_bytes
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.tracin_results import (
     FILE_ROLES,
@@ -262,7 +263,7 @@ class TracInResultsView(RunResults):
         if info is None:
             self._show(None)
             return
-        self._read(self._token, info.dir / "results")
+        self._read(self._token, RunDir(info.dir).results)
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:
