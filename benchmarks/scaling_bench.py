@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from gpuopt_tui.core.attribution_results import SUMMARY_NAME, TENSORS_NAME
+from gpuopt_tui.core.attribution_results import TENSORS_NAME
+from gpuopt_tui.core.attribution_summary import SUMMARY_NAME
 from gpuopt_tui.core.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]

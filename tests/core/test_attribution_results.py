@@ -12,20 +12,9 @@ from typing import Any
 
 import pytest
 
-from gpuopt_tui.core.attribution_results import (
-    CHECK_NAME,
-    JSONL_NAME,
-    SUMMARY_NAME,
-    TENSORS_NAME,
-    SampleIndex,
-    SampleQuery,
-    load_check,
-    load_run_files,
-    load_summary,
-    page,
-    page_count,
-    select,
-)
+from gpuopt_tui.core.attribution_query import SampleQuery, select
+from gpuopt_tui.core.attribution_results import JSONL_NAME, TENSORS_NAME, SampleIndex, load_run_files, page, page_count
+from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME, load_check, load_summary
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir

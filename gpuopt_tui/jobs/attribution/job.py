@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_json, write_jsonl
-from gpuopt_tui.core.attribution_results import CHECK_NAME, JSONL_NAME, SUMMARY_NAME, TENSORS_NAME
+from gpuopt_tui.core.attribution_results import JSONL_NAME, TENSORS_NAME
+from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention

@@ -7,7 +7,8 @@ from typing import Any
 
 from textual.content import Content
 
-from gpuopt_tui.core.attribution_results import AttributionSummary, CheckResult, Sample, StepStats
+from gpuopt_tui.core.attribution_results import Sample
+from gpuopt_tui.core.attribution_summary import AttributionSummary, CheckResult, StepStats
 
 CHECK_TOLERANCE = 1e-2  # relative difference within which the optimized path counts as agreeing
 

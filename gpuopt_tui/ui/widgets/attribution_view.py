@@ -23,13 +23,8 @@ from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
-from gpuopt_tui.core.attribution_results import (
-    AttributionSummary,
-    CheckResult,
-    RunFiles,
-    load_check,
-    load_run_files,
-)
+from gpuopt_tui.core.attribution_results import RunFiles, load_run_files
+from gpuopt_tui.core.attribution_summary import AttributionSummary, CheckResult, load_check
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo

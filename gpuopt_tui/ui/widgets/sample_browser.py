@@ -15,17 +15,8 @@ from textual.content import Content
 from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 
-from gpuopt_tui.core.attribution_results import (
-    QUERY_HELP,
-    SORTS,
-    Sample,
-    SampleEntry,
-    SampleIndex,
-    SampleQuery,
-    page,
-    page_count,
-    select,
-)
+from gpuopt_tui.core.attribution_query import QUERY_HELP, SORTS, SampleQuery, select
+from gpuopt_tui.core.attribution_results import Sample, SampleEntry, SampleIndex, page, page_count
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.ui.widgets.attribution_text import sample_heading
 from gpuopt_tui.ui.widgets.token_heatmap import heatmap, legend, shade
