@@ -12,6 +12,7 @@ from transformers import BertConfig, BertForSequenceClassification, RobertaConfi
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution import integrated_gradients
 from gpuopt_tui.jobs.attribution.adaptive import level_points, nested_levels, precision_floor, tolerance_warning
+from gpuopt_tui.jobs.attribution.deltas import steps_summary
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 from gpuopt_tui.jobs.attribution.rules import step_rule
 
@@ -158,3 +159,13 @@ def test_a_large_output_does_not_loosen_the_token_test() -> None:
     error = (tokens - reference).abs().amax(1) / reference.abs().amax(1)
     assert (error <= 1e-2).all(), error
     assert (auto.steps > 9).any()
+
+
+@pytest.mark.parametrize(("precision", "remedy"), [("fp16", "use_amp = false"), ("fp32", "raise max_steps")])
+def test_samples_left_above_the_tolerance_are_told_the_remedy_of_their_precision(precision: str, remedy: str) -> None:
+    steps = torch.tensor([9, 65, 65])
+    within = torch.tensor([True, False, True])
+    summary = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision=precision)
+    assert summary["above_tolerance"] == 1
+    assert summary["warning"].startswith("1 of 3 samples stopped at 65 steps") and remedy in summary["warning"]
+    assert steps_summary(steps, torch.ones(3, dtype=torch.bool), tolerance=1e-2, max_steps=65)["warning"] is None

@@ -85,10 +85,13 @@ def _round_up(n: int) -> int:
     return -(-n // unit) * unit
 
 
-def steps_summary(steps: Tensor, within: Tensor, *, tolerance: float | None, max_steps: int) -> dict[str, Any]:
+def steps_summary(
+    steps: Tensor, within: Tensor, *, tolerance: float | None, max_steps: int, precision: str = "fp32"
+) -> dict[str, Any]:
     """The steps the samples used: total, mean, a histogram [[steps, samples], ...]; with "auto" steps
     (`tolerance` given) also how many samples stopped at the last level with a delta that is not `within` the
-    tolerance (see `within_tolerance`), and a warning when there are any."""
+    tolerance (see `within_tolerance`), and a warning when there are any, which names full-precision steps as the
+    remedy when the steps ran in `precision` fp16 or bf16."""
     values, counts = steps.unique(return_counts=True)
     summary: dict[str, Any] = {
         "mode": "fixed" if tolerance is None else "auto",
@@ -104,9 +107,15 @@ def steps_summary(steps: Tensor, within: Tensor, *, tolerance: float | None, max
         above = int((~within).sum())
         summary["above_tolerance"] = above
         if above:
+            remedy = (
+                f"run the steps in full precision (use_amp = false) or raise max_steps: {precision} steps can keep "
+                "a delta from going lower"
+                if precision in ("fp16", "bf16")
+                else "raise max_steps"
+            )
             summary["warning"] = (
                 f"{above} of {steps.numel()} samples stopped at {int(steps.max())} steps (max_steps = {max_steps}) "
-                f"with a relative convergence delta above the tolerance {tolerance:g}: raise max_steps, or see "
-                "their `delta` in attributions.jsonl (low precision can keep a delta from going lower)"
+                f"with a relative convergence delta above the tolerance {tolerance:g}: {remedy}; their `delta` is "
+                "in attributions.jsonl"
             )
     return summary

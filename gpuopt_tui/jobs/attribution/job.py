@@ -307,6 +307,7 @@ def _write_results(
         within,
         tolerance=max(settings.tolerance, floor) if auto else None,
         max_steps=settings.max_steps,
+        precision=settings.precision,
     )
     if steps["warning"]:
         ctx.warn(steps["warning"])
