@@ -72,8 +72,8 @@ class JobContext:
         dist: Collective | None = None,
     ) -> None:
         self.run_dir = run_dir
-        self.results_dir = RunDir(run_dir).results
-        self.state_dir = RunDir(run_dir).state
+        layout = RunDir(run_dir)
+        self.results_dir, self.state_dir = layout.results, layout.state
         self.cache_dir = cache_dir
         for d in (self.results_dir, self.state_dir, self.cache_dir):
             d.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,9 @@ class ProfileListing:
     error: str = ""
 
 
-def kind_entries(kind: str) -> list[ProfileEntry]:
-    return [e for e in list_profiles() if e.kind == kind or e.error or e.kind not in KINDS]
+def kind_entries(kind: str, every: list[ProfileEntry]) -> list[ProfileEntry]:
+    """Of all profiles, those of `kind` and those whose kind cannot be told."""
+    return [e for e in every if e.kind == kind or e.error or e.kind not in KINDS]
 
 
 def default_path(kind: str, entries: list[ProfileEntry]) -> Path | None:
@@ -53,14 +54,16 @@ def read_profile(path: Path | None, entries: list[ProfileEntry] | None) -> Profi
         return ProfileListing(entries, path, error=str(e))
 
 
-def read_listing(kind: str, wanted: Path | None) -> ProfileListing:
-    """The kind's profiles, and `wanted` (else the kind's default) opened if it is one of them."""
-    entries = kind_entries(kind)
+def read_listing(kind: str, wanted: Path | None, every: list[ProfileEntry] | None = None) -> ProfileListing:
+    """The kind's profiles (of `every` profile, read when not given), and `wanted` (else the kind's default) opened
+    if it is one of them."""
+    entries = kind_entries(kind, list_profiles() if every is None else every)
     path = wanted or default_path(kind, entries)
     return read_profile(path if path is not None and path in {e.path for e in entries} else None, entries)
 
 
 def prefetch(into: dict[str, ProfileListing]) -> None:
     """Read every kind's listing into `into` (in a thread), for the kind screens to take when first shown."""
+    every = list_profiles()  # once for all kinds: each profile file is read and checked once
     for kind in KINDS:
-        into[kind] = read_listing(kind, None)
+        into[kind] = read_listing(kind, None, every)
