@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 import time
@@ -135,6 +136,9 @@ def fine_tune(adapter: SequenceClassifierAdapter, args: argparse.Namespace) -> d
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (args.train_steps - s) / (args.train_steps - warmup)))
     )
     amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
+    # deterministic kernels, so that runs on the same card and software fine-tune the same model (the paths, and so
+    # the steps auto needs, differ a lot between fine-tunes); CUBLAS_WORKSPACE_CONFIG is set before CUDA starts
+    torch.use_deterministic_algorithms(True, warn_only=True)
     start, step, accuracy, loss = time.perf_counter(), 0, 0.0, torch.zeros(())
     while step < args.train_steps:
         model.train()
@@ -157,6 +161,7 @@ def fine_tune(adapter: SequenceClassifierAdapter, args: argparse.Namespace) -> d
         )
         if accuracy >= args.target_accuracy or seconds > args.train_seconds:
             break
+    torch.use_deterministic_algorithms(False)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -269,9 +274,10 @@ def captum_row(adapter: SequenceClassifierAdapter, texts: list[str], targets: Te
 
 
 # --- the report --------------------------------------------------------------------------------------------------
-def entry(row: Row, reference: Row, full_rate: float) -> dict[str, Any]:
+def entry(row: Row, reference: Row, full_rate: float, cap: int) -> dict[str, Any]:
     n = reference.samples
     error = relative_difference(row.scores[:n], reference.scores)
+    below_cap = error[row.steps[:n] < cap]  # samples auto stopped as converged (capped ones are warned about)
     histogram = sorted(Counter(row.steps.tolist()).items())
     return {
         "method": row.name,
@@ -281,11 +287,17 @@ def entry(row: Row, reference: Row, full_rate: float) -> dict[str, Any]:
         "mean_steps": float(row.steps.double().mean()),
         "rel_err_median": float(error.median()),
         "rel_err_max": float(error.max()),
+        "rel_err_max_below_cap": float(below_cap.max()) if len(below_cap) else None,
+        "capped": int((row.steps >= cap).sum()) if row.name.startswith("auto") else 0,
         "steps_histogram": histogram,
         "minutes_for_40k": FULL_SET / row.rate / 60,
         "speedup_vs_reference": row.rate / full_rate,
         "captum": row.captum,
     }
+
+
+def _sci(value: float | None) -> str:
+    return "none stopped there" if value is None else f"{value:.1e}"
 
 
 def histogram_text(histogram: list[tuple[int, int]]) -> str:
@@ -328,7 +340,10 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         )
     lines += ["", "Steps per sample (steps: samples):", ""]
     lines += [
-        f"- {e['method']}: {histogram_text(e['steps_histogram'])}" for e in entries if e["method"].startswith("auto")
+        f"- {e['method']}: {histogram_text(e['steps_histogram'])}; {e['capped']} at the cap; rel. error max of the "
+        f"reference texts it stopped below the cap: {_sci(e['rel_err_max_below_cap'])}"
+        for e in entries
+        if e["method"].startswith("auto")
     ]
     lines += ["", "Goals:", "", *goals(entries), ""]
     return "\n".join(lines)
@@ -420,6 +435,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the fine-tune
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     adapter = build(args, device)
     print(
@@ -500,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.skip_captum:
         print("captum is not installed: its row is skipped", flush=True)
 
-    entries = [entry(row, reference, reference.rate) for row in rows]
+    entries = [entry(row, reference, reference.rate, args.max_steps) for row in rows]
     meta = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "device": device_name(device),
