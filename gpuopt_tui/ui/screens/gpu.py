@@ -13,11 +13,9 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.geometry import Region
+from textual.geometry import Size
 from textual.message import Message
 from textual.screen import Screen
-from textual.strip import Strip
-from textual.widget import Widget
 from textual.widgets import Footer
 
 from gpuopt_tui.core.errors import UserError
@@ -28,8 +26,10 @@ from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.core.telemetry.procinfo import send_signal, start_time
 from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.partial_updates import crop_partial_updates
+from gpuopt_tui.ui.widgets.cell_lines import CellLines, TextLines, one_line
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
-from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, LineStack, OneLine, no_gpu_text, process_summary
+from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, OneLine, no_gpu_text, process_summary
 
 _BARS = " ▁▂▃▄▅▆▇█"
 _HEADER = f"{'GPU':>3}  {'PID':>8}  {'USER':<10}  {'GPU MEM':>11}  {'RUN':<20}  COMMAND"
@@ -54,9 +54,9 @@ def plot_text(values: list[float | None], height: int, style: str) -> Text:
     return Text("\n").join(lines)
 
 
-class HistoryPlot(Widget):
-    """One series of one GPU over the history window. Each line of the plot is repainted only when it changed
-    (a scrolling plot changes a few cells a poll, and a whole-widget repaint would send every line again)."""
+class HistoryPlot(CellLines):
+    """One series of one GPU over the history window, a column per window / width seconds. It changes only when
+    a column completes, and then sends only the cells that changed."""
 
     DEFAULT_CSS = "HistoryPlot { height: 1fr; min-height: 3; }"  # grows with the terminal
 
@@ -64,29 +64,21 @@ class HistoryPlot(Widget):
         super().__init__(id=id)
         self.series = series
         self.style = style
-        self.values: list[float | None] = []
-        self._lines: list[Strip] = []
+        self.values: list[float | None] = []  # a column each
+        self._source: tuple[History, int] | None = None
 
     def show(self, history: History, index: int) -> None:
-        values = history.buckets(index, self.series, self.size.width)
-        if values == self.values and len(self._lines) == self.size.height:
-            return
-        self.values = values
-        text = plot_text(values, self.size.height, self.style)
-        lines = [Strip(line.render(self.app.console)) for line in text.split("\n")]
-        if len(lines) != len(self._lines):
-            self._lines = lines
-            self.refresh()
-            return
-        changed = [y for y, (old, new) in enumerate(zip(self._lines, lines)) if old != new]
-        self._lines = lines
-        for y in changed:
-            self.refresh(Region(0, y, self.size.width, 1))
+        self._source = (history, index)
+        values = history.columns(index, self.series, self.size.width)
+        if values != self.values:
+            self.values = values
+            self.redraw()
 
-    def render_line(self, y: int) -> Strip:
-        width, base = self.size.width, self.rich_style  # the theme's colours under the plot's own
-        line = self._lines[y].apply_style(base) if y < len(self._lines) else Strip.blank(width, base)
-        return line.adjust_cell_length(width, base)
+    def content_lines(self, size: Size) -> list[Text]:
+        if self._source is not None and len(self.values) != size.width:
+            history, index = self._source
+            self.values = history.columns(index, self.series, size.width)
+        return plot_text(self.values, size.height, self.style).split("\n") if size.height else []
 
 
 def detail_text(gpu: GpuSample) -> str:
@@ -115,11 +107,11 @@ def process_text(process: ProcessSample) -> str:
     return f"{process.gpu_index:>3}  {process.pid:>8}  {user:<10}  {memory:>11}  {run:<20}  {process.command or '?'}"
 
 
-class ProcessLine(Widget):
-    """One process; redrawn only when its text changes (a table would redraw every row for one changed cell)."""
+class ProcessLine(CellLines):
+    """One process; repaints the cells that changed (a table would redraw every row for one changed cell)."""
 
     DEFAULT_CSS = """
-    ProcessLine { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    ProcessLine { height: 1; }
     ProcessLine.-cursor { background: $boost; }
     ProcessList:focus > ProcessLine.-cursor { background: $accent 50%; }
     """
@@ -134,10 +126,10 @@ class ProcessLine(Widget):
         text = process_text(process)
         if text != self._text:
             self._text = text
-            self.refresh()
+            self.redraw()
 
-    def render(self) -> Text:
-        return Text(self._text)
+    def content_lines(self, size: Size) -> list[Text]:
+        return [one_line(self._text, size.width)]
 
     def on_click(self) -> None:
         if isinstance(self.parent, ProcessList):
@@ -267,7 +259,7 @@ class GpuView(Vertical):
         yield OneLine("Reading GPUs…", id="gpu-message")
         yield GpuRows()
         with Horizontal(id="gpu-detail"):
-            yield LineStack(id="gpu-fields")
+            yield TextLines(id="gpu-fields")
             with Vertical(id="gpu-plots"):
                 yield OneLine(classes="plot-label", id="label-memory")
                 yield HistoryPlot("memory", "magenta", id="plot-memory")
@@ -329,18 +321,18 @@ class GpuView(Vertical):
         if self.snapshot is None or not self.snapshot.has_gpus:
             return
         gpu = self.snapshot.gpus[self.selected]
-        self.query_one("#gpu-fields", LineStack).set_lines(detail_text(gpu).split("\n"))
-        window = f"last {self.history.window_s / 60:g} min"
+        self.query_one("#gpu-fields", TextLines).set_lines(detail_text(gpu).split("\n"))
+        plot = self.query_one("#plot-util", HistoryPlot)
+        column = self.history.window_s / max(1, plot.size.width)
+        span = f"last {self.history.window_s / 60:g} min · {column:.2g} s/col"
         total = "" if gpu.memory_total is None else f" of {display.gib(gpu.memory_total)} GiB"
-        self.query_one("#label-memory", OneLine).set_text(
-            f"Memory {display.percent(gpu.memory_percent)}{total} · {window} (0-100%)"
-        )
-        self.query_one("#label-util", OneLine).set_text(f"SM util {display.percent(gpu.util_sm)} · {window} (0-100%)")
+        self.query_one("#label-memory", OneLine).set_text(f"Memory %{total} · {span}")
+        self.query_one("#label-util", OneLine).set_text(f"SM util % · {span}")
         for plot in self.query(HistoryPlot):
             plot.show(self.history, gpu.index)
 
     def on_resize(self) -> None:
-        self._show_selected()  # plots have one column per time bucket: their width sets the buckets
+        self._show_selected()  # the plots' width sets how long a column lasts, which their labels say
 
     # -- GPU selection -------------------------------------------------------------------------------------
     def action_select_gpu(self, step: int) -> None:
@@ -417,6 +409,7 @@ class GpuScreen(Screen):
         id: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id)
+        crop_partial_updates(self)
         self.view = GpuView(source, interval, history, readonly)
 
     def compose(self) -> ComposeResult:
