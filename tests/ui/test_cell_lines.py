@@ -21,7 +21,8 @@ def test_only_the_cells_that_changed_are_runs_and_close_runs_are_joined() -> Non
     assert changed_runs(strip("SM 97%"), strip("SM 97%"), 20) == []
     assert changed_runs(strip("SM 97%"), strip("SM 98%"), 20) == [(4, 5)]
     assert changed_runs(strip("SM 97% · memory 10%"), strip("SM 98% · memory 11%"), 30) == [(4, 5), (17, 18)]
-    assert changed_runs(strip("45°C 97%"), strip("46°C 98%"), 10) == [(1, 7)]  # 5 cells apart: one run
+    assert changed_runs(strip("45°C 97%"), strip("46°C 98%"), 10) == [(1, 2), (6, 7)]  # 4 cells apart: two
+    assert changed_runs(strip("45 97%"), strip("46 98%"), 10) == [(1, 5)]  # 2 cells of the same style: one
     assert changed_runs(strip("100%"), strip("95%"), 6) == [(0, 4)]  # shorter: the old tail is blanked
 
 

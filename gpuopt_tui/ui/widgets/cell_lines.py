@@ -14,9 +14,10 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-# Unchanged cells between two changed runs that are sent again rather than starting a new run: a run costs a
-# cursor move and a style sequence, some 30 bytes, while most cells cost one to three.
-_JOIN_GAP = 8
+# Unchanged cells between two changed runs that are sent again rather than starting a new run, when they have
+# the style the next run starts with: a new run costs a cursor move (some 8 bytes), a cell one to three bytes,
+# and a change of style some 25.
+_JOIN_GAP = 3
 
 Cell = tuple[str, object]
 
@@ -35,8 +36,8 @@ def cells(strip: Strip, width: int) -> list[Cell] | None:
 
 
 def changed_runs(old: Strip, new: Strip, width: int) -> list[tuple[int, int]]:
-    """[start, end) runs of the cells that differ between two lines of `width` cells; runs a few cells apart
-    are joined. A wide character makes it one run over the whole line."""
+    """[start, end) runs of the cells that differ between two lines of `width` cells; runs a few cells of the
+    same style apart are joined. A wide character makes it one run over the whole line."""
     before, after = cells(old, width), cells(new, width)
     if before is None or after is None:
         return [] if old == new else [(0, width)]
@@ -44,7 +45,8 @@ def changed_runs(old: Strip, new: Strip, width: int) -> list[tuple[int, int]]:
     for x, (a, b) in enumerate(zip(before, after)):
         if a == b:
             continue
-        if runs and x - runs[-1][1] <= _JOIN_GAP:
+        gap = after[runs[-1][1] : x] if runs else []
+        if runs and len(gap) <= _JOIN_GAP and all(style == b[1] for _, style in gap):
             runs[-1] = (runs[-1][0], x + 1)
         else:
             runs.append((x, x + 1))
