@@ -56,6 +56,20 @@ def test_a_column_once_shown_never_changes_and_the_plot_moves_a_column_at_a_time
     assert shown[-1][0] is not None  # the oldest column still has its points (history keeps twice the window)
 
 
+def test_a_sweep_keeps_columns_in_place_and_changes_two_positions_a_column() -> None:
+    history = History(window_s=10)
+    shown = []
+    for quarter in range(4, 160):
+        history.add(snap(quarter / 4, util=quarter % 97))
+        shown.append(history.sweep(0, "util", 5))
+    changes = [(a, b) for a, b in pairwise(shown) if a != b]
+    assert len(changes) == 19  # once per completed 2 s column
+    columns = history.columns(0, "util", 5)  # t=39.75: complete columns [28,30) .. [36,38), timeline 14..18
+    assert shown[-1] == [columns[1], columns[2], columns[3], columns[4], None]  # 19 -> position 4: now, blank
+    for a, b in changes[5:]:  # a full window on: the new column and the blank "now" move one position right
+        assert sum(x != y for x, y in zip(a, b)) <= 2 and b.count(None) == 1
+
+
 def test_a_lost_gpu_and_na_values_leave_gaps() -> None:
     history = History(window_s=4)
     history.add(snap(0.5, util=50))

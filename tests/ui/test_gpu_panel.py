@@ -36,7 +36,7 @@ from gpuopt_tui.ui.screens.gpu_slot import GpuAppScreen, GpuTelemetry, busiest_s
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
-from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel, GpuRow, gpu_line
+from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel, GpuRow, GpuRows, gpu_line
 
 from .conftest import TickCounter, make_run, wait_for
 
@@ -291,6 +291,7 @@ async def test_the_gpu_screen_shows_details_history_and_processes() -> None:
         assert "GPU 0  NVIDIA H200" in text and f"UUID    {first.gpus[0].uuid}" in text
         assert "/140.4 GiB" in text and "MIG off" in text and "fan N/A" in text and "memory 3201 MHz" in text
         assert "read-only" in text  # a replay's pids belong to another machine
+        assert not screen.query_one(GpuRows).display  # one GPU: no list to choose from, its details say it all
         table = screen.query_one(ProcessList)
         assert [(p.pid, p.user) for p in table.processes.values()] == [(first.processes[0].pid, "user1")]
         assert "python3 benchmarks/ig_bench.py" in text
@@ -303,6 +304,7 @@ async def test_gpus_are_chosen_with_brackets_and_digits() -> None:
         await wait_for(pilot, lambda: screen.view.snapshot is not None)
         await pilot.pause()
         assert "GPU 0  Synthetic GPU A 80GB" in screen_text(pilot.app)
+        assert screen.query_one(GpuRows).display  # several GPUs: a line each to choose from
         await pilot.press("right_square_bracket")
         assert screen.view.selected == 1
         assert "GPU 1  Synthetic GPU B 80GB" in screen_text(pilot.app)

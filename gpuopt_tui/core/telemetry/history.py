@@ -66,6 +66,23 @@ class History:
         oldest = (self.last_time or 0.0) - self.window_s
         return [(p.time, getattr(p, series)) for p in self._points.get(index, ()) if p.time >= oldest]
 
+    def _column_of(self, time: float, count: int) -> int:
+        """Timeline index of the column of window_s / count seconds that holds `time`."""
+        return math.floor(time / (self.window_s / count))
+
+    def sweep(self, index: int, series: str, count: int) -> list[float | None]:
+        """The columns of `columns` in place, as a sweeping plot draws them: column k of the timeline at position
+        k mod count, so that a completed column replaces the one from a window earlier and nothing else moves;
+        the position of the column in progress is blank (the plot's "now")."""
+        peaks = self.columns(index, series, count)
+        if not peaks or self.last_time is None:
+            return peaks
+        first = self._column_of(self.last_time, count) - count  # timeline index of peaks[0]
+        placed: list[float | None] = [None] * count
+        for offset, value in enumerate(peaks[1:], start=1):  # peaks[0] sits where the column in progress goes
+            placed[(first + offset) % count] = value
+        return placed
+
     def columns(self, index: int, series: str, count: int) -> list[float | None]:
         """The window as `count` columns of window_s / count seconds each, oldest first: the peak of each column,
         or None where there is no sample (before the first poll, or while the GPU was lost). Columns start at
@@ -76,12 +93,11 @@ class History:
             return []
         if self.last_time is None:
             return [None] * count
-        length = self.window_s / count
-        end = math.floor(self.last_time / length)  # the column in progress; complete ones are end - count .. end - 1
+        end = self._column_of(self.last_time, count)  # complete columns: end - count .. end - 1
         peaks: list[float | None] = [None] * count
         for point in self._points.get(index, ()):
             value = getattr(point, series)
-            slot = math.floor(point.time / length) - end + count
+            slot = self._column_of(point.time, count) - end + count
             if value is None or not 0 <= slot < count:
                 continue
             current = peaks[slot]

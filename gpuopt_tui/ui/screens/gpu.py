@@ -55,8 +55,10 @@ def plot_text(values: list[float | None], height: int, style: str) -> Text:
 
 
 class HistoryPlot(CellLines):
-    """One series of one GPU over the history window, a column per window / width seconds. It changes only when
-    a column completes, and then sends only the cells that changed."""
+    """One series of one GPU over the history window, a column per window / width seconds, sweeping left to
+    right: a completed column replaces the one from a window earlier, next to a blank column that marks now.
+    Nothing else moves (a scrolling plot would repaint every row of the plot a column), so a new column sends
+    only its cells that differ."""
 
     DEFAULT_CSS = "HistoryPlot { height: 1fr; min-height: 3; }"  # grows with the terminal
 
@@ -69,7 +71,7 @@ class HistoryPlot(CellLines):
 
     def show(self, history: History, index: int) -> None:
         self._source = (history, index)
-        values = history.columns(index, self.series, self.size.width)
+        values = history.sweep(index, self.series, self.size.width)
         if values != self.values:
             self.values = values
             self.redraw()
@@ -77,7 +79,7 @@ class HistoryPlot(CellLines):
     def content_lines(self, size: Size) -> list[Text]:
         if self._source is not None and len(self.values) != size.width:
             history, index = self._source
-            self.values = history.columns(index, self.series, size.width)
+            self.values = history.sweep(index, self.series, size.width)
         return plot_text(self.values, size.height, self.style).split("\n") if size.height else []
 
 
@@ -302,6 +304,7 @@ class GpuView(Vertical):
             if not has_gpus:
                 message.set_text(no_gpu_text(snapshot))
             rows = self.query_one(GpuRows)
+            rows.display = len(snapshot.gpus) > 1  # a list to choose from; one GPU's line would repeat its details
             rows.show(snapshot.gpus)
             if has_gpus and self.selected >= len(snapshot.gpus):
                 self.selected = 0
@@ -324,7 +327,7 @@ class GpuView(Vertical):
         self.query_one("#gpu-fields", TextLines).set_lines(detail_text(gpu).split("\n"))
         plot = self.query_one("#plot-util", HistoryPlot)
         column = self.history.window_s / max(1, plot.size.width)
-        span = f"last {self.history.window_s / 60:g} min · {column:.2g} s/col"
+        span = f"{self.history.window_s / 60:g} min sweep · {column:.2g} s/col"
         total = "" if gpu.memory_total is None else f" of {display.gib(gpu.memory_total)} GiB"
         self.query_one("#label-memory", OneLine).set_text(f"Memory %{total} · {span}")
         self.query_one("#label-util", OneLine).set_text(f"SM util % · {span}")
