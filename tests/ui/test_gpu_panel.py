@@ -31,12 +31,13 @@ from gpuopt_tui.core.telemetry import (
     read_trace,
 )
 from gpuopt_tui.ui.gpu_poller import GpuPoller
-from gpuopt_tui.ui.screens.gpu import GpuMonitorApp, GpuScreen, GpuView, HistoryPlot, ProcessList, plot_text
+from gpuopt_tui.ui.screens.gpu import GpuMonitorApp, GpuScreen, GpuView, ProcessList
 from gpuopt_tui.ui.screens.gpu_slot import GpuAppScreen, GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel, GpuRow, GpuRows, gpu_line
+from gpuopt_tui.ui.widgets.history_plot import HistoryPlot, plot_text
 
 from .conftest import TickCounter, make_run, wait_for
 
