@@ -31,6 +31,7 @@ from gpuopt_tui.core.telemetry import (
     read_trace,
 )
 from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.partial_updates import CroppingCompositor
 from gpuopt_tui.ui.screens.gpu import GpuMonitorApp, GpuScreen, GpuView, ProcessList
 from gpuopt_tui.ui.screens.gpu_slot import GpuAppScreen, GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.registry import SCREENS
@@ -282,7 +283,7 @@ async def test_the_gpu_screen_shows_details_history_and_processes() -> None:
     app = GpuMonitorApp(telemetry.source, interval=0.25)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = pilot.app.screen
-        assert isinstance(screen, GpuScreen)
+        assert isinstance(screen, GpuScreen) and isinstance(screen._compositor, CroppingCompositor)
         plots = list(screen.query(HistoryPlot))
         # a plot shows complete columns only: the first one completes within a column's length of trace time
         await wait_for(pilot, lambda: all(any(v is not None for v in plot.values) for plot in plots))
@@ -426,6 +427,7 @@ async def test_the_apps_gpu_screen_has_the_navigation_bar_and_leaves_the_screen_
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
         assert isinstance(screen, GpuAppScreen)
+        assert isinstance(screen._compositor, CroppingCompositor)  # sends only the cells that change
         await wait_for(pilot, lambda: screen.view.snapshot is not None)
         await pilot.pause()
         lines = screen_text(app).splitlines()
