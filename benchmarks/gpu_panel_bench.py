@@ -4,7 +4,9 @@ Each monitor runs alone in a pseudo-terminal of a fixed size. Measured per monit
 - start-up to first frame: from launch until the GPU's name appears in the terminal output;
 - steady CPU: utime + stime from /proc/PID/stat over the measurement window, as % of one core;
 - bytes written to the terminal per second over the window (what an SSH session carries);
-- peak RSS (VmHWM).
+- peak RSS (VmHWM);
+- with --rows, the bytes sent to each screen row (benchmarks/terminal_rows.py), to see which part of a
+  monitor's screen costs what.
 In-process: NVML calls and time per refresh of gpuopt-tui's NVML source (with and without the PCIe call).
 
 Usage on a GPU machine (nvitop installed for the side-by-side row):
@@ -33,8 +35,10 @@ import tempfile
 import termios
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from terminal_rows import RowBytes, row_bytes  # beside this script, which Python puts first on the path
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = REPO / "tests" / "fixtures" / "traces" / "synthetic_3gpu.jsonl"
@@ -51,6 +55,7 @@ class Measurement:
     peak_rss_mib: float | None = None
     window_s: float = 0.0
     error: str = ""
+    rows: list[RowBytes] = field(default_factory=list)
 
 
 class Terminal:
@@ -61,6 +66,7 @@ class Terminal:
         fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
         self.marker = marker.encode()
         self.bytes = 0
+        self.output = bytearray()  # everything written, for the per-row breakdown
         self.marker_at: float | None = None
         self._tail = b""
         self._stop = threading.Event()
@@ -77,6 +83,7 @@ class Terminal:
             except OSError:
                 return
             self.bytes += len(chunk)
+            self.output += chunk
             if self.marker_at is None:
                 window = self._tail + chunk
                 if self.marker in window:
@@ -120,8 +127,11 @@ def measure(tool: str, command: list[str], args: argparse.Namespace, marker: str
         result.startup_s = term.marker_at - started
         time.sleep(args.warmup)
         cpu0, bytes0, t0 = cpu_seconds(proc.pid), term.bytes, time.monotonic()
+        start = len(term.output)
         time.sleep(args.duration)
         cpu1, bytes1, t1 = cpu_seconds(proc.pid), term.bytes, time.monotonic()
+        output = bytes(term.output)
+        result.rows = row_bytes(output[:start], output[start:], args.columns, args.rows)
         result.window_s = t1 - t0
         result.cpu_percent = 100 * (cpu1 - cpu0) / (t1 - t0)
         result.bytes_per_s = (bytes1 - bytes0) / (t1 - t0)
@@ -242,6 +252,17 @@ def report(args: argparse.Namespace, results: list[Measurement], nvml_lines: lis
             f"{f(r.peak_rss_mib, '.0f')} | {r.error} |"
         )
     out += ["", "Commands:", ""] + [f"- {r.tool}: `{r.command}`" for r in results]
+    if args.rows:
+        out += ["", "## Terminal bytes per screen row", ""]
+        for r in results:
+            out += [f"{r.tool} (bytes/s; SGR = colour and attribute sequences; the row as it ends):", ""]
+            out += ["| row | bytes/s | of which SGR | row text |", "|---:|---:|---:|---|"]
+            out += [
+                f"| {b.row} | {b.total / r.window_s:.1f} | {b.styles / r.window_s:.1f} | `{b.text}` |"
+                for b in r.rows
+                if b.total and r.window_s
+            ]
+            out.append("")
     out += ["", "## NVML cost per refresh (gpuopt-tui's source, in-process)", "", *nvml_lines, ""]
     return "\n".join(out)
 
@@ -268,6 +289,7 @@ def main() -> int:
     parser.add_argument("--startup-timeout", type=float, default=30.0)
     parser.add_argument("--nvml-polls", type=int, default=200, help="polls timed in-process for the NVML cost")
     parser.add_argument("--quick", action="store_true", help="5 s windows; replay the synthetic trace if no NVML")
+    parser.add_argument("--rows", action="store_true", help="also report the bytes sent to each screen row")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     args = parser.parse_args()
     args.columns, args.rows = (int(v) for v in args.size.lower().split("x"))

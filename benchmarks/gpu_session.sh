@@ -57,7 +57,7 @@ for step in "$@"; do
     panel)
       python3 benchmarks/ig_bench.py --skip-captum --samples 256 --out /tmp/ig_load.md >/dev/null 2>&1 &
       load=$!
-      python3 benchmarks/gpu_panel_bench.py --duration 60 --interval 1 --size 100x30 --tools gpuopt-tui,nvitop --out "$out/gpu_panel_${card}.md" 2>&1 | tail -30
+      python3 benchmarks/gpu_panel_bench.py --duration 60 --interval 1 --size 100x30 --tools gpuopt-tui,nvitop --rows --out "$out/gpu_panel_${card}.md" 2>&1 | tail -30
       kill "$load" 2>/dev/null; wait "$load" 2>/dev/null ;;
     scaling)
       python3 benchmarks/scaling_bench.py --processes "$(nvidia-smi -L | wc -l)" --samples 8192 --out "$out/scaling_${card}.md" 2>&1 | tail -25 ;;

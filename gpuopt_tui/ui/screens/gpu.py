@@ -1,4 +1,5 @@
-"""The GPU screen: every GPU in a line, details and history plots of the selected one, and its processes.
+"""The GPU screen: a line per GPU (when there are several), details and history plots of the selected one, and
+its processes. Only the characters that change reach the terminal (see widgets/cell_lines.py).
 
 Processes of the current user can be sent SIGINT / SIGTERM / SIGKILL with I, T and K (capitals, as in nvitop,
 so they never shadow an app's lower-case keys) after a confirmation, unless the screen is read-only (or shows a
@@ -13,11 +14,9 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.geometry import Region
+from textual.geometry import Size
 from textual.message import Message
 from textual.screen import Screen
-from textual.strip import Strip
-from textual.widget import Widget
 from textual.widgets import Footer
 
 from gpuopt_tui.core.errors import UserError
@@ -28,65 +27,13 @@ from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.core.telemetry.procinfo import send_signal, start_time
 from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.partial_updates import crop_partial_updates
+from gpuopt_tui.ui.widgets.cell_lines import CellLines, TextLines, one_line
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
-from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, LineStack, OneLine, no_gpu_text, process_summary
+from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, OneLine, no_gpu_text, process_summary
+from gpuopt_tui.ui.widgets.history_plot import HistoryPlot
 
-_BARS = " ▁▂▃▄▅▆▇█"
 _HEADER = f"{'GPU':>3}  {'PID':>8}  {'USER':<10}  {'GPU MEM':>11}  {'RUN':<20}  COMMAND"
-
-
-def plot_text(values: list[float | None], height: int, style: str) -> Text:
-    """Columns of eighth blocks on a fixed 0-100 scale, `height` lines; blank where there is no sample,
-    a dim baseline where the value is zero."""
-    lines = []
-    for level in range(height - 1, -1, -1):
-        line = Text()
-        for value in values:
-            if value is None:
-                line.append(" ")
-                continue
-            eighths = round(max(0.0, min(100.0, value)) / 100 * height * 8) - level * 8
-            if eighths <= 0:
-                line.append("▁" if level == 0 else " ", style="dim" if level == 0 else "")
-            else:
-                line.append(_BARS[min(8, eighths)], style=style)
-        lines.append(line)
-    return Text("\n").join(lines)
-
-
-class HistoryPlot(Widget):
-    """One series of one GPU over the history window. Each line of the plot is repainted only when it changed
-    (a scrolling plot changes a few cells a poll, and a whole-widget repaint would send every line again)."""
-
-    DEFAULT_CSS = "HistoryPlot { height: 1fr; min-height: 3; }"  # grows with the terminal
-
-    def __init__(self, series: str, style: str, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self.series = series
-        self.style = style
-        self.values: list[float | None] = []
-        self._lines: list[Strip] = []
-
-    def show(self, history: History, index: int) -> None:
-        values = history.buckets(index, self.series, self.size.width)
-        if values == self.values and len(self._lines) == self.size.height:
-            return
-        self.values = values
-        text = plot_text(values, self.size.height, self.style)
-        lines = [Strip(line.render(self.app.console)) for line in text.split("\n")]
-        if len(lines) != len(self._lines):
-            self._lines = lines
-            self.refresh()
-            return
-        changed = [y for y, (old, new) in enumerate(zip(self._lines, lines)) if old != new]
-        self._lines = lines
-        for y in changed:
-            self.refresh(Region(0, y, self.size.width, 1))
-
-    def render_line(self, y: int) -> Strip:
-        width, base = self.size.width, self.rich_style  # the theme's colours under the plot's own
-        line = self._lines[y].apply_style(base) if y < len(self._lines) else Strip.blank(width, base)
-        return line.adjust_cell_length(width, base)
 
 
 def detail_text(gpu: GpuSample) -> str:
@@ -115,11 +62,11 @@ def process_text(process: ProcessSample) -> str:
     return f"{process.gpu_index:>3}  {process.pid:>8}  {user:<10}  {memory:>11}  {run:<20}  {process.command or '?'}"
 
 
-class ProcessLine(Widget):
-    """One process; redrawn only when its text changes (a table would redraw every row for one changed cell)."""
+class ProcessLine(CellLines):
+    """One process; repaints the cells that changed (a table would redraw every row for one changed cell)."""
 
     DEFAULT_CSS = """
-    ProcessLine { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    ProcessLine { height: 1; }
     ProcessLine.-cursor { background: $boost; }
     ProcessList:focus > ProcessLine.-cursor { background: $accent 50%; }
     """
@@ -134,10 +81,10 @@ class ProcessLine(Widget):
         text = process_text(process)
         if text != self._text:
             self._text = text
-            self.refresh()
+            self.redraw()
 
-    def render(self) -> Text:
-        return Text(self._text)
+    def content_lines(self, size: Size) -> list[Text]:
+        return [one_line(self._text, size.width)]
 
     def on_click(self) -> None:
         if isinstance(self.parent, ProcessList):
@@ -267,7 +214,7 @@ class GpuView(Vertical):
         yield OneLine("Reading GPUs…", id="gpu-message")
         yield GpuRows()
         with Horizontal(id="gpu-detail"):
-            yield LineStack(id="gpu-fields")
+            yield TextLines(id="gpu-fields")
             with Vertical(id="gpu-plots"):
                 yield OneLine(classes="plot-label", id="label-memory")
                 yield HistoryPlot("memory", "magenta", id="plot-memory")
@@ -310,6 +257,7 @@ class GpuView(Vertical):
             if not has_gpus:
                 message.set_text(no_gpu_text(snapshot))
             rows = self.query_one(GpuRows)
+            rows.display = len(snapshot.gpus) > 1  # a list to choose from; one GPU's line would repeat its details
             rows.show(snapshot.gpus)
             if has_gpus and self.selected >= len(snapshot.gpus):
                 self.selected = 0
@@ -329,18 +277,18 @@ class GpuView(Vertical):
         if self.snapshot is None or not self.snapshot.has_gpus:
             return
         gpu = self.snapshot.gpus[self.selected]
-        self.query_one("#gpu-fields", LineStack).set_lines(detail_text(gpu).split("\n"))
-        window = f"last {self.history.window_s / 60:g} min"
+        self.query_one("#gpu-fields", TextLines).set_lines(detail_text(gpu).split("\n"))
+        plot = self.query_one("#plot-util", HistoryPlot)
+        column = self.history.window_s / max(1, plot.size.width)
+        span = f"{self.history.window_s / 60:g} min sweep · {column:.2g} s/col"
         total = "" if gpu.memory_total is None else f" of {display.gib(gpu.memory_total)} GiB"
-        self.query_one("#label-memory", OneLine).set_text(
-            f"Memory {display.percent(gpu.memory_percent)}{total} · {window} (0-100%)"
-        )
-        self.query_one("#label-util", OneLine).set_text(f"SM util {display.percent(gpu.util_sm)} · {window} (0-100%)")
+        self.query_one("#label-memory", OneLine).set_text(f"Memory %{total} · {span}")
+        self.query_one("#label-util", OneLine).set_text(f"SM util % · {span}")
         for plot in self.query(HistoryPlot):
             plot.show(self.history, gpu.index)
 
     def on_resize(self) -> None:
-        self._show_selected()  # plots have one column per time bucket: their width sets the buckets
+        self._show_selected()  # the plots' width sets how long a column lasts, which their labels say
 
     # -- GPU selection -------------------------------------------------------------------------------------
     def action_select_gpu(self, step: int) -> None:
@@ -417,6 +365,7 @@ class GpuScreen(Screen):
         id: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id)
+        crop_partial_updates(self)
         self.view = GpuView(source, interval, history, readonly)
 
     def compose(self) -> ComposeResult:

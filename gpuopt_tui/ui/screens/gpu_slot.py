@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
 
 from gpuopt_tui.core.telemetry.backend import CachedRunLookup, ReplaySource, TelemetrySource, open_source
 from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
+from gpuopt_tui.ui.partial_updates import crop_partial_updates
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
@@ -71,6 +72,10 @@ class GpuAppScreen(AppScreen):
     """The GPU view under the app's navigation bar. Enter on a process of a run opens that run."""
 
     SCREEN_NAME = "gpu"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        crop_partial_updates(self)
 
     def compose_body(self) -> ComposeResult:
         from gpuopt_tui.ui.screens.gpu import GpuView  # loaded when the screen is first shown, not at start-up

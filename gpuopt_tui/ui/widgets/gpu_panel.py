@@ -8,8 +8,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Size
 from textual.message import Message
-from textual.widget import Widget
 from textual.widgets import Static
 
 from gpuopt_tui.core.telemetry import display
@@ -18,6 +18,7 @@ from gpuopt_tui.core.telemetry.fields import PANEL_CELLS, GpuSample
 from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.core.telemetry.snapshot import Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.widgets.cell_lines import CellLines
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
@@ -84,8 +85,8 @@ def _shown_fields(gpu: GpuSample) -> tuple[object, ...]:
     return (gpu.index, gpu.name, gpu.lost, *(cell.text(gpu) for cell in PANEL_CELLS))
 
 
-class GpuRow(Widget):
-    """One GPU line; redraws only when what it shows changes."""
+class GpuRow(CellLines):
+    """One GPU line; repaints the cells that changed when what it shows changes."""
 
     DEFAULT_CSS = """
     GpuRow { height: 1; }
@@ -107,10 +108,10 @@ class GpuRow(Widget):
         shown = _shown_fields(gpu)
         if shown != self._shown:
             self._shown = shown
-            self.refresh()
+            self.redraw()
 
-    def render(self) -> Text:
-        return gpu_line(self.gpu, self.size.width)
+    def content_lines(self, size: Size) -> list[Text]:
+        return [gpu_line(self.gpu, size.width)]
 
     def on_click(self) -> None:
         self.post_message(self.Clicked(self.gpu.index))
@@ -157,23 +158,6 @@ class OneLine(TextBlock):
     """One line of text, cut with an ellipsis when too long."""
 
     DEFAULT_CSS = "OneLine { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }"
-
-
-class LineStack(Vertical):
-    """Lines of plain text, one widget each, so that a change repaints only the lines that changed: one block of
-    text would send all its lines to the terminal whenever any of them changed (a GPU's details change a figure
-    or two a poll)."""
-
-    DEFAULT_CSS = "LineStack { height: auto; } LineStack > OneLine { width: 1fr; }"
-
-    def set_lines(self, lines: list[str]) -> None:
-        shown = list(self.query_children(OneLine))
-        for line, text in zip(shown, lines):
-            line.set_text(text)
-        if len(lines) > len(shown):
-            self.mount_all(OneLine(text) for text in lines[len(shown) :])
-        for line in shown[len(lines) :]:
-            line.remove()
 
 
 def process_summary(snapshot: Snapshot) -> str:
