@@ -185,7 +185,11 @@ def test_bad_projection_cache_or_agreement_names_the_key(results: Path, tmp_path
         ("projection", {"kind": "factored", "in": 8, "seed": 0}, "no 'out'"),
         ("train_cache", {"read": "all", "computed": 0}, "train_cache.read: expected an integer"),
         ("agreement", [0.9], "agreement: expected an object"),
-        ("agreement", {**raw_agreement, "fp32": {"spearman": 0.9}}, "agreement.fp32.top_k_overlap: expected a number, found None"),
+        (
+            "agreement",
+            {**raw_agreement, "fp32": {"spearman": 0.9}},
+            "agreement.fp32.top_k_overlap: expected a number, found None",
+        ),
         ("excluded_parameters", "bias", "excluded_parameters: expected a list"),
     ]:
         (tmp_path / "summary.json").write_text(json.dumps({**raw, key: value}))
