@@ -798,8 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma list of modes ({', '.join(MODES)}) and groups ({', '.join(MODE_GROUPS)}); default: all",
     )
     args = parser.parse_args(argv)
-    size_name = "quick" if args.quick else args.model
-    size = SIZES[size_name]
+    size_name, size = chosen_size(args)
     size = dataclasses.replace(size, n_train=args.train or size.n_train, n_test=args.test or size.n_test)
     device = chosen_device(args)
     env = environment(device)
@@ -816,8 +815,19 @@ def add_common_arguments(parser: argparse.ArgumentParser, train_default: str, te
     parser.add_argument("--train", type=positive, help=f"training examples N {train_default}")
     parser.add_argument("--test", type=positive, help=f"test examples M {test_default}")
     parser.add_argument("--checkpoint-cache", type=Path, help="keep the trained checkpoints here and reuse them")
+    parser.add_argument("--train-epochs", type=positive, help="epochs training the model (default: 6; 9 for base)")
+    parser.add_argument("--train-lr", type=float, help="AdamW's peak learning rate (default: 5e-4; 1e-4 for base)")
     parser.add_argument("--out", type=Path, help="write a markdown results file here, and JSON beside it")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+
+
+def chosen_size(args: argparse.Namespace) -> tuple[str, Size]:
+    """The model's name and size from --quick / --model, with --train-epochs and --train-lr applied."""
+    name = "quick" if args.quick else args.model
+    size = SIZES[name]
+    return name, dataclasses.replace(
+        size, train_epochs=args.train_epochs or size.train_epochs, train_lr=args.train_lr or size.train_lr
+    )
 
 
 def chosen_device(args: argparse.Namespace) -> torch.device:

@@ -66,13 +66,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tracin_bench import (
-    SIZES,
     Outcome,
+    Size,
     add_common_arguments,
     build,
     captum,
     checkpoint_accuracy,
     chosen_device,
+    chosen_size,
     dataset,
     environment,
     fmt,
@@ -242,11 +243,11 @@ def dattri_tracin(
 
 # --- the benchmark ---------------------------------------------------------------------------------------------------
 def run(
-    size_name: str, plan: Plan, device: torch.device, modes: list[str], cache_dir: Path | None
+    size_name: str, size: Size, plan: Plan, device: torch.device, modes: list[str], cache_dir: Path | None
 ) -> tuple[list[Row], dict[str, Any]]:
     gpu = device.type == "cuda"
     low = "bf16" if gpu else "fp32"
-    size = dataclasses.replace(SIZES[size_name], n_train=plan.n_train, n_test=plan.n_test)
+    size = dataclasses.replace(size, n_train=plan.n_train, n_test=plan.n_test)
     with tempfile.TemporaryDirectory() as tmp:
         adapter, checkpoints, train, test, training = build(size, device, Path(tmp), cache_dir)
         flipped = set(train.meta["flipped"])
@@ -410,8 +411,9 @@ def cache_ratio(
 
 
 # --- reporting ---------------------------------------------------------------------------------------------------------
-def markdown(env: dict[str, Any], size_name: str, plan: Plan, rows: list[Row], facts: dict[str, Any]) -> str:
-    size = SIZES[size_name]
+def markdown(
+    env: dict[str, Any], size_name: str, size: Size, plan: Plan, rows: list[Row], facts: dict[str, Any]
+) -> str:
     training = facts["training"]
     how = (
         f"reused from {training['reused_from']}"
@@ -559,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {', '.join(unknown)}; choose from {', '.join(MODES)}")
-    size_name = "quick" if args.quick else args.model
+    size_name, size = chosen_size(args)
     plan = PLANS[size_name]
     sizes = tuple(int(k) for k in args.sizes.split(",")) if args.sizes else plan.sizes
     cache_sizes = tuple(int(k) for k in args.cache_sizes.split(",")) if args.cache_sizes else plan.cache_sizes
@@ -575,11 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     device = chosen_device(args)
     env = environment(device)
     start = time.perf_counter()
-    rows, facts = run(size_name, plan, device, modes, args.checkpoint_cache)
+    rows, facts = run(size_name, size, plan, device, modes, args.checkpoint_cache)
     facts["wall_seconds"] = time.perf_counter() - start
-    text = markdown(env, size_name, plan, rows, facts)
+    text = markdown(env, size_name, size, plan, rows, facts)
     plan_record = {"name": size_name, **asdict(plan)}
-    return report(args.out, text, {"environment": env, "plan": plan_record, "modes": modes, "facts": facts}, rows)
+    record = {"environment": env, "plan": plan_record, "size": asdict(size), "modes": modes, "facts": facts}
+    return report(args.out, text, record, rows)
 
 
 def micro_batch(text: str) -> int | Literal["auto"]:
