@@ -698,7 +698,7 @@ def markdown(env: dict[str, Any], size_name: str, size: Size, rows: list[Row], f
         f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, captum {env['captum']}",
         f"- command: `{env['command']}`",
         f"- model: BERT ({size_name}) hidden {size.hidden}, {size.layers} layers, vocab {size.vocab}, seq {size.seq}, "
-        f"trained for {size.train_epochs} epochs on {fit} training examples ({how}); {facts['flipped']} of the "
+        f"trained for {size.train_epochs} epochs at a peak lr of {size.train_lr:g} on {fit} training examples ({how}); {facts['flipped']} of the "
         f"{size.n_train} training labels flipped; test accuracy at the 3 checkpoints: {accuracy_text}",
         f"- scored: N = {size.n_train} training x M = {size.n_test} test examples, 3 checkpoints",
         f"- modes run: {', '.join(r.key for r in rows)}"
