@@ -104,12 +104,16 @@ class Size:
     n_captum_all: int  # for Captum on all parameters
     projection_dim: int
     train_epochs: int  # training the benchmark model
+    train_lr: float  # AdamW's peak learning rate for that training
 
 
 SIZES = {
-    "quick": Size(32, 2, 2, 64, 100, 16, 64, 8, 64, 32, 16, 8, 16, 3),
-    "small": Size(256, 4, 4, 1024, 30522, 64, 4096, 64, 4096, 512, 256, 128, 1024, 6),
-    "base": Size(768, 12, 12, 3072, 30522, 64, 4096, 64, 4096, 128, 128, 32, 1024, 6),
+    "quick": Size(32, 2, 2, 64, 100, 16, 64, 8, 64, 32, 16, 8, 16, 3, 5e-4),
+    "small": Size(256, 4, 4, 1024, 30522, 64, 4096, 64, 4096, 512, 256, 128, 1024, 6, 5e-4),
+    # BERT-base at 5e-4 (6 epochs) gave all-parameter scores whose ranks within each sign were noise (Spearman
+    # 0.74 between exact and bf16, what the signs alone give): the pattern of a model left at chance, where every
+    # example's gradient points nearly the same way; 1e-4 is the usual peak rate for BERT-base from scratch
+    "base": Size(768, 12, 12, 3072, 30522, 64, 4096, 64, 4096, 128, 128, 32, 1024, 9, 1e-4),
 }
 
 MODE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -274,7 +278,7 @@ def trained_checkpoints(
     """The checkpoints of `train_checkpoints` on `fit`, saved under `folder`; with a `cache` folder, saved there
     instead, or reused from there when a run with the same model and training rows saved them before."""
     key = (
-        f"bert-h{size.hidden}-l{size.layers}-v{size.vocab}-s{size.seq}-fit{len(fit)}-e{size.train_epochs}"
+        f"bert-h{size.hidden}-l{size.layers}-v{size.vocab}-s{size.seq}-fit{len(fit)}-e{size.train_epochs}-lr{size.train_lr:g}"
         f"-flip{FLIP_FRACTION}-{adapter.device.type}"
     )
     root = (cache or folder) / key
@@ -299,7 +303,9 @@ def train_checkpoints(adapter: Adapter, train: TextDataset, size: Size, folder: 
     """Train the adapter's model on `train` (AdamW, warm-up then linear decay) and save a checkpoint after a
     third, two thirds and all of the epochs, each with the learning rate in force then."""
     epochs = size.train_epochs
-    plan = TrainPlan(epochs=epochs, batch_size=64, lr=5e-4, checkpoint_epochs=(epochs // 3, 2 * epochs // 3, epochs))
+    plan = TrainPlan(
+        epochs=epochs, batch_size=64, lr=size.train_lr, checkpoint_epochs=(epochs // 3, 2 * epochs // 3, epochs)
+    )
     model = adapter.model
     tensors = {k: v.to(adapter.device) for k, v in train.tensors.items()}
 
@@ -311,10 +317,15 @@ def train_checkpoints(adapter: Adapter, train: TextDataset, size: Size, folder: 
     return [Checkpoint(folder / r["file"], r["lr"]) for r in records]
 
 
-def accuracy(adapter: Adapter, ds: TextDataset) -> float:
+def checkpoint_accuracy(adapter: Adapter, checkpoints: list[Checkpoint], ds: TextDataset) -> list[float]:
+    """Accuracy on `ds` at each checkpoint (the last one stays loaded)."""
     batch = {k: v.to(adapter.device) for k, v in ds.tensors.items()}
-    with torch.no_grad():
-        return float((adapter.logits(batch).argmax(-1) == batch["labels"]).float().mean())
+    out = []
+    for ckpt in checkpoints:
+        adapter.load_weights(ckpt.path)
+        with torch.no_grad():
+            out.append(float((adapter.logits(batch).argmax(-1) == batch["labels"]).float().mean()))
+    return out
 
 
 # --- measuring -------------------------------------------------------------------------------------------------------
@@ -403,16 +414,18 @@ def captum(
     modules: list[str] | None,
     autocast: bool = False,
 ) -> Callable[[], Outcome]:
-    """A Captum mode with one training batch of all rows, halved while it runs out of memory."""
+    """A Captum mode with one training batch of all rows and one call for all test examples; while it runs out
+    of memory, the larger of the two is halved (the test examples then go to Captum in chunks, each of which
+    recomputes the training gradients: what a user of Captum must do when they do not fit)."""
     from captum.influence import TracInCP, TracInCPFast
     from torch.utils.data import TensorDataset
 
     device = adapter.device
     keys = ("input_ids", "attention_mask", "labels")
     train_set = TensorDataset(*(train.tensors[k].to(device) for k in keys))
-    test_batch = tuple(test.tensors[k].to(device) for k in keys)
+    test_rows = tuple(test.tensors[k].to(device) for k in keys)
     lrs = {str(c.path): c.lr for c in checkpoints}
-    batch_size = [len(train)]
+    batch_size, test_chunk = [len(train)], [len(test)]
 
     def load(model: nn.Module, path: str) -> float:
         adapter.load_weights(Path(path))
@@ -435,7 +448,8 @@ def captum(
                 sample_wise_grads_per_batch=sample_wise,
                 **common,
             )
-        return method.influence(test_batch)
+        chunks = [tuple(t[i : i + test_chunk[0]] for t in test_rows) for i in range(0, len(test), test_chunk[0])]
+        return torch.cat([method.influence(chunk) for chunk in chunks])
 
     def run() -> Outcome:
         while True:
@@ -443,13 +457,15 @@ def captum(
                 scores = influence()
                 break
             except Exception as exc:
-                if not is_oom(exc) or batch_size[0] == 1:
+                if not is_oom(exc) or batch_size[0] == test_chunk[0] == 1:
                     raise
                 gc.collect()
                 torch.cuda.empty_cache()
-                batch_size[0] //= 2
+                larger = batch_size if batch_size[0] >= test_chunk[0] else test_chunk
+                larger[0] //= 2
         precision = "bf16 autocast forward" if autocast else "fp32"
-        return Outcome(scores.detach().float().cpu(), None, f"batch_size={batch_size[0]}, {precision}")
+        chunked = f", test examples in chunks of {test_chunk[0]}" if test_chunk[0] < len(test) else ""
+        return Outcome(scores.detach().float().cpu(), None, f"batch_size={batch_size[0]}{chunked}, {precision}")
 
     return run
 
@@ -476,10 +492,7 @@ def run(size: Size, device: torch.device, modes: list[str], cache: Path | None) 
     with tempfile.TemporaryDirectory() as tmp:
         adapter, checkpoints, train, test, training = build(size, device, Path(tmp), cache)
         facts: dict[str, Any] = {"training": training, "flipped": len(train.meta["flipped"])}
-        facts["test_accuracy"] = []
-        for ckpt in checkpoints:
-            adapter.load_weights(ckpt.path)
-            facts["test_accuracy"].append(accuracy(adapter, test))
+        facts["test_accuracy"] = checkpoint_accuracy(adapter, checkpoints, test)
         probe = {k: v[:1].to(device) for k, v in test.tensors.items()}
         last = select_parameters(adapter, probe, "last", 2)
         everything = select_parameters(adapter, probe, "all")
@@ -685,7 +698,7 @@ def markdown(env: dict[str, Any], size_name: str, size: Size, rows: list[Row], f
         f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, captum {env['captum']}",
         f"- command: `{env['command']}`",
         f"- model: BERT ({size_name}) hidden {size.hidden}, {size.layers} layers, vocab {size.vocab}, seq {size.seq}, "
-        f"trained for {size.train_epochs} epochs on {fit} training examples ({how}); {facts['flipped']} of the "
+        f"trained for {size.train_epochs} epochs at a peak lr of {size.train_lr:g} on {fit} training examples ({how}); {facts['flipped']} of the "
         f"{size.n_train} training labels flipped; test accuracy at the 3 checkpoints: {accuracy_text}",
         f"- scored: N = {size.n_train} training x M = {size.n_test} test examples, 3 checkpoints",
         f"- modes run: {', '.join(r.key for r in rows)}"
@@ -785,8 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma list of modes ({', '.join(MODES)}) and groups ({', '.join(MODE_GROUPS)}); default: all",
     )
     args = parser.parse_args(argv)
-    size_name = "quick" if args.quick else args.model
-    size = SIZES[size_name]
+    size_name, size = chosen_size(args)
     size = dataclasses.replace(size, n_train=args.train or size.n_train, n_test=args.test or size.n_test)
     device = chosen_device(args)
     env = environment(device)
@@ -803,8 +815,19 @@ def add_common_arguments(parser: argparse.ArgumentParser, train_default: str, te
     parser.add_argument("--train", type=positive, help=f"training examples N {train_default}")
     parser.add_argument("--test", type=positive, help=f"test examples M {test_default}")
     parser.add_argument("--checkpoint-cache", type=Path, help="keep the trained checkpoints here and reuse them")
+    parser.add_argument("--train-epochs", type=positive, help="epochs training the model (default: 6; 9 for base)")
+    parser.add_argument("--train-lr", type=float, help="AdamW's peak learning rate (default: 5e-4; 1e-4 for base)")
     parser.add_argument("--out", type=Path, help="write a markdown results file here, and JSON beside it")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+
+
+def chosen_size(args: argparse.Namespace) -> tuple[str, Size]:
+    """The model's name and size from --quick / --model, with --train-epochs and --train-lr applied."""
+    name = "quick" if args.quick else args.model
+    size = SIZES[name]
+    return name, dataclasses.replace(
+        size, train_epochs=args.train_epochs or size.train_epochs, train_lr=args.train_lr or size.train_lr
+    )
 
 
 def chosen_device(args: argparse.Namespace) -> torch.device:

@@ -4,11 +4,14 @@ TracIn, Captum's TracInCP on all parameters and dattri's TracIn and LoGra, and i
 Setting: the BERT classifier, data and three checkpoints of tracin_bench.py (built from a config, trained here for
 a few hundred steps on planted signal words, 5% of the training labels flipped); N training x M test examples
 (--train, --test; BERT-small 4096 x 64, BERT-base 20480 x 64). --checkpoint-cache DIR reuses trained checkpoints.
+The results file gives each checkpoint's accuracy on held-out examples and warns when the last one is near chance:
+then every training gradient points nearly the same way, the scores of a test example differ by little more than
+their sign, and rounding (bf16) or projection reorders them, so agreement says little about a trained model.
 
 Rows (--modes takes a comma list; all by default):
 - proj-K (one per K of --sizes): ours, every Linear, Embedding and LayerNorm parameter, each layer's gradient
   projected to K x K (output x input) token by token, bf16 autocast forward; proj-K-fp32 for the largest K
-  with an fp32 forward (the precision dattri runs at);
+  with an fp32 forward (the precision dattri runs at; BERT-base: on the first 4096 training examples);
 - last: ours, closed form on the last layers (pooler + classifier), bf16: the fast but less faithful mode;
 - exact: ours, exact per-example gradients of every parameter (factored, unprojected, fp32) on the first
   n_exact training x m_exact test examples: the reference of the agreement columns;
@@ -38,12 +41,12 @@ Usage on a GPU machine (each command within 10 minutes on an H100; the table pri
     python benchmarks/tracin_projected_bench.py --model small --checkpoint-cache /tmp/tracin-ckpt \
         --out benchmarks/results/tracin_projected_small_H100.md
     python benchmarks/tracin_projected_bench.py --model base --checkpoint-cache /tmp/tracin-ckpt \
-        --modes proj,last,exact,cache --out benchmarks/results/tracin_projected_base_H100.md
-    python benchmarks/tracin_projected_bench.py --model base --checkpoint-cache /tmp/tracin-ckpt \
-        --modes captum-all,dattri-logra --out benchmarks/results/tracin_projected_base_rivals_H100.md
-BERT-base trains its checkpoints first (kept in --checkpoint-cache for the next command) and scores 20480
-training examples in micro-batches of 256 (--micro-batch). dattri's TracIn on BERT-base projects each
-example's 110M-number gradient densely and takes minutes per batch, so it is left out of the commands above.
+        --modes proj,proj-fp32,last,exact,captum-all,dattri-logra,cache \
+        --out benchmarks/results/tracin_projected_base_H100.md
+BERT-base trains its checkpoints first (9 epochs at a peak lr of 1e-4; kept in --checkpoint-cache for the next
+command) and scores 20480 training examples in micro-batches of 256 (--micro-batch); its slower rows score a
+prefix of the training set (proj-32-fp32 4096, dattri LoGra 1024, Captum 32 examples). dattri's TracIn on
+BERT-base projects each example's 110M-number gradient densely and takes minutes per batch, so it is left out.
 Quick check on a CPU (tiny model, under a minute):
     python benchmarks/tracin_projected_bench.py --quick
 """
@@ -63,12 +66,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tracin_bench import (
-    SIZES,
     Outcome,
+    Size,
     add_common_arguments,
     build,
     captum,
+    checkpoint_accuracy,
     chosen_device,
+    chosen_size,
     dataset,
     environment,
     fmt,
@@ -87,6 +92,8 @@ from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
 from gpuopt_tui.jobs.tracin.job import flipped_auc
 
 TOP_K = 10
+HELD_OUT, HELD_OUT_SEED = 512, 5  # clean examples the checkpoints' accuracy is measured on
+MIN_ACCURACY = 0.8  # below this at the last checkpoint the results file warns that the model is barely trained
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class Plan:
     m_exact: int  # test examples of the exact reference
     n_captum: int
     n_logra: int  # training examples of dattri's LoGra (a prefix when fewer than n_train)
+    n_fp32: int  # training examples of the proj-K-fp32 row (a prefix when fewer than n_train)
     n_dattri: int  # training examples of dattri's TracIn
     sizes: tuple[int, ...]  # K of the proj-K rows
     cache_sizes: tuple[int, ...]  # K of the cache comparisons
@@ -108,14 +116,15 @@ class Plan:
 
 
 PLANS = {
-    "quick": Plan(96, 8, 32, 4, 16, 96, 32, (4, 8), (8,), 64, 16),
-    "small": Plan(4096, 64, 512, 16, 128, 4096, 512, (8, 16, 32, 64), (16, 32), 1024, 64),
+    "quick": Plan(96, 8, 32, 4, 16, 96, 96, 32, (4, 8), (8,), 64, 16),
+    "small": Plan(4096, 64, 512, 16, 128, 4096, 4096, 512, (8, 16, 32, 64), (16, 32), 1024, 64),
     # dattri's TracIn projects each example's whole gradient with a fresh dense random matrix per batch: on
     # BERT-base (110M parameters) that is minutes per batch, so it gets one batch
     # the cache at 16 x 16 only: at 32 x 32 the 20480 gradients of BERT-base take 10 GB per run
     # micro-batches of 256 (about 8 GiB of activations): "auto" would fill most of the GPU, and the goal is a peak
-    # of at most 16 GiB
-    "base": Plan(20480, 64, 256, 16, 32, 4096, 32, (16, 32), (16,), 1024, 32, 256),
+    # of at most 16 GiB; the rows slower per example (fp32, Captum, dattri) score a prefix, so that the whole run
+    # takes minutes
+    "base": Plan(20480, 64, 256, 16, 32, 1024, 4096, 32, (16, 32), (16,), 1024, 32, 256),
 }
 MODES = ("proj", "proj-fp32", "last", "exact", "vmap-exact", "captum-all", "dattri-logra", "dattri-tracin", "cache")
 GOAL_RATE, GOAL_SPEARMAN, GOAL_PEAK_GIB, GOAL_DATTRI, GOAL_CACHE = 10_000.0, 0.9, 16.0, 2.0, 20.0
@@ -234,11 +243,11 @@ def dattri_tracin(
 
 # --- the benchmark ---------------------------------------------------------------------------------------------------
 def run(
-    size_name: str, plan: Plan, device: torch.device, modes: list[str], cache_dir: Path | None
+    size_name: str, size: Size, plan: Plan, device: torch.device, modes: list[str], cache_dir: Path | None
 ) -> tuple[list[Row], dict[str, Any]]:
     gpu = device.type == "cuda"
     low = "bf16" if gpu else "fp32"
-    size = dataclasses.replace(SIZES[size_name], n_train=plan.n_train, n_test=plan.n_test)
+    size = dataclasses.replace(size, n_train=plan.n_train, n_test=plan.n_test)
     with tempfile.TemporaryDirectory() as tmp:
         adapter, checkpoints, train, test, training = build(size, device, Path(tmp), cache_dir)
         flipped = set(train.meta["flipped"])
@@ -248,6 +257,8 @@ def run(
         sub_train, sub_test = train.head(plan.n_exact), test.head(plan.m_exact)
         dattri = dattri_version()
         facts: dict[str, Any] = {"training": training, "flipped": len(flipped), "dattri": dattri}
+        held_out = dataset(size, HELD_OUT, HELD_OUT_SEED, adapter, 0.0)
+        facts["accuracy"] = checkpoint_accuracy(adapter, checkpoints, held_out)
 
         def mode(key: str, title: str, fn: Callable[[], Outcome], n: int, note: str = "") -> tuple[Row, Any]:
             return Row(key, title, n, note=note), fn
@@ -266,9 +277,10 @@ def run(
                 fn = ours(adapter, checkpoints, train, test, everything, factored(k, low))
                 table.append(mode(f"proj-{k}", f"ours: all layers, factored {k} x {k}, {low}", fn, len(train)))
         if "proj-fp32" in modes and low != "fp32":
-            k = max(plan.sizes)
-            fn = ours(adapter, checkpoints, train, test, everything, factored(k, "fp32"))
-            table.append(mode(f"proj-{k}-fp32", f"ours: all layers, factored {k} x {k}, fp32", fn, len(train)))
+            k, rows = max(plan.sizes), train.head(plan.n_fp32)
+            fn = ours(adapter, checkpoints, rows, test, everything, factored(k, "fp32"))
+            note = prefix(len(rows)) if len(rows) < len(train) else ""
+            table.append(mode(f"proj-{k}-fp32", f"ours: all layers, factored {k} x {k}, fp32", fn, len(rows), note))
         if "last" in modes:
             fn = ours(
                 adapter, checkpoints, train, test, last, TracInOptions(precision=low, batch_size=plan.micro_batch)
@@ -399,8 +411,9 @@ def cache_ratio(
 
 
 # --- reporting ---------------------------------------------------------------------------------------------------------
-def markdown(env: dict[str, Any], size_name: str, plan: Plan, rows: list[Row], facts: dict[str, Any]) -> str:
-    size = SIZES[size_name]
+def markdown(
+    env: dict[str, Any], size_name: str, size: Size, plan: Plan, rows: list[Row], facts: dict[str, Any]
+) -> str:
     training = facts["training"]
     how = (
         f"reused from {training['reused_from']}"
@@ -416,7 +429,11 @@ def markdown(env: dict[str, Any], size_name: str, plan: Plan, rows: list[Row], f
         f"captum {env['captum']}, dattri {facts['dattri'] or 'not installed'}",
         f"- command: `{env['command']}`",
         f"- model: BERT ({size_name}) hidden {size.hidden}, {size.layers} layers, vocab {size.vocab}, seq {size.seq}; "
-        f"checkpoints {how}; {facts['flipped']} of the {plan.n_train} training labels flipped",
+        f"checkpoints {how} ({size.train_epochs} epochs on the first {facts['training']['fit']} training examples, "
+        f"AdamW peak lr {size.train_lr:g}); held-out accuracy at the 3 checkpoints ({HELD_OUT} clean examples): "
+        f"{', '.join(f'{a:.3f}' for a in facts['accuracy'])}; {facts['flipped']} of the {plan.n_train} training "
+        "labels flipped",
+        *barely_trained(facts["accuracy"]),
         f"- scored: N = {plan.n_train} training x M = {plan.n_test} test examples, 3 checkpoints; exact reference on "
         f"{plan.n_exact} x {plan.m_exact}; the whole benchmark took {facts['wall_seconds']:.0f} s",
         "- rate: training examples per second against all M test examples over the 3 checkpoints (median of 3 "
@@ -441,6 +458,18 @@ def markdown(env: dict[str, Any], size_name: str, plan: Plan, rows: list[Row], f
         lines += cache_markdown(plan, cache)
     lines += ["", "## Goals", "", *goals(size_name, rows, caches)]
     return "\n".join(lines) + "\n"
+
+
+def barely_trained(accuracy: list[float]) -> list[str]:
+    """A warning line when the last checkpoint is near chance: then every training gradient points nearly the
+    same way, scores differ by little more than their sign, and the agreement columns say little about a
+    trained model (any rounding reorders them)."""
+    if accuracy[-1] >= MIN_ACCURACY:
+        return []
+    return [
+        f"- WARNING: the last checkpoint's held-out accuracy {accuracy[-1]:.3f} is below {MIN_ACCURACY}: the model is "
+        "barely trained, its training gradients nearly parallel; the agreement columns do not describe a trained model"
+    ]
 
 
 def cache_markdown(plan: Plan, cache: dict[str, Any]) -> list[str]:
@@ -532,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {', '.join(unknown)}; choose from {', '.join(MODES)}")
-    size_name = "quick" if args.quick else args.model
+    size_name, size = chosen_size(args)
     plan = PLANS[size_name]
     sizes = tuple(int(k) for k in args.sizes.split(",")) if args.sizes else plan.sizes
     cache_sizes = tuple(int(k) for k in args.cache_sizes.split(",")) if args.cache_sizes else plan.cache_sizes
@@ -548,11 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     device = chosen_device(args)
     env = environment(device)
     start = time.perf_counter()
-    rows, facts = run(size_name, plan, device, modes, args.checkpoint_cache)
+    rows, facts = run(size_name, size, plan, device, modes, args.checkpoint_cache)
     facts["wall_seconds"] = time.perf_counter() - start
-    text = markdown(env, size_name, plan, rows, facts)
+    text = markdown(env, size_name, size, plan, rows, facts)
     plan_record = {"name": size_name, **asdict(plan)}
-    return report(args.out, text, {"environment": env, "plan": plan_record, "modes": modes, "facts": facts}, rows)
+    record = {"environment": env, "plan": plan_record, "size": asdict(size), "modes": modes, "facts": facts}
+    return report(args.out, text, record, rows)
 
 
 def micro_batch(text: str) -> int | Literal["auto"]:

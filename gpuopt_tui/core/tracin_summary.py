@@ -77,6 +77,8 @@ class Agreement:
     top_k: int
     top_k_overlap: float  # share of each test example's top_k training examples both agree on, averaged
     excluded_from_reference: tuple[str, ...] = ()
+    #: the same settings in fp32, checked for runs with a bf16/fp16 forward: (Spearman, top-k overlap)
+    fp32: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,17 @@ def _agreement(value: Any) -> Agreement | None:
         top_k=as_int(get_field(a, "top_k"), "agreement.top_k"),
         top_k_overlap=as_float(get_field(a, "top_k_overlap"), "agreement.top_k_overlap"),
         excluded_from_reference=as_texts(a.get("excluded_from_reference", []), "agreement.excluded_from_reference"),
+        fp32=_fp32_agreement(a.get("fp32")),
     )
+
+
+def _fp32_agreement(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    f = as_object(value, "agreement.fp32")
+    # .get: a missing number is then named with its full key ("expected a number, found None")
+    spearman = as_float(f.get("spearman"), "agreement.fp32.spearman")
+    return spearman, as_float(f.get("top_k_overlap"), "agreement.fp32.top_k_overlap")
 
 
 def parse_summary(data: Mapping[str, Any]) -> TracInSummary:

@@ -160,13 +160,36 @@ def test_summary_of_a_run_over_all_layers_says_projection_cache_and_agreement(
     assert again.train_cache == CacheUse(read=blocks, computed=0)  # other test examples, the same training ones
 
 
+def test_agreement_of_a_low_precision_run_carries_its_settings_in_fp32(
+    factored_results: tuple[Path, Path],
+) -> None:
+    raw = json.loads((factored_results[0] / "summary.json").read_text())
+    checked = {**raw["agreement"], "precision": "bf16", "fp32": {"spearman": 0.93, "top_k_overlap": 0.5}}
+    s = parse_summary({**raw, "agreement": checked})
+    assert s.agreement is not None and s.agreement.fp32 == (0.93, 0.5)
+    assert parse_summary(raw).agreement.fp32 is None  # type: ignore[union-attr]  # an fp32 run
+
+
 def test_bad_projection_cache_or_agreement_names_the_key(results: Path, tmp_path: Path) -> None:
     raw = json.loads((results / "summary.json").read_text())
+    raw_agreement = {
+        "reference": "exact",
+        "n_train": 4,
+        "n_test": 2,
+        "spearman": 0.5,
+        "top_k": 10,
+        "top_k_overlap": 0.5,
+    }
     for key, value, message in [
         ("projection", {"kind": "sparse", "seed": 0}, "projection.kind: expected dense or factored"),
         ("projection", {"kind": "factored", "in": 8, "seed": 0}, "no 'out'"),
         ("train_cache", {"read": "all", "computed": 0}, "train_cache.read: expected an integer"),
         ("agreement", [0.9], "agreement: expected an object"),
+        (
+            "agreement",
+            {**raw_agreement, "fp32": {"spearman": 0.9}},
+            "agreement.fp32.top_k_overlap: expected a number, found None",
+        ),
         ("excluded_parameters", "bias", "excluded_parameters: expected a list"),
     ]:
         (tmp_path / "summary.json").write_text(json.dumps({**raw, key: value}))

@@ -4,6 +4,7 @@ projections are as wide as the layers, for an encoder, a decoder with Conv1D lay
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,32 @@ def test_faithfulness_check_of_exact_factored_scores_is_perfect_and_of_last_laye
     assert other["spearman"] < 1.0
     scores = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
     assert top_k_overlap(scores, -scores, 2) == 0.0 and top_k_overlap(scores, scores * 2, 2) == 1.0
+    assert "fp32" not in same  # an fp32 run has no other precision to compare
+
+
+def test_faithfulness_check_of_a_low_precision_run_also_scores_its_settings_in_fp32(bert64) -> None:
+    from gpuopt_tui.jobs.tracin import Reporter
+    from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement
+
+    adapter, checkpoints, train, test = bert64
+    everything = select_parameters(adapter, test.batch([0]), "all")
+    options = TracInOptions(method="factored", precision="bf16", projection_in=4, projection_out=4)
+    found = exact_agreement(adapter, checkpoints, train, test, everything, options, 8, Reporter())
+    assert found["precision"] == "bf16"
+    exact = dataclasses.replace(options, projection_in=0, projection_out=0)
+    unprojected = exact_agreement(adapter, checkpoints, train, test, everything, exact, 8, Reporter())
+    assert unprojected["fp32"]["spearman"] == pytest.approx(1.0) and unprojected["fp32"]["top_k_overlap"] == 1.0
+    assert -1 <= found["fp32"]["spearman"] <= 1 and 0 <= found["fp32"]["top_k_overlap"] <= 1
+
+
+def test_precision_advice_names_the_setting_only_when_fp32_agrees_clearly_better() -> None:
+    from gpuopt_tui.jobs.tracin.faithfulness import PRECISION_MARGIN, precision_advice
+
+    low = {"precision": "bf16", "spearman": 0.72, "top_k": 10, "top_k_overlap": 0.2}
+    advice = precision_advice({**low, "fp32": {"spearman": 0.93, "top_k_overlap": 0.55}})
+    assert advice is not None
+    assert "Spearman 0.930 (top-10 overlap 55%)" in advice and "bf16 0.720 (20%)" in advice
+    assert "tracin.use_amp = false" in advice
+    close = {"spearman": 0.72 + PRECISION_MARGIN / 2, "top_k_overlap": 0.2}
+    assert precision_advice({**low, "fp32": close}) is None
+    assert precision_advice(low) is None  # not checked: an fp32 run

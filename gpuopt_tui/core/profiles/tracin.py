@@ -68,7 +68,7 @@ class TracInSection:
         0,
         "Faithfulness check: score this many training examples (and at most 16 test examples) again with exact "
         "all-parameter gradients and report the Spearman correlation and top-10 overlap with this run's scores "
-        "(0 = off)",
+        "(0 = off); a bf16/fp16 run is also checked with its settings in fp32",
         min=0,
     )
     batch_size: int | Literal["auto"] = opt(

@@ -1,5 +1,10 @@
 """How faithful a run's scores are: the same settings and exact all-parameter TracIn on a small subset, compared
-by rank (Spearman across training examples, top-10 overlap), like IG's completeness check."""
+by rank (Spearman across training examples, top-10 overlap), like IG's completeness check.
+
+A run with a bf16/fp16 forward is also scored on the subset with the same settings in fp32: where the training
+gradients point nearly the same way (a model barely trained, or confident on everything), their scores differ by
+little more than a shared term, and the rounding of a low-precision forward reorders them however fine the
+projection. The check then says how much the precision alone costs, and `precision_advice` what to do."""
 
 from __future__ import annotations
 
@@ -17,7 +22,9 @@ from gpuopt_tui.jobs.tracin.scores import tracin_scores
 MAX_TEST = 16
 AGREEMENT_RUN = "agreement check, the run's settings"  # the stages of its two computations
 AGREEMENT_EXACT = "agreement check, exact"
+AGREEMENT_FP32 = "agreement check, the run's settings in fp32"
 TOP_K = 10
+PRECISION_MARGIN = 0.02  # Spearman by which fp32 must beat the run's precision for the check to advise it
 
 
 def exact_agreement(
@@ -32,7 +39,7 @@ def exact_agreement(
 ) -> dict[str, Any]:
     """Scores of the first `n_train` training and `MAX_TEST` test examples with the run's parameters `names` and
     `options`, and with exact gradients of every parameter (method factored, unprojected, fp32), and how they
-    agree."""
+    agree; for a bf16/fp16 run, also how its settings agree in fp32 (key "fp32")."""
     sub_train = train.head(n_train)
     sub_test = test.head(MAX_TEST)
     probe = sub_test.batch([0])
@@ -46,7 +53,7 @@ def exact_agreement(
     )
     exact_reporter = PrefixedReporter(reporter, AGREEMENT_EXACT)
     exact = tracin_scores(adapter, checkpoints, sub_train, sub_test, everything, exact_options, reporter=exact_reporter)
-    return {
+    found = {
         "reference": "exact gradients of every Linear, Embedding and LayerNorm parameter, fp32",
         "excluded_from_reference": exact.stats["excluded_parameters"],
         "n_train": len(sub_train),
@@ -54,4 +61,28 @@ def exact_agreement(
         "spearman": rank_correlation(ours.matrix, exact.matrix),
         "top_k": TOP_K,
         "top_k_overlap": top_k_overlap(ours.matrix, exact.matrix, TOP_K),
+        "precision": options.precision,
     }
+    if options.precision != "fp32":
+        wide = dataclasses.replace(quiet, precision="fp32")
+        fp32_reporter = PrefixedReporter(reporter, AGREEMENT_FP32)
+        full = tracin_scores(adapter, checkpoints, sub_train, sub_test, names, wide, reporter=fp32_reporter)
+        found["fp32"] = {
+            "spearman": rank_correlation(full.matrix, exact.matrix),
+            "top_k_overlap": top_k_overlap(full.matrix, exact.matrix, TOP_K),
+        }
+    return found
+
+
+def precision_advice(agreement: dict[str, Any]) -> str | None:
+    """What to change when the run's settings in fp32 agree clearly better with exact TracIn than at the run's
+    precision (None when they do not, or were not checked)."""
+    fp32 = agreement.get("fp32")
+    if fp32 is None or fp32["spearman"] < agreement["spearman"] + PRECISION_MARGIN:
+        return None
+    return (
+        f"the {agreement['precision']} forward costs faithfulness: on the agreement subset these settings in fp32 "
+        f"reach Spearman {fp32['spearman']:.3f} (top-{agreement['top_k']} overlap {fp32['top_k_overlap']:.0%}) "
+        f"against exact TracIn, {agreement['precision']} {agreement['spearman']:.3f} "
+        f"({agreement['top_k_overlap']:.0%}); set tracin.use_amp = false for fp32 gradients"
+    )

@@ -35,7 +35,7 @@ from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_devic
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.factored import module_uses
-from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement
+from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advice
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
 from gpuopt_tui.jobs.tracin.params import select_parameters
@@ -147,6 +147,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
             adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
         )
         ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
+        if advice := precision_advice(result.stats["agreement"]):
+            ctx.warn(advice)
     summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result)
     ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
     return summary

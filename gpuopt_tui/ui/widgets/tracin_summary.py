@@ -54,6 +54,10 @@ def summary_content(s: TracInSummary) -> Content:
         )
     if s.agreement is not None:
         parts.append(line("Agreement", agreement_text(s.agreement)))
+        if s.agreement.fp32 is not None:
+            spearman, overlap = s.agreement.fp32
+            top = f"top-{s.agreement.top_k} overlap {overlap:.0%}"
+            parts.append(Content(f"  the same settings in fp32: Spearman {spearman:.4f}, {top}"))
         if s.agreement.excluded_from_reference:
             left = len(s.agreement.excluded_from_reference)
             parts.append(Content(f"  the reference leaves out {left} tensors outside those layers"))
