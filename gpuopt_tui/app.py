@@ -31,11 +31,12 @@ from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import list_profiles, load_profile
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
-from gpuopt_tui.ui.profile_listing import ProfileListing, prefetch
+from gpuopt_tui.ui.profile_listing import ProfileListing
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
-from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS, import_screens
+from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS
+from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
@@ -121,6 +122,7 @@ class GpuOptApp(App[int]):
         self._quit_dialog: ConfirmDialog | None = None  # the question asked on quitting with runs going on
         self._telemetry = telemetry
         self.profile_listings: dict[str, ProfileListing] = {}  # by kind, read after the first frame (kind screens)
+        self.warmup = ScreenWarmup(self)  # the screens not shown yet, made ready after the first frame
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
 
@@ -134,8 +136,11 @@ class GpuOptApp(App[int]):
         self.startup_seconds = age if age is not None else time.perf_counter() - _IMPORTED_AT
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
-        work = partial(prepare_screens, self.profile_listings)
-        self.run_worker(work, name="loading screens", thread=True, exit_on_error=False)
+        self.warmup.start()
+
+    async def _shutdown(self) -> None:
+        await self.warmup.stop()  # screens built in the background finish mounting before they are closed
+        await super()._shutdown()
 
     def on_unmount(self) -> None:
         if self._telemetry is not None:
@@ -147,6 +152,8 @@ class GpuOptApp(App[int]):
         if name == "help" and self.current_mode == "help":
             name = self._previous_screen  # the help key toggles
         if name != self.current_mode:
+            self.warmup.user_switched()
+            self.warmup.claim(name)
             self._previous_screen = self.current_mode
             self.switch_mode(name)
 
@@ -279,6 +286,8 @@ class GpuOptApp(App[int]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """Every worker runs with exit_on_error=False and ends here when it fails."""
+        if event.state is WorkerState.SUCCESS:
+            self.warmup.worker_done(event.worker)
         if event.state is not WorkerState.ERROR:
             return
         error = event.worker.error
@@ -287,12 +296,6 @@ class GpuOptApp(App[int]):
             return
         logger.error("worker %r failed", event.worker.name, exc_info=error)
         self.report_error(f"{type(error).__name__}: {error}", title=f"{event.worker.name or 'background task'} failed")
-
-
-def prepare_screens(listings: dict[str, ProfileListing]) -> None:
-    """What a screen's first showing would otherwise do on the UI thread: import its module, read its profiles."""
-    import_screens()
-    prefetch(listings)
 
 
 def make_app(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
@@ -43,11 +44,19 @@ class AppScreen(Screen[None]):
         app = self.app
         return app.theme, app.ansi_color, app.app_focus
 
+    def on_mount(self) -> None:
+        # After the app's first frame, widgets are styled as they mount with the app's final styles: showing the
+        # screen need not restyle them unless something they depend on changes before. (The first screen is
+        # restyled when first shown: the app's theme is applied then.)
+        if self.gapp.startup_seconds is not None:
+            self._styled_for = self._style_inputs()
+        self.call_after_refresh(gc.freeze)  # the screen lives as long as the app (see ui/warmup.py)
+
     def on_screen_resume(self, event: ScreenResume) -> None:
         # Textual restyles every widget of a screen each time it is shown (most of a later visit's time), in case
-        # something its styles depend on changed meanwhile; here only the first time (styles made while the screen
-        # was mounted are not final until then) and when one of those changed. (A change of CSS, e.g. of the theme,
-        # is also applied by Textual itself when the screen is shown.)
+        # something its styles depend on changed meanwhile; here only when one of those changed since the screen
+        # was last styled. (A change of CSS, e.g. of the theme, is also applied by Textual itself when the screen is
+        # shown.)
         styled_for = self._style_inputs()
         if styled_for == self._styled_for:
             event.refresh_styles = False
