@@ -1,7 +1,9 @@
 """The Textual application: screens, keys, the command palette, run polling and error reporting.
 
 `make_app()` builds it for the CLI and for tests. Nothing here (or under gpuopt_tui/ui) imports torch: the
-first frame comes in a fraction of a second, and runs are separate processes that outlive the app.
+first frame comes in a fraction of a second, and runs are separate processes that outlive the app. The profile
+modules (and tomlkit) are not needed for the first frame: they are imported on first use, or by the warm-up
+after it (ui/warmup.py).
 """
 
 from __future__ import annotations
@@ -24,14 +26,10 @@ from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
-from gpuopt_tui.core.kinds import KINDS, engine_available
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
-from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import list_profiles, load_profile
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
-from gpuopt_tui.ui.profile_listing import ProfileListing
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
@@ -41,6 +39,8 @@ from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
 if TYPE_CHECKING:
+    from gpuopt_tui.core.profiles.common import ProfileBase
+    from gpuopt_tui.ui.profile_listing import ProfileListing
     from gpuopt_tui.ui.screens.gpu import GpuView
 
 _IMPORTED_AT = time.perf_counter()
@@ -62,6 +62,9 @@ class GpuOptCommands(Provider):
     """Command palette: go to a screen, or start a run of any profile."""
 
     def _commands(self) -> Iterator[tuple[str, Callable[[], object], str]]:
+        from gpuopt_tui.core.kinds import engine_available
+        from gpuopt_tui.core.profiles.io import list_profiles
+
         app: GpuOptApp = self.app  # type: ignore[assignment]
         for screen in SCREENS:
             yield f"Go to {screen.label}", partial(app.action_show, screen.name), screen.help
@@ -229,6 +232,9 @@ class GpuOptApp(App[int]):
 
     def run_profile_file(self, path: Path) -> None:
         """Start a run of a profile file (from the command palette) and show its screen."""
+        from gpuopt_tui.core.kinds import KINDS
+        from gpuopt_tui.core.profiles.io import load_profile
+
         try:
             profile = load_profile(path)
             self.start_profile_run(profile, path)

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 from textual.worker import get_current_worker
 
-from gpuopt_tui.ui.profile_listing import prefetch
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.registry import SCREENS, screen_modules
 
@@ -85,6 +84,8 @@ class ScreenWarmup:
 
     def _read(self) -> None:
         """Thread work: import the screen modules one at a time, then read every kind's profiles."""
+        from gpuopt_tui.ui.profile_listing import prefetch  # the profile modules: not needed for the first frame
+
         worker = get_current_worker()
         for module in screen_modules():
             while self._busy() and not worker.is_cancelled:
