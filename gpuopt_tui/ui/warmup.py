@@ -5,9 +5,11 @@ profiles, compose and mount its widgets, lay them out and render every line for 
 screen on a 2-core machine, against 10-40 ms to show it again). After the first frame a thread imports the screen
 modules and reads the profiles; then the UI thread builds the screens not shown yet one at a time, in short steps
 (build: the widgets compose and mount themselves in the pause after it; lay out; render into the widgets' line
-caches, nothing written to the terminal) with a pause between steps. Both give way to the user: while screens are
-being switched (and for QUIET_S after), the thread waits before its next module and no step starts, so a key press
-waits for one step at most. A screen the user opens before its turn is built by showing it, as without warm-up.
+caches, nothing written to the terminal) with a pause between steps. No step starts while screens are being
+switched (and for QUIET_S after), so a key press waits for one step at most; a screen the user opens before its
+turn is built by showing it, as without warm-up. The imports are not held back: they take 0.2-0.3 s of CPU in all
+and every first visit needs them, so a user faster than that shares the CPU with them for that long, and each
+later first visit finds them done.
 
 The garbage collector is frozen after each step: the screens and modules live as long as the app, and a full
 collection walking them all again would cost 40-100 ms each time it comes (`gpuopt-tui` also starts with the
@@ -83,13 +85,11 @@ class ScreenWarmup:
         return time.monotonic() < self._quiet_from
 
     def _read(self) -> None:
-        """Thread work: import the screen modules one at a time, then read every kind's profiles."""
+        """Thread work: import the screen modules, then read every kind's profiles."""
         from gpuopt_tui.ui.profile_listing import prefetch  # the profile modules: not needed for the first frame
 
         worker = get_current_worker()
         for module in screen_modules():
-            while self._busy() and not worker.is_cancelled:
-                time.sleep(STEP_PAUSE_S)
             if worker.is_cancelled:
                 return
             importlib.import_module(module)

@@ -14,7 +14,7 @@ from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.registry import spec
 from gpuopt_tui.ui.warmup import WARMED
 
-from .conftest import settle, wait_for
+from .conftest import screen_lines, settle, wait_for
 
 
 def still_app(screen: str = "dashboard") -> GpuOptApp:
@@ -29,6 +29,8 @@ async def warmed_up(pilot: Pilot[int]) -> None:
 
 
 async def picture(app: GpuOptApp, key: str | None) -> str:
+    """The app's screen as an SVG; the planner's as text, its plan pane left out: the width that pane's tables get
+    depends on whether its scroll bar was there when the estimate came, whatever built the screen."""
     async with app.run_test(size=(120, 40)) as pilot:
         if key is None:
             await settle(pilot)
@@ -36,7 +38,14 @@ async def picture(app: GpuOptApp, key: str | None) -> str:
             await warmed_up(pilot)
             await pilot.press(key)
             await settle(pilot)
-        return app.export_screenshot()
+        if app.current_mode != "planner":
+            return app.export_screenshot()
+        pane = app.screen.query_one("#plan-tabs").region
+        lines = screen_lines(app)
+        outside = [
+            line[: pane.x] + line[pane.right :] if pane.y <= y < pane.bottom else line for y, line in enumerate(lines)
+        ]
+        return "\n".join(outside)
 
 
 # not the GPU screen: its plots move on with the time since the app started, and without a GPU its process list
