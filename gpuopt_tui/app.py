@@ -155,8 +155,7 @@ class GpuOptApp(App[int]):
         if name == "help" and self.current_mode == "help":
             name = self._previous_screen  # the help key toggles
         if name != self.current_mode:
-            self.warmup.user_switched()
-            self.warmup.claim(name)
+            self.warmup.switching_to(name)
             self._previous_screen = self.current_mode
             self.switch_mode(name)
 

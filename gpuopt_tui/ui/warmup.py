@@ -11,8 +11,9 @@ turn is built by showing it, as without warm-up. The imports are not held back: 
 and every first visit needs them, so a user faster than that shares the CPU with them for that long, and each
 later first visit finds them done.
 
-The garbage collector is frozen after each step: the screens and modules live as long as the app, and a full
-collection walking them all again would cost 40-100 ms each time it comes (`gpuopt-tui` also starts with the
+The garbage collector is frozen after each step, and once a screen the user reached first is shown: the screens
+and modules live as long as the app, and a full collection walking them all again would cost 40-100 ms each time
+it comes (`gpuopt-tui` also starts with the
 collector off until the first frame, see cli.run_tui).
 
 Textual has no public call to build a screen without showing it: `build` registers it in its mode as
@@ -77,9 +78,14 @@ class ScreenWarmup:
         gc.enable()
         self._reading = self.app.run_worker(self._read, name="loading screens", thread=True, exit_on_error=False)
 
-    def user_switched(self) -> None:
-        """Call on a screen switch: warm-up work waits until QUIET_S after it."""
+    def switching_to(self, name: str) -> None:
+        """Call before switching to mode `name`: warm-up work waits until QUIET_S after it; a screen being built
+        for the mode is the one shown; a screen built by this switch is frozen once shown, as the warm-up's are."""
         self._quiet_from = time.monotonic() + QUIET_S
+        if name in self._built:
+            self.claim(name)
+        elif name not in self.app._screen_stacks:
+            self.app.call_after_refresh(gc.freeze)
 
     def _busy(self) -> bool:
         return time.monotonic() < self._quiet_from
@@ -134,7 +140,7 @@ class ScreenWarmup:
         return screen if screen is not None and not screen.stack_updates else None
 
     def claim(self, name: str) -> None:
-        """Call before switching to mode `name`: a screen being built for it is the one to show."""
+        """Put the screen built for mode `name` in its mode (if it is not yet)."""
         screen = self._built.get(name)
         if screen is not None and name not in self.app._screen_stacks:
             self.app._screen_stacks[name] = [screen]

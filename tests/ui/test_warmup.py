@@ -85,7 +85,7 @@ async def test_a_switch_holds_the_warm_up_back() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.warmup._reading is not None and app.warmup._reading.is_finished)
         built = dict(app.warmup._built)
-        app.warmup.user_switched()
+        app.warmup.switching_to("help")
         app.warmup._step()  # what the step timer calls: it only arms itself again
         assert app.warmup._built == built
 

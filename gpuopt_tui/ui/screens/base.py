@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
@@ -50,7 +49,6 @@ class AppScreen(Screen[None]):
         # restyled when first shown: the app's theme is applied then.)
         if self.gapp.startup_seconds is not None:
             self._styled_for = self._style_inputs()
-        self.call_after_refresh(gc.freeze)  # the screen lives as long as the app (see ui/warmup.py)
 
     def on_screen_resume(self, event: ScreenResume) -> None:
         # Textual restyles every widget of a screen each time it is shown (most of a later visit's time), in case
