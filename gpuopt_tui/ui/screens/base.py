@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.events import ScreenResume
@@ -21,6 +21,7 @@ class AppScreen(Screen[None]):
 
     SCREEN_NAME: ClassVar[str] = ""
     _styled_for: object = None  # what the app's styles depended on when this screen was last styled
+    _held: tuple[tuple[str, dict[str, Any]], ...] = ()  # notifications held until the screen is first shown
 
     @property
     def nav_name(self) -> str:
@@ -59,8 +60,19 @@ class AppScreen(Screen[None]):
         if styled_for == self._styled_for:
             event.refresh_styles = False
         self._styled_for = styled_for
+        for message, options in self._held:
+            self.app.notify(message, **options)
+        self._held = ()
         # hidden screens are not redrawn on each poll; catch up when shown again
         self.runs_updated(self.gapp.runs)
+
+    def notify_shown(self, message: str, **options: Any) -> None:
+        """`app.notify`, held until the screen is first shown if it is not yet (one built in the background, see
+        ui/warmup.py): a message about a screen the user has not opened would come without what it is about."""
+        if self.stack_updates:
+            self.app.notify(message, **options)
+        else:
+            self._held += ((message, options),)
 
     def runs_updated(self, snapshot: RunsSnapshot) -> None:
         """Called with the latest runs whenever they change while this screen is shown."""
