@@ -6,7 +6,10 @@ GPU source the CLI would use (live NVML, or `--replay TRACE`). Each of `--proces
 
 - first frame: seconds from the process's start (/proc, imports included) until the app's `on_ready`, i.e. the
   first screen was composed and painted: what `GpuOptApp.startup_seconds` records;
-- then `--rounds` rounds of pressing each screen's key in turn (a, t, b, p, r, g, then d for the dashboard).
+- then `--rounds` rounds of pressing each screen's key in turn (a, t, b, p, r, g, then d for the dashboard), each
+  press `--think` seconds after the previous switch was done (0, the default: at once, faster than any user, so
+  the screens' first visits come before the app's warm-up of them after its first frame, see gpuopt_tui/ui/warmup.py;
+  about a second: a user who reads each screen).
   One switch's latency is measured from posting the key event to the app until all of these hold:
   `app.screen` is the target screen; the message queues of the app, that screen and every widget under it are
   empty (Pilot's `_wait_for_screen`, repeated until a pass finds nothing queued); the screen's pending layout
@@ -63,7 +66,7 @@ async def _settled(pilot: object, app: object, target: str) -> None:
             return
 
 
-async def _drive(size: tuple[int, int], rounds: int, replay: Path | None) -> dict[str, object]:
+async def _drive(size: tuple[int, int], rounds: int, think: float, replay: Path | None) -> dict[str, object]:
     from textual import events
 
     from gpuopt_tui.app import make_app
@@ -81,6 +84,7 @@ async def _drive(size: tuple[int, int], rounds: int, replay: Path | None) -> dic
         for _ in range(rounds):
             for key in KEYS:
                 name = names[key]
+                await asyncio.sleep(think)
                 start, start_cpu = time.perf_counter(), time.process_time()
                 app._driver.send_message(events.Key(key, key))  # type: ignore[union-attr]
                 await _settled(pilot, app, name)
@@ -92,7 +96,10 @@ async def _drive(size: tuple[int, int], rounds: int, replay: Path | None) -> dic
 
 
 def _child(args: argparse.Namespace) -> None:
-    result = asyncio.run(_drive((args.width, args.height), args.rounds, args.replay))
+    import gc
+
+    gc.disable()  # as `gpuopt-tui` starts the app (cli.run_tui): the app turns the collector on after its first frame
+    result = asyncio.run(_drive((args.width, args.height), args.rounds, args.think, args.replay))
     print(json.dumps(result))
 
 
@@ -130,7 +137,7 @@ def _run_processes(args: argparse.Namespace) -> list[dict[str, object]]:
             "OMP_NUM_THREADS": "1",
         }
         env.pop("TEXTUAL_ANIMATIONS", None)
-        command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds)]
+        command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--think", str(args.think)]
         command += ["--width", str(args.width), "--height", str(args.height)]
         if args.replay:
             command += ["--replay", str(args.replay)]
@@ -159,7 +166,8 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], load: tup
         f"Load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in load[0])}, "
         f"at end {'/'.join(f'{v:.2f}' for v in load[1])}." + (f" {args.note}" if args.note else ""),
         f"Terminal {args.width}x{args.height} (headless Pilot), {args.processes} fresh processes x {args.rounds} "
-        f"rounds of keys {' '.join(KEYS)}; GPU source: {args.replay or 'live NVML (none on this machine)'}.",
+        f"rounds of keys {' '.join(KEYS)}, each {args.think:g} s after the previous switch was done; "
+        f"GPU source: {args.replay or 'live NVML (none on this machine)'}.",
         f"Command: `{shlex.join(['python', 'benchmarks/screen_latency.py', *args.argv])}`",
         f"Goal: {GOALS}. Definitions: the docstring of benchmarks/screen_latency.py.",
         "",
@@ -190,6 +198,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="rounds of every key per process")
     parser.add_argument("--width", type=int, default=120)
     parser.add_argument("--height", type=int, default=40)
+    parser.add_argument("--think", type=float, default=0.0, help="seconds idle before each key press (default 0)")
     parser.add_argument("--replay", type=Path, help="a GPU trace to replay instead of live NVML")
     parser.add_argument("--quick", action="store_true", help="2 processes x 2 rounds, a check that it works")
     parser.add_argument("--out", type=Path, help="write the markdown results here")

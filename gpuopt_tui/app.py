@@ -1,7 +1,9 @@
 """The Textual application: screens, keys, the command palette, run polling and error reporting.
 
 `make_app()` builds it for the CLI and for tests. Nothing here (or under gpuopt_tui/ui) imports torch: the
-first frame comes in a fraction of a second, and runs are separate processes that outlive the app.
+first frame comes in a fraction of a second, and runs are separate processes that outlive the app. The profile
+modules (and tomlkit) are not needed for the first frame: they are imported on first use, or by the warm-up
+after it (ui/warmup.py).
 """
 
 from __future__ import annotations
@@ -24,22 +26,21 @@ from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
-from gpuopt_tui.core.kinds import KINDS, engine_available
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
-from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import list_profiles, load_profile
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
-from gpuopt_tui.ui.profile_listing import ProfileListing, prefetch
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
-from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS, import_screens
+from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS
+from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
 if TYPE_CHECKING:
+    from gpuopt_tui.core.profiles.common import ProfileBase
+    from gpuopt_tui.ui.profile_listing import ProfileListing
     from gpuopt_tui.ui.screens.gpu import GpuView
 
 _IMPORTED_AT = time.perf_counter()
@@ -61,6 +62,9 @@ class GpuOptCommands(Provider):
     """Command palette: go to a screen, or start a run of any profile."""
 
     def _commands(self) -> Iterator[tuple[str, Callable[[], object], str]]:
+        from gpuopt_tui.core.kinds import engine_available
+        from gpuopt_tui.core.profiles.io import list_profiles
+
         app: GpuOptApp = self.app  # type: ignore[assignment]
         for screen in SCREENS:
             yield f"Go to {screen.label}", partial(app.action_show, screen.name), screen.help
@@ -121,6 +125,7 @@ class GpuOptApp(App[int]):
         self._quit_dialog: ConfirmDialog | None = None  # the question asked on quitting with runs going on
         self._telemetry = telemetry
         self.profile_listings: dict[str, ProfileListing] = {}  # by kind, read after the first frame (kind screens)
+        self.warmup = ScreenWarmup(self)  # the screens not shown yet, made ready after the first frame
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
 
@@ -134,8 +139,11 @@ class GpuOptApp(App[int]):
         self.startup_seconds = age if age is not None else time.perf_counter() - _IMPORTED_AT
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
-        work = partial(prepare_screens, self.profile_listings)
-        self.run_worker(work, name="loading screens", thread=True, exit_on_error=False)
+        self.warmup.start()
+
+    async def _shutdown(self) -> None:
+        await self.warmup.stop()  # screens built in the background finish mounting before they are closed
+        await super()._shutdown()
 
     def on_unmount(self) -> None:
         if self._telemetry is not None:
@@ -147,6 +155,7 @@ class GpuOptApp(App[int]):
         if name == "help" and self.current_mode == "help":
             name = self._previous_screen  # the help key toggles
         if name != self.current_mode:
+            self.warmup.switching_to(name)
             self._previous_screen = self.current_mode
             self.switch_mode(name)
 
@@ -222,6 +231,9 @@ class GpuOptApp(App[int]):
 
     def run_profile_file(self, path: Path) -> None:
         """Start a run of a profile file (from the command palette) and show its screen."""
+        from gpuopt_tui.core.kinds import KINDS
+        from gpuopt_tui.core.profiles.io import load_profile
+
         try:
             profile = load_profile(path)
             self.start_profile_run(profile, path)
@@ -279,6 +291,8 @@ class GpuOptApp(App[int]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """Every worker runs with exit_on_error=False and ends here when it fails."""
+        if event.state is WorkerState.SUCCESS:
+            self.warmup.worker_done(event.worker)
         if event.state is not WorkerState.ERROR:
             return
         error = event.worker.error
@@ -287,12 +301,6 @@ class GpuOptApp(App[int]):
             return
         logger.error("worker %r failed", event.worker.name, exc_info=error)
         self.report_error(f"{type(error).__name__}: {error}", title=f"{event.worker.name or 'background task'} failed")
-
-
-def prepare_screens(listings: dict[str, ProfileListing]) -> None:
-    """What a screen's first showing would otherwise do on the UI thread: import its module, read its profiles."""
-    import_screens()
-    prefetch(listings)
 
 
 def make_app(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -108,6 +109,9 @@ def _crash_log(exc: BaseException) -> Path | None:
 
 
 def run_tui(args: argparse.Namespace) -> int:
+    # Start-up makes objects that live as long as the app (modules, classes, the first screen): collecting them is
+    # time lost before the first frame. The app freezes them and turns the collector on after it (ui/warmup.py).
+    gc.disable()
     from gpuopt_tui.app import make_app
 
     app = make_app(replay=args.replay, readonly=args.readonly, screen=args.screen)

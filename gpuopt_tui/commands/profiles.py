@@ -12,9 +12,9 @@ from gpuopt_tui.commands import add_overrides_option
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.kinds import KINDS
+from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import find_profile, list_profiles, load_profile, profile_to_toml
 from gpuopt_tui.core.profiles.schema import describe
-from gpuopt_tui.core.runs import resolve_paths
 
 NAME = "profiles"
 HELP = "list profiles, show one resolved, validate files, or list a kind's keys"

@@ -1,6 +1,8 @@
 """Runs: child processes that outlive the terminal, each with its own directory (laid out by core.run_dir).
 
 Here runs are found, created, started, cancelled, resumed and deleted; core.run_status reads what they are doing.
+Finding and reading runs needs no profile code (the TUI does it before its first frame): the profile modules are
+imported where a run is created or resumed.
 """
 
 from __future__ import annotations
@@ -15,15 +17,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.kinds import engine_available
 from gpuopt_tui.core.paths import runs_dir
-from gpuopt_tui.core.profile_paths import resolve_paths
-from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import load_profile, profile_to_toml
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import (
     check_free_space,
@@ -44,6 +43,9 @@ from gpuopt_tui.core.run_processes import (
     verified,
 )
 from gpuopt_tui.core.run_status import RESUMABLE, RunInfo, RunWatcher, this_host
+
+if TYPE_CHECKING:
+    from gpuopt_tui.core.profiles.common import ProfileBase
 
 
 def unreadable_runs_dir(root: Path, error: OSError) -> UserError:
@@ -71,6 +73,10 @@ def find_run(run_id: str, root: Path | None = None) -> Path:
 
 def create_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
     """Make a run directory with the frozen profile; returns it. Does not start the process."""
+    from gpuopt_tui.core.kinds import engine_available
+    from gpuopt_tui.core.profile_paths import resolve_paths
+    from gpuopt_tui.core.profiles.io import profile_to_toml
+
     if not engine_available(profile.kind):
         raise UserError(f"the '{profile.kind}' run kind has no engine in this version of gpuopt-tui")
     resolve_paths(profile, source.parent.resolve() if source else Path.cwd(), str(source or ""))
@@ -194,6 +200,8 @@ def resume_run(run_dir: Path) -> int:
                 f"run {info.id} still has {len(alive)} worker process(es) of its last attempt running "
                 f"(pid {', '.join(map(str, alive))}); stop them first: gpuopt-tui cancel {info.id}"
             )
+        from gpuopt_tui.core.profiles.io import load_profile
+
         load_profile(RunDir(run_dir).profile)  # fail early and clearly if the frozen profile is unreadable
         return launch(run_dir)
 

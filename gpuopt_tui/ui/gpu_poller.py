@@ -27,8 +27,9 @@ class GpuPoller(Widget):
     """An invisible helper: polls `source` every `interval` seconds while its parent is on the current screen
     (and `when()` holds, if given).
 
-    Without `when`, the first poll runs at mount whatever the visibility, so NVML starts (in the worker thread)
-    while the app paints its first frame."""
+    Without `when`, the first poll runs at mount whether the parent is on screen yet or not, so NVML starts (in
+    the worker thread) while the app paints its first frame; but not in a screen built while another one is shown
+    (ui/warmup.py): showing it wakes the poller."""
 
     DEFAULT_CSS = "GpuPoller { display: none; }"
 
@@ -56,7 +57,7 @@ class GpuPoller(Widget):
         self._missed = False  # a tick was skipped because the parent was hidden or polls were not wanted
 
     def on_mount(self) -> None:
-        if self._when is None or self._when():
+        if (self._when is None or self._when()) and _screen_seen(self.screen):
             self._poll()
         else:
             self._missed = True

@@ -30,10 +30,11 @@ from gpuopt_tui.core.planner import session
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
 from gpuopt_tui.core.planner.search import Candidate, Recommendation
 from gpuopt_tui.core.planner.yamledit import FilePatch
+from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunInfo, resolve_paths
+from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.screens.kind import display_path
 from gpuopt_tui.ui.widgets.planner_view import TierPlan
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE

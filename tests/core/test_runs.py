@@ -15,6 +15,7 @@ import pytest
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_processes import pid_alive
@@ -23,7 +24,6 @@ from gpuopt_tui.core.runs import (
     cancel_run,
     create_run,
     find_run,
-    resolve_paths,
     resume_run,
 )
 

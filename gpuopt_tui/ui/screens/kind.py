@@ -207,7 +207,7 @@ class KindScreen(AppScreen):
             self.path = None
             self.form.disabled = True
             self._set_info(Content.from_markup("[$error]$error[/]", error=listing.error), error=True)
-            self.app.notify(listing.error, title="Cannot open this profile", severity="error", timeout=10)
+            self.notify_shown(listing.error, title="Cannot open this profile", severity="error", timeout=10)
         else:
             self.path = listing.path
             self.form.disabled = False

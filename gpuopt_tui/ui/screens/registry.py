@@ -114,10 +114,9 @@ SCREENS: tuple[ScreenSpec, ...] = (
 SCREEN_NAMES: tuple[str, ...] = tuple(s.name for s in SCREENS)
 
 
-def import_screens() -> None:
-    """Import every screen's module (for a thread after the first frame: a first visit then only builds it)."""
-    for module in (*(s.module for s in SCREENS), f"{_SCREENS_PACKAGE}.gpu"):  # gpu_slot imports gpu when shown
-        importlib.import_module(module)
+def screen_modules() -> tuple[str, ...]:
+    """Every screen's module (and the GPU view's, which gpu_slot imports when the screen is built)."""
+    return (*(s.module for s in SCREENS), f"{_SCREENS_PACKAGE}.gpu")
 
 
 def spec(name: str) -> ScreenSpec:
