@@ -23,6 +23,10 @@ GPU source the CLI would use (live NVML, or `--replay TRACE`). Each of `--proces
   visits.
 - widgets per screen: `len(list(screen.walk_children()))` once it is shown (in the last round).
 
+The processes import gpuopt_tui from compiled bytecode, as an installed copy (or a checkout run once before) does:
+they run a copy of the package compiled beforehand, also where PYTHONDONTWRITEBYTECODE is set (compiling its
+sources again in each process adds 40-50 ms to the first frame and to each screen's first visit).
+
 Reported: first frame and first visits over processes, later visits pooled over processes x (rounds - 1):
 median and p95 (nearest rank). The machine's load average is written with the results: on a shared machine
 other processes' work inflates every figure.
@@ -30,18 +34,20 @@ other processes' work inflates every figure.
     python benchmarks/screen_latency.py --out benchmarks/results/screen_latency_cpu.md
     python benchmarks/screen_latency.py --quick   # 2 processes x 2 rounds, printed only
 
-The processes import gpuopt_tui from this script's checkout: do not edit it while a measurement runs.
+The processes import gpuopt_tui from a copy of this script's checkout, made when the measurement starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import json
 import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -129,9 +135,13 @@ def visits(results: list[dict[str, object]], field: str, screen: str) -> tuple[l
 def _run_processes(args: argparse.Namespace) -> list[dict[str, object]]:
     results = []
     with tempfile.TemporaryDirectory(prefix="screen-latency-") as tmp:
+        package = Path(tmp) / "src" / "gpuopt_tui"
+        shutil.copytree(REPO / "gpuopt_tui", package, ignore=shutil.ignore_patterns("__pycache__"))
+        if not compileall.compile_dir(package, quiet=1):
+            raise SystemExit(f"{package} did not compile")
         env = {
             **os.environ,
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": str(package.parent),
             "GPUOPT_TUI_HOME": str(Path(tmp) / "home"),
             "GPUOPT_TUI_RUNS_DIR": str(Path(tmp) / "home" / "runs"),
             "OMP_NUM_THREADS": "1",

@@ -7,9 +7,10 @@ modules and reads the profiles; then the UI thread builds the screens not shown 
 (build: the widgets compose and mount themselves in the pause after it; lay out; render into the widgets' line
 caches, nothing written to the terminal) with a pause between steps. No step starts while screens are being
 switched (and for QUIET_S after), so a key press waits for one step at most; a screen the user opens before its
-turn is built by showing it, as without warm-up. The imports are not held back: they take 0.2-0.3 s of CPU in all
-and every first visit needs them, so a user faster than that shares the CPU with them for that long, and each
-later first visit finds them done.
+turn is built by showing it, as without warm-up. The thread holds back likewise between two modules and before the
+profiles (0.2-0.3 s of CPU in all): a switch would otherwise share the CPU with imports and reads for other screens
+(on keys pressed at once from the first frame, the kind screens' first visits came 10-20% slower at p95); the
+switch imports what its own screen needs, and each later first visit finds that done.
 
 The garbage collector is frozen after each step, and once a screen the user reached first is shown: the screens
 and modules live as long as the app, and a full collection walking them all again would cost 40-100 ms each time
@@ -96,10 +97,17 @@ class ScreenWarmup:
 
         worker = get_current_worker()
         for module in screen_modules():
-            if worker.is_cancelled:
+            if not self._quiet(worker):
                 return
             importlib.import_module(module)
-        prefetch(self.app.profile_listings)
+        if self._quiet(worker):
+            prefetch(self.app.profile_listings)
+
+    def _quiet(self, worker: Worker[None]) -> bool:
+        """Thread work: wait while screens are being switched; False if the worker was cancelled meanwhile."""
+        while self._busy() and not worker.is_cancelled:
+            time.sleep(min(QUIET_S, max(0.01, self._quiet_from - time.monotonic())))
+        return not worker.is_cancelled
 
     def worker_done(self, worker: Worker[object]) -> None:
         """Called with every worker that succeeded: the reading one starts the building."""
