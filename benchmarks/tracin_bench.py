@@ -206,6 +206,14 @@ def build(
     """A BERT classifier trained on the first `size.n_fit` training examples (saving three checkpoints with their
     learning rates, or reusing those in `cache`), the training set (with its flipped labels in meta["flipped"]),
     a clean test set, and how the checkpoints came about."""
+    adapter = bert_adapter("bert-bench", size, device)
+    train, test = dataset(size, size.n_train, 2, adapter, FLIP_FRACTION), dataset(size, size.n_test, 3, adapter, 0.0)
+    checkpoints, training = trained_checkpoints(adapter, train.head(size.n_fit), size, folder, cache)
+    return adapter, checkpoints, train, test, training
+
+
+def bert_adapter(name: str, size: Size, device: torch.device) -> BenchAdapter:
+    """A freshly initialised (seed 0) two-class BERT of `size`, with a tokenizer of its made-up vocabulary."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
     torch.manual_seed(0)
@@ -218,12 +226,8 @@ def build(
         max_position_embeddings=max(512, size.seq),
         num_labels=2,
     )
-    model = BertForSequenceClassification(config)
     tokenizer = BertTokenizer(vocab={f"t{i}": i for i in range(size.vocab)} | {"[PAD]": 0})
-    adapter = BenchAdapter("bert-bench", model, tokenizer, 2, device)
-    train, test = dataset(size, size.n_train, 2, adapter, FLIP_FRACTION), dataset(size, size.n_test, 3, adapter, 0.0)
-    checkpoints, training = trained_checkpoints(adapter, train.head(size.n_fit), size, folder, cache)
-    return adapter, checkpoints, train, test, training
+    return BenchAdapter(name, BertForSequenceClassification(config), tokenizer, 2, device)
 
 
 DRAW_ROWS = 4096  # rows drawn per seed: the first k * DRAW_ROWS rows of a data set are the same for every size

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from tracin_bench import SIZES, BenchAdapter, checkpoint_accuracy, dataset  # noqa: E402
+from tracin_bench import SIZES, bert_adapter, checkpoint_accuracy, dataset  # noqa: E402
 
 from gpuopt_tui.core.atomic import atomic_write_text  # noqa: E402
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint  # noqa: E402
@@ -71,8 +71,6 @@ CASES = {
 
 
 def build(case: Case, folder: Path) -> tuple[Adapter, list[Checkpoint], object, object, list[float]]:
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
-
     size = dataclasses.replace(
         SIZES["quick"],
         hidden=case.hidden,
@@ -81,17 +79,7 @@ def build(case: Case, folder: Path) -> tuple[Adapter, list[Checkpoint], object, 
         intermediate=4 * case.hidden,
     )
     size = dataclasses.replace(size, vocab=1000, seq=32)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=size.vocab,
-        hidden_size=size.hidden,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        intermediate_size=size.intermediate,
-        num_labels=2,
-    )
-    tokenizer = BertTokenizer(vocab={f"t{i}": i for i in range(size.vocab)} | {"[PAD]": 0})
-    adapter = BenchAdapter(case.name, BertForSequenceClassification(config), tokenizer, 2, torch.device("cpu"))
+    adapter = bert_adapter(case.name, size, torch.device("cpu"))
     fit = dataset(size, 1024, 2, adapter, 0.05)
     test = dataset(size, case.n_test, 3, adapter, 0.0)
     if case.lr is None:
