@@ -113,6 +113,7 @@ class Plan:
     dattri_dim: int  # dattri TracIn's dense projection
     loader_batch: int  # dattri's data loaders
     micro_batch: int | Literal["auto"] = "auto"  # our projected and last-layer rows (the exact one: auto)
+    fp32_sizes: tuple[int, ...] = ()  # K of the proj-K-fp32 rows (none given: the largest of `sizes`)
 
 
 PLANS = {
@@ -277,10 +278,11 @@ def run(
                 fn = ours(adapter, checkpoints, train, test, everything, factored(k, low))
                 table.append(mode(f"proj-{k}", f"ours: all layers, factored {k} x {k}, {low}", fn, len(train)))
         if "proj-fp32" in modes and low != "fp32":
-            k, rows = max(plan.sizes), train.head(plan.n_fp32)
-            fn = ours(adapter, checkpoints, rows, test, everything, factored(k, "fp32"))
+            rows = train.head(plan.n_fp32)
             note = prefix(len(rows)) if len(rows) < len(train) else ""
-            table.append(mode(f"proj-{k}-fp32", f"ours: all layers, factored {k} x {k}, fp32", fn, len(rows), note))
+            for k in plan.fp32_sizes or (max(plan.sizes),):
+                fn = ours(adapter, checkpoints, rows, test, everything, factored(k, "fp32"))
+                table.append(mode(f"proj-{k}-fp32", f"ours: all layers, factored {k} x {k}, fp32", fn, len(rows), note))
         if "last" in modes:
             fn = ours(
                 adapter, checkpoints, train, test, last, TracInOptions(precision=low, batch_size=plan.micro_batch)
@@ -545,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, "(default: 4096 small, 20480 base)", "(default 64)")
     parser.add_argument("--sizes", help="comma list of K for the proj-K rows (default: 8,16,32,64 small; 16,32 base)")
+    parser.add_argument("--fp32-sizes", help="comma list of K for the proj-K-fp32 rows (default: the largest --sizes)")
     parser.add_argument(
         "--cache-sizes", help="comma list of K for the cache comparison (default: 16,32 small; 16 base)"
     )
@@ -571,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         n_test=args.test or plan.n_test,
         sizes=sizes,
         cache_sizes=cache_sizes,
+        fp32_sizes=tuple(int(k) for k in args.fp32_sizes.split(",")) if args.fp32_sizes else plan.fp32_sizes,
         micro_batch=args.micro_batch or plan.micro_batch,
         n_exact=args.exact_train or plan.n_exact,
     )
