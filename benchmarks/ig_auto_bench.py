@@ -9,7 +9,9 @@ a model that has learned something. Below --min-accuracy (0.9) the script report
 has attributions near 0, and relative errors of rounding noise. The texts: variable length (14 to 126 words by
 default), attributed the way `gpuopt-tui run` does (jobs/attribution/engine.py): sorted by length, batches
 trimmed to their longest text, the lean forward, the steps on an fp16 copy of the weights (the profile
-default), F(x) and F(baseline) in fp32, [PAD] baseline keeping [CLS]/[SEP], target = the fp32 prediction.
+default; with auto steps, the samples whose output moves too little for fp16 to reach the tolerance run in TF32,
+the profile default full_precision_fallback), F(x) and F(baseline) in fp32, [PAD] baseline keeping [CLS]/[SEP],
+target = the fp32 prediction.
 
 Rows: fixed 2000 steps (gausslegendre, the seed job's setting) in strict fp32 as the reference, on
 --reference-samples texts spread evenly over the lengths (every row starts with the same texts); the same
@@ -194,6 +196,7 @@ class Row:
     scores: Tensor = field(repr=False)  # [samples, S] token scores (the rows of the reference texts first)
     steps: Tensor = field(repr=False)  # [samples] steps each sample used
     captum: bool = False
+    full: Tensor | None = field(default=None, repr=False)  # [samples] bool: its steps ran in full precision
 
     @property
     def rate(self) -> float:
@@ -212,6 +215,7 @@ def engine_row(
     planner = settings.planner()
     scores = torch.zeros(len(texts), args.max_length)
     steps = torch.zeros(len(texts), dtype=torch.long)
+    full = torch.zeros(len(texts), dtype=torch.bool)
     warm = adapter.tokenize(texts[: args.batch], args.max_length)
     attribute_batch(adapter, {k: v.to(adapter.device) for k, v in warm.items()}, settings, planner)
     sync(adapter.device)
@@ -224,8 +228,9 @@ def engine_row(
         rows = slice(i, i + out["token_scores"].shape[0])
         scores[rows, : out["token_scores"].shape[1]] = out["token_scores"]
         steps[rows] = out["steps"]
+        full[rows] = out["full_precision"]
     sync(adapter.device)
-    row = Row(name, len(texts), time.perf_counter() - start, scores, steps)
+    row = Row(name, len(texts), time.perf_counter() - start, scores, steps, full=full)
     print(f"    {row.rate:9.2f} samples/s, {int(steps.sum()):,} sample-steps in {row.seconds:.0f} s", flush=True)
     return row
 
@@ -289,6 +294,9 @@ def entry(row: Row, reference: Row, full_rate: float, cap: int) -> dict[str, Any
         "rel_err_max": float(error.max()),
         "rel_err_max_below_cap": float(below_cap.max()) if len(below_cap) else None,
         "capped": int((row.steps >= cap).sum()) if row.name.startswith("auto") else 0,
+        "full_precision": 0 if row.full is None else int(row.full.sum()),
+        "rel_err_max_full": _group_max(error, row.full, True),
+        "rel_err_max_low": _group_max(error, row.full, False),
         "steps_histogram": histogram,
         "minutes_for_40k": FULL_SET / row.rate / 60,
         "speedup_vs_reference": row.rate / full_rate,
@@ -296,8 +304,16 @@ def entry(row: Row, reference: Row, full_rate: float, cap: int) -> dict[str, Any
     }
 
 
+def _group_max(error: Tensor, full: Tensor | None, in_full: bool) -> float | None:
+    """The largest error among the reference texts whose steps ran in full precision (`in_full`) or not."""
+    if full is None:
+        return None
+    chosen = error[full[: len(error)] == in_full]
+    return float(chosen.max()) if len(chosen) else None
+
+
 def _sci(value: float | None) -> str:
-    return "none stopped there" if value is None else f"{value:.1e}"
+    return "none" if value is None else f"{value:.1e}"
 
 
 def histogram_text(histogram: list[tuple[int, int]]) -> str:
@@ -341,7 +357,9 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     lines += ["", "Steps per sample (steps: samples):", ""]
     lines += [
         f"- {e['method']}: {histogram_text(e['steps_histogram'])}; {e['capped']} at the cap; rel. error max of the "
-        f"reference texts it stopped below the cap: {_sci(e['rel_err_max_below_cap'])}"
+        f"reference texts it stopped below the cap: {_sci(e['rel_err_max_below_cap'])}; "
+        f"{e['full_precision']} samples in full precision (rel. error max of the reference texts among them: "
+        f"{_sci(e['rel_err_max_full'])}; of the others: {_sci(e['rel_err_max_low'])})"
         for e in entries
         if e["method"].startswith("auto")
     ]
@@ -349,7 +367,8 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-VARIANTS = {  # step precisions besides the default (fp16 on a copy of the weights)
+VARIANTS = {  # step precisions besides the default (fp16 on a copy of the weights, full-precision fallback on)
+    "fp16, no fallback": {"full_precision_fallback": False},
     "fp16 autocast": {"amp_mode": "autocast"},
     "bf16 autocast": {"amp_mode": "autocast", "amp_dtype": "bf16"},
     "tf32": {"use_amp": False, "tf32": True},
@@ -531,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
         "max_words": args.max_words,
         "mean_tokens": sum(lengths) / len(lengths),
         "batch": args.batch,
-        "precision": "fp16 weights" if device.type == "cuda" else "fp32",
+        "precision": "fp16 weights (auto: the samples fp16 cannot resolve to the tolerance in TF32, the "
+        "full_precision_fallback setting, unless the row says no fallback)"
+        if device.type == "cuda"
+        else "fp32",
         "floor": precision_floor("fp16" if device.type == "cuda" else "fp32"),
         "reference_steps": args.reference_steps,
         "reference_samples": len(subset),

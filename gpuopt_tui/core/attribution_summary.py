@@ -51,6 +51,7 @@ class StepStats:
     histogram: tuple[tuple[int, int], ...]  # (steps, samples), fewest steps first
     above_tolerance: int | None  # "auto": samples that stopped at the cap above the tolerance
     warning: str | None
+    full_precision: str | None = None  # "auto": how many samples ran their steps in full precision, and why
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ def _steps(data: Any) -> StepStats | None:
         histogram=tuple((int(steps), int(count)) for steps, count in data["histogram"]),
         above_tolerance=optional_int(data.get("above_tolerance")),
         warning=data.get("warning") or None,
+        full_precision=(data.get("full_precision") or {}).get("note"),
     )
 
 

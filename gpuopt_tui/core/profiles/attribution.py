@@ -87,6 +87,13 @@ class AttributionSection:
         "LayerNorm and residuals in fp32)",
         choices=("weights", "autocast"),
     )
+    full_precision_fallback: bool = opt(
+        True,
+        'With n_steps = "auto" and use_amp: a sample whose output moves too little between baseline and input for '
+        "amp_dtype steps to reach `tolerance` (their rounding is relative to |F|, the tolerance to "
+        "|F(x) - F(baseline)|) runs its steps in TF32 (fp32 below a tolerance of 1e-3) instead; the summary counts "
+        "them and attributions.jsonl marks them (`full_precision`)",
+    )
     tf32: bool = opt(True, "Allow TF32 matrix products when running in fp32 on the GPU")
     compile: str = opt(
         "auto",

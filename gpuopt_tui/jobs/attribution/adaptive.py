@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.attribution.deltas import output_floor
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 from gpuopt_tui.jobs.attribution.rules import clenshaw_curtis
 
@@ -65,6 +67,24 @@ def tolerance_warning(tolerance: float, precision: str, dtype: torch.dtype = tor
         f"tolerance {tolerance:g} is below what {precision} steps can resolve (about {floor:.0e} relative): "
         f"samples stop once within {floor:.0e}; for a tighter result run the steps in fp32 (use_amp = false)"
     )
+
+
+def needs_full_precision(
+    scores: Tensor, baseline_scores: Tensor, tolerance: float, precision: str, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Per sample [B]: whether steps in `precision` cannot reach `tolerance`, because the output moves too little
+    between baseline and input: the floor's absolute part, floor x max(|F(x)|, |F(baseline)|), exceeds the
+    tolerance's share of |F(x) - F(baseline)|. Low-precision rounding is relative to the size of the outputs,
+    not to their change: such a sample's token scores can be off by more than the tolerance however many steps
+    it gets (the tests above would stop it on the absolute part)."""
+    floor = precision_floor(precision, dtype)
+    return output_floor(scores, baseline_scores, floor) > tolerance * (scores - baseline_scores).abs()
+
+
+def full_precision(tolerance: float) -> str:
+    """The precision the samples of `needs_full_precision` run in: TF32 (fp32 storage, TF32 products; plain fp32
+    where there is no TF32) when the tolerance is within its resolution, else fp32."""
+    return "tf32" if tolerance >= precision_floor("tf32") else "fp32"
 
 
 @dataclass(frozen=True)

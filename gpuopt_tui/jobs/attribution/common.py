@@ -32,6 +32,7 @@ class IGResult:
     outputs: Tensor  # [B, C] (or [B]): the full forward output at x, e.g. logits
     target: Tensor | None  # [B] long: the explained output index, None for scalar outputs
     steps: Tensor  # [B] long: the interpolation steps each sample used
+    full_precision: Tensor  # [B] bool: its steps ran in full precision (adaptive.needs_full_precision)
 
     def token_scores(self) -> Tensor:
         """[B, *S]: attribution per token (sum over the embedding dimension)."""
@@ -125,10 +126,14 @@ def finish(
     out_b: Tensor,
     target: Tensor | None,
     steps: Tensor,
+    full_precision: Tensor | None = None,
 ) -> IGResult:
-    """Attributions = (x - baseline) * integrated gradients, and the convergence deltas, in fp32 (or wider)."""
+    """Attributions = (x - baseline) * integrated gradients, and the convergence deltas, in fp32 (or wider);
+    `full_precision` (none: no sample) marks the samples whose steps ran in full precision."""
     dtype = integrated_grads.dtype
     attributions = (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
     scores, base_scores = selected(out_x, target), selected(out_b, target)
     deltas = attributions.reshape(attributions.shape[0], -1).sum(1) - (scores - base_scores)
-    return IGResult(attributions, deltas, scores, base_scores, out_x, target, steps)
+    if full_precision is None:
+        full_precision = torch.zeros_like(steps, dtype=torch.bool)
+    return IGResult(attributions, deltas, scores, base_scores, out_x, target, steps, full_precision)

@@ -86,12 +86,19 @@ def _round_up(n: int) -> int:
 
 
 def steps_summary(
-    steps: Tensor, within: Tensor, *, tolerance: float | None, max_steps: int, precision: str = "fp32"
+    steps: Tensor,
+    within: Tensor,
+    *,
+    tolerance: float | None,
+    max_steps: int,
+    precision: str = "fp32",
+    full_precision: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
     """The steps the samples used: total, mean, a histogram [[steps, samples], ...]; with "auto" steps
     (`tolerance` given) also how many samples stopped at the last level with a delta that is not `within` the
     tolerance (see `within_tolerance`), and a warning when there are any, which names full-precision steps as the
-    remedy when the steps ran in `precision` fp16 or bf16."""
+    remedy when the steps ran in `precision` fp16 or bf16. `full_precision` (samples, their precision): how many
+    samples ran their steps in full precision instead (`full_precision` in the summary, with a note saying why)."""
     values, counts = steps.unique(return_counts=True)
     summary: dict[str, Any] = {
         "mode": "fixed" if tolerance is None else "auto",
@@ -102,7 +109,19 @@ def steps_summary(
         "histogram": [[int(v), int(c)] for v, c in zip(values, counts)],
         "above_tolerance": None,
         "warning": None,
+        "full_precision": None,
     }
+    if full_precision is not None and full_precision[0]:
+        count, fallback = full_precision
+        summary["full_precision"] = {
+            "samples": count,
+            "precision": fallback,
+            "note": (
+                f"{count} of {steps.numel()} samples ran their steps in {fallback}, not {precision}: their output "
+                f"moves too little between baseline and input for {precision} rounding to stay within the tolerance "
+                "(full_precision_fallback; `full_precision` in attributions.jsonl names them)"
+            ),
+        }
     if tolerance is not None:
         above = int((~within).sum())
         summary["above_tolerance"] = above

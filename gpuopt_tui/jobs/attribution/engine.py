@@ -34,6 +34,7 @@ RESULT_KEYS = (
     "margin",
     "low_margin",
     "steps",
+    "full_precision",
 )
 
 
@@ -47,6 +48,7 @@ class Settings:
     max_steps: int  # the cap of "auto" steps
     precision: str  # fp32, tf32, bf16 or fp16
     cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
+    full_precision_fallback: bool  # "auto" bf16/fp16 steps: samples they cannot resolve run in TF32/fp32
     target: str  # "predicted", "label" or a class index
     baseline: str
     baseline_token: int | None  # the id filling content positions; None for zero vectors
@@ -68,6 +70,7 @@ class Settings:
             max_steps=section.max_steps,
             precision=prec,
             cast_weights=section.amp_mode == "weights" and prec in ("bf16", "fp16"),
+            full_precision_fallback=section.full_precision_fallback and section.n_steps == "auto",
             target=section.target,
             baseline=section.baseline,
             baseline_token=baseline_token_id(adapter, section.baseline, section.custom_baseline_token),
@@ -152,6 +155,7 @@ def attribute_batch(
                 target,
                 tolerance=settings.tolerance,
                 max_steps=settings.max_steps,
+                full_precision_fallback=settings.full_precision_fallback,
                 alpha_batch_size=planner,
                 compiler=compiler,
                 on_chunk=on_chunk,
@@ -174,5 +178,6 @@ def attribute_batch(
         "margin": margin,
         "low_margin": low_margin,
         "steps": result.steps,
+        "full_precision": result.full_precision,
     }
     return {k: v.detach().cpu().contiguous() for k, v in values.items()}

@@ -12,7 +12,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gpuopt_tui.jobs.attribution.adaptive import nested_levels, precision_floor, rounding_floor
+from gpuopt_tui.jobs.attribution.adaptive import (
+    full_precision,
+    needs_full_precision,
+    nested_levels,
+    precision_floor,
+    rounding_floor,
+)
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -29,7 +35,7 @@ from gpuopt_tui.jobs.attribution.common import (
 )
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
-from gpuopt_tui.jobs.attribution.precision import StepPrecision, check_finite, weights_cast
+from gpuopt_tui.jobs.attribution.precision import REDUCED, StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
 from gpuopt_tui.jobs.device import autocast, free_memory, is_oom
 from gpuopt_tui.jobs.models.base import tile_rows
@@ -49,6 +55,7 @@ def integrated_gradients(
     alpha_batch_size: int | Literal["auto"] | ChunkPlanner | None = None,
     precision: str = "fp32",
     cast_weights: bool = False,
+    full_precision_fallback: bool = False,
     compiler: StepCompiler | None = None,
     endpoint_precision: str | None = None,
     context: Mapping[str, Tensor] | None = None,
@@ -68,7 +75,9 @@ def integrated_gradients(
     With `n_steps = "auto"` each sample is refined over nested Clenshaw-Curtis levels until its relative
     completeness delta is within `tolerance` (raised to what `precision` can resolve), or it has used the last
     level within `max_steps` (see adaptive.py; `method` is not used); each refinement pass runs the
-    unconverged samples only.
+    unconverged samples only. With `full_precision_fallback` and bf16/fp16 steps, the samples whose output moves
+    too little for those steps to reach the tolerance (adaptive.needs_full_precision) run theirs in TF32/fp32
+    (adaptive.full_precision), eagerly; the result's `full_precision` marks them.
     F(x) and F(baseline) (and so the target, the prediction and the convergence deltas) run eagerly on the
     original weights, never autocast: in fp32 by default, or "tf32" with `endpoint_precision`.
     `context` tensors (first dim B) are tiled to the rows of each chunk and handed to the forward.
@@ -88,22 +97,44 @@ def integrated_gradients(
         endpoints = resolve_endpoint_precision(endpoint_precision)
         out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, dict(context or {}), endpoints)
         target = resolve_target(target, out_x)
-        step_context = step.context(context or {})
-        rows = _Chunk(baselines, inputs - baselines, inputs.new_zeros(0), attention_mask, step_context, target)
-        passes = _Passes(forward, step, planner, compiler, on_chunk)
-        with weights_cast(module, step.weights):
-            if n_steps == "auto":
-                ends = selected(out_x, target), selected(out_b, target)
-                floors = precision_floor(precision, acc), rounding_floor(acc)
-                total, steps = _refined(passes, rows, ends, tolerance, max_steps, *floors)
-            else:
-                alphas, weights = (
-                    torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps)
-                )
-                total = passes.integrate(rows, alphas, weights.unsqueeze(1))[0]
-                steps = torch.full((batch,), n_steps, dtype=torch.long, device=inputs.device)
+        rows = _Chunk(baselines, inputs - baselines, inputs.new_zeros(0), attention_mask, dict(context or {}), target)
+        full = torch.zeros(batch, dtype=torch.bool, device=inputs.device)
+        if n_steps == "auto":
+            ends = selected(out_x, target), selected(out_b, target)
+            if full_precision_fallback and precision in REDUCED:
+                full = needs_full_precision(*ends, tolerance, precision, acc)
+            total = torch.zeros_like(rows.diff.reshape(batch, -1))
+            steps = torch.zeros(batch, dtype=torch.long, device=inputs.device)
+            groups = [(m, p) for m, p in ((~full, precision), (full, full_precision(tolerance))) if bool(m.any())]
+            for part, (members, group_precision) in enumerate(groups):
+                index = None if bool(members.all()) else members.nonzero().squeeze(1)  # None: the whole batch
+                group_step = step if group_precision == precision else StepPrecision.of(group_precision)
+                group_compiler = compiler if group_step is step else None  # the compiled graph is the main group's
+                passes = _Passes(forward, group_step, planner, group_compiler, on_chunk)
+                floors = precision_floor(group_precision, acc), rounding_floor(acc)
+                group_ends = ends if index is None else (ends[0][index], ends[1][index])
+                with weights_cast(module, group_step.weights):
+                    refined = _refined(
+                        passes,
+                        rows.select(index, group_step),
+                        group_ends,
+                        tolerance,
+                        max_steps,
+                        *floors,
+                        share=(part, len(groups)),
+                    )
+                if index is None:
+                    total, steps = refined
+                else:
+                    total[index], steps[index] = refined
+        else:
+            passes = _Passes(forward, step, planner, compiler, on_chunk)
+            alphas, weights = (torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps))
+            with weights_cast(module, step.weights):
+                total = passes.integrate(rows.select(None, step), alphas, weights.unsqueeze(1))[0]
+            steps = torch.full((batch,), n_steps, dtype=torch.long, device=inputs.device)
     check_finite(total, precision)
-    return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target, steps)
+    return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target, steps, full)
 
 
 PROGRESS_UNITS = 1000  # over several passes, on_chunk(done, total) counts thousandths of a pass
@@ -159,10 +190,11 @@ def _refined(
     max_steps: int,
     floor: float,
     rounding: float,
+    share: tuple[int, int] = (0, 1),
 ) -> tuple[Tensor, Tensor]:
     """Integrated gradients [B, numel] over nested levels and the points each sample used [B], from the
     explained outputs `ends` (F(x), F(baseline)), the precision's `floor` and the accumulation's `rounding`
-    (adaptive.py)."""
+    (adaptive.py); `share` (index, parts): where these samples' passes are in the progress of the batch."""
     levels = nested_levels(max_steps)
     batch, device, dtype = rows.rows, rows.diff.device, rows.diff.dtype
     hidden = rows.diff.shape[-1]
@@ -173,7 +205,7 @@ def _refined(
     active = torch.arange(batch, device=device)
     previous = None  # token scores of the active samples at the previous level
     for k, level in enumerate(levels):
-        passes.progress = (k, len(levels))
+        passes.progress = (share[0] * len(levels) + k, share[1] * len(levels))
         alphas, weights = (torch.as_tensor(v, dtype=dtype, device=device) for v in (level.alphas, level.weights))
         part = passes.integrate(rows if k == 0 else rows.select(active), alphas, weights)
         sums[k:, active] += part.view(len(levels) - k, active.numel(), -1)
@@ -255,12 +287,16 @@ class _Chunk:
         """Shape of the points handed to the forward."""
         return (self.steps * self.rows, *self.baselines.shape[1:])
 
-    def select(self, index: Tensor) -> _Chunk:
-        """The same alphas for the samples at `index` only."""
-        mask = None if self.mask is None else self.mask[index]
-        target = None if self.target is None else self.target[index]
-        context = {k: v[index] for k, v in self.context.items()}
-        return _Chunk(self.baselines[index], self.diff[index], self.alphas, mask, context, target)
+    def select(self, index: Tensor | None, step: StepPrecision | None = None) -> _Chunk:
+        """The same alphas for the samples at `index` only (None: all), with the context in `step`'s dtype."""
+        if index is None:
+            chunk = self
+        else:
+            mask = None if self.mask is None else self.mask[index]
+            target = None if self.target is None else self.target[index]
+            context = {k: v[index] for k, v in self.context.items()}
+            chunk = _Chunk(self.baselines[index], self.diff[index], self.alphas, mask, context, target)
+        return chunk if step is None else dataclasses.replace(chunk, context=step.context(chunk.context))
 
     def gradients(self, forward: ForwardFn, step: StepPrecision) -> Tensor:
         """Gradients of the explained output at every point: [steps, B * prod(S) * H] (the step dtype)."""

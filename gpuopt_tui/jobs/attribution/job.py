@@ -24,7 +24,7 @@ from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import level_points, precision_floor, tolerance_warning
+from gpuopt_tui.jobs.attribution.adaptive import full_precision, level_points, precision_floor, tolerance_warning
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary, within_tolerance
@@ -101,6 +101,10 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     return summary
 
 
+def _ends(collected: Collected) -> tuple[Tensor, Tensor, Tensor]:
+    return collected.deltas, collected.scores, collected.baseline_scores
+
+
 def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
     """How many samples have a top-two margin of F(x) within the steps' precision error, and that error."""
     return {
@@ -149,7 +153,11 @@ def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> N
     settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
     settings_record = {k: getattr(settings, k) for k in RESULT_SETTINGS}
     if settings.n_steps == "auto":
-        settings_record |= {"tolerance": settings.tolerance, "max_steps": settings.max_steps}
+        settings_record |= {
+            "tolerance": settings.tolerance,
+            "max_steps": settings.max_steps,
+            "full_precision_fallback": settings.full_precision_fallback,
+        }
     ctx.check_resume_record({"settings": settings_record, "batches": plan, "values": list(RESULT_KEYS)})
 
 
@@ -261,6 +269,7 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected
         margin=values["margin"],
         low_margin=values["low_margin"],
         steps=values["steps"],
+        full_precision=values["full_precision"],
         labels=ds.labels,
     )
     return collected, seconds
@@ -301,14 +310,23 @@ def _write_results(
         ctx.warn(deltas["warning"])
     auto = settings.n_steps == "auto"
     floor = precision_floor(settings.precision)  # the stopping rule's (adaptive.py)
-    within = within_tolerance(collected.deltas, collected.scores, collected.baseline_scores, settings.tolerance, floor)
+    fallback = full_precision(settings.tolerance)
+    full = collected.full_precision
+    within = torch.where(
+        full,
+        within_tolerance(*_ends(collected), settings.tolerance, precision_floor(fallback)),
+        within_tolerance(*_ends(collected), settings.tolerance, floor),
+    )
     steps = steps_summary(
         collected.steps,
         within,
         tolerance=max(settings.tolerance, floor) if auto else None,
         max_steps=settings.max_steps,
         precision=settings.precision,
+        full_precision=(int(full.sum()), fallback) if settings.full_precision_fallback else None,
     )
+    if steps["full_precision"]:
+        ctx.log(steps["full_precision"]["note"])
     if steps["warning"]:
         ctx.warn(steps["warning"])
     close = int(collected.low_margin.sum())

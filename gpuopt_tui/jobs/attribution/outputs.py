@@ -4,12 +4,13 @@
   nested per candidate for two-tower inputs), target, label, prediction, probability, delta, relative_delta,
   margin (between the two largest outputs of the fp32 forward; null with one output), low_margin (that margin
   is within the error of the steps' precision: the steps may rank the two the other way), steps (the
-  interpolation steps the sample used: its own with n_steps = "auto"), and `top`: the
+  interpolation steps the sample used: its own with n_steps = "auto"), full_precision (its steps ran in TF32/fp32
+  rather than the run's bf16/fp16: see the full_precision_fallback setting), and `top`: the
   sample's top_k_sample tokens by |score| as [position, token, score]. Floats are written at full fp32
   precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
   [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
-  `low_margin`, `steps`.
+  `low_margin`, `steps`, `full_precision`.
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -52,6 +53,7 @@ class Collected:
     margin: Tensor  # [N]
     low_margin: Tensor  # [N] bool
     steps: Tensor  # [N] interpolation steps used
+    full_precision: Tensor  # [N] bool: its steps ran in full precision (the full_precision_fallback setting)
     labels: Tensor | None  # [N]
 
 
@@ -68,6 +70,7 @@ def write_tensors(path: Path, collected: Collected) -> None:
         "margin": collected.margin.float(),
         "low_margin": collected.low_margin.bool(),
         "steps": collected.steps.long(),
+        "full_precision": collected.full_precision.bool(),
     }
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
@@ -97,6 +100,7 @@ def sample_records(
             "margin": float32_value(collected.margin[i]) if bool(collected.margin[i].isfinite()) else None,
             "low_margin": bool(collected.low_margin[i]),
             "steps": int(collected.steps[i]),
+            "full_precision": bool(collected.full_precision[i]),
             "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record

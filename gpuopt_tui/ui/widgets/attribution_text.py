@@ -99,6 +99,8 @@ def step_report(steps: StepStats) -> list[Content]:
         Content(f"  {step_histogram(steps.histogram)}"),
         Content(f"  mean {steps.mean:.3g} · {steps.total:,} sample-steps in all · cap {steps.max_steps}"),
     ]
+    if steps.full_precision:
+        lines.append(Content(f"  {steps.full_precision}"))
     if steps.warning:
         lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=steps.warning))
     return lines
