@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.command import CommandPalette
 from textual.widget import Widget
 from textual.widgets import Input
 
@@ -116,13 +117,15 @@ async def test_clicking_a_key_runs_its_action_where_the_focus_is_and_a_disabled_
         assert app.query_one("#left", Pane).pressed == ["edit"] and bells == 1
 
 
-async def test_the_footer_is_cut_at_the_terminals_width_and_keeps_the_palette_key() -> None:
+async def test_the_footer_is_cut_at_the_terminals_width_and_keeps_the_palette_key_clickable() -> None:
     app = make_app(screen="planner")
     async with app.run_test(size=(60, 20)) as pilot:
         await pilot.pause()
         line = footer_line(app)
         assert line.startswith(" ^r Run  ^s Save") and line.endswith("▏^p palette "), line
         assert len(line) == 60 and "Quit" not in line
+        await pilot.click(AppFooter, offset=(line.index("palette"), 0))  # not a key cut off under it
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
 
 
 async def test_screens_show_their_keys_with_tooltips_and_a_click_opens_a_runs_log(runs_root: Path) -> None:

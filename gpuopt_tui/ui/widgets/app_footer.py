@@ -136,7 +136,9 @@ class AppFooter(Widget, can_focus=False):
         # at the right, after a thin rule, with the compact look Textual gives it
         palette = Content.assemble(("▏", self.get_visual_style("app-footer--separator", partial=True)))
         palette += self._item(self._palette, *styles, padded=False) + " "
-        line = line.truncate(max(0, width - palette.cell_length), pad=True)
+        room = max(0, width - palette.cell_length)
+        line = line.truncate(room, pad=True)
+        self._drawn = [drawn._replace(end=min(drawn.end, room)) for drawn in self._drawn if drawn.start < room]
         return self._draw(line, self._palette, palette)
 
     def _item(self, key: FooterKey, key_style: Style, description_style: Style, padded: bool) -> Content:
