@@ -153,7 +153,7 @@ async def test_the_ranks_fit_the_runs_screen_at_80x24(runs_root: Path) -> None:
         screen = app.screen
         ranks = screen.query_one("#detail-ranks", RankTable)
         assert screen.table.selected_id == ranked.name and ranks.display
-        footer = screen.query_one("Footer").region.y
+        footer = screen.query_one("AppFooter").region.y
         assert ranks.region.height == 3 and ranks.region.bottom < footer  # the header and both ranks, on screen
         assert screen.query_one("#detail-log").region.y < footer  # the log's tail gives way first (l shows it all)
         assert screen.query_one("#runs-table").region.height >= 8

@@ -1,10 +1,10 @@
 """What a screen builds: a kind screen with no run mounts no results views (tabs and tables come with results, or
-when asked for), and the profile form fits its columns to the width it gets."""
+when asked for) and no pane tabs on a wide terminal, and the profile form fits its columns to the width it gets."""
 
 from __future__ import annotations
 
 import pytest
-from textual.widgets import DataTable, TabbedContent
+from textual.widgets import DataTable, TabbedContent, Tabs
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.ui.screens.ablation import ProbingResults
@@ -24,6 +24,21 @@ async def test_a_kind_screen_without_a_run_mounts_no_results_views(screen: str) 
         assert not results.views_ready
         assert not results.query(TabbedContent) and not results.query(DataTable)
         assert len(list(results.walk_children())) <= 4  # the summary text and the log (ablation: head and button)
+
+
+async def test_the_pane_tabs_are_made_when_the_terminal_gets_narrow_and_show_the_pane_chosen_before() -> None:
+    app = make_app(screen="planner")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert not screen.query("#pane-tabs")
+        screen.show_pane("run")  # as starting a run does: the run pane is the one a narrow terminal shows
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: screen.query_one("#pane-tabs", Tabs).active == "pane-run")
+        await pilot.pause()
+        assert "Latest run" in "\n".join(screen_lines(app)) and not screen.form.region.height
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: screen.form.region.height > 0)
 
 
 async def test_the_feature_cache_button_mounts_the_views_and_lists_the_cache() -> None:

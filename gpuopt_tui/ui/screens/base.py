@@ -20,6 +20,7 @@ class AppScreen(Screen[None]):
     """Subclasses set SCREEN_NAME, implement `compose_body`, and may override `runs_updated`."""
 
     SCREEN_NAME: ClassVar[str] = ""
+    ALLOW_IN_MAXIMIZED_VIEW: ClassVar[str | None] = "AppFooter"  # the keys stay shown under a maximized view
     _styled_for: object = None  # what the app's styles depended on when this screen was last styled
     _held: tuple[tuple[str, dict[str, Any]], ...] = ()  # notifications held until the screen is first shown
 

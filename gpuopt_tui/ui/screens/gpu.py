@@ -17,7 +17,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.geometry import Size
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.telemetry import display
@@ -28,6 +27,7 @@ from gpuopt_tui.core.telemetry.procinfo import send_signal, start_time
 from gpuopt_tui.core.telemetry.snapshot import ProcessSample, Snapshot
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 from gpuopt_tui.ui.partial_updates import crop_partial_updates
+from gpuopt_tui.ui.widgets.app_footer import AppFooter
 from gpuopt_tui.ui.widgets.cell_lines import CellLines, TextLines, one_line
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuRow, GpuRows, OneLine, no_gpu_text, process_summary
@@ -370,7 +370,7 @@ class GpuScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield self.view
-        yield Footer()
+        yield AppFooter()
 
     def on_screen_resume(self) -> None:
         self.view.wake()

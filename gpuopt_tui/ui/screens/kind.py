@@ -107,8 +107,7 @@ class KindScreen(AppScreen):
             yield Button("Save as", id="save-as", compact=True)
             yield Button("Run", id="run", variant="success", compact=True)
         yield Static("", id="profile-info", markup=False)
-        # shown only on a narrow terminal, where the form and the run pane take turns
-        yield Tabs(Tab("Profile", id="pane-form"), Tab("Run & results", id="pane-run"), id="pane-tabs")
+        # (on a narrow terminal, the tabs of the form and run panes come here: see on_resize)
         with Horizontal(id="kind-body"):
             yield ProfileForm(self.cls, id="form")
             with Vertical(id="run-side"):
@@ -139,7 +138,16 @@ class KindScreen(AppScreen):
         self.query_one("#profile-picker").focus()
 
     def on_resize(self, event: Resize) -> None:
-        self.set_class(event.size.width < NARROW_BELOW, "-narrow")
+        narrow = event.size.width < NARROW_BELOW
+        self.set_class(narrow, "-narrow")
+        if narrow and not self.query("#pane-tabs"):
+            # the form and the run pane take turns: tabs to pick one, made the first time they are needed (a wide
+            # terminal never shows them, and each widget costs time on the screen's first visit)
+            active = "pane-run" if self.has_class("-run-pane") else "pane-form"
+            tabs = Tabs(
+                Tab("Profile", id="pane-form"), Tab("Run & results", id="pane-run"), id="pane-tabs", active=active
+            )
+            self.mount(tabs, before="#kind-body")
         self.refresh_bindings()
 
     @property
@@ -148,7 +156,11 @@ class KindScreen(AppScreen):
 
     def show_pane(self, pane: str) -> None:
         """On a narrow terminal, show the "form" or the "run" pane (both are always shown on a wide one)."""
-        self.query_one("#pane-tabs", Tabs).active = f"pane-{pane}"
+        tabs = self.query("#pane-tabs")
+        if tabs:
+            tabs.first(Tabs).active = f"pane-{pane}"
+        else:  # not made yet: wide so far
+            self.set_class(pane == "run", "-run-pane")
 
     @on(Tabs.TabActivated, "#pane-tabs")
     def _pane_chosen(self, event: Tabs.TabActivated) -> None:

@@ -10,10 +10,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Log, Static
+from textual.widgets import Log, Static
 
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail
+from gpuopt_tui.ui.widgets.app_footer import AppFooter
 
 FOLLOW_INTERVAL_S = 1.0
 
@@ -63,7 +64,7 @@ class LogScreen(ModalScreen[None]):
                 classes="pane-title",
             )
             yield LogView(lines=2000, id="log-full")
-        yield Footer()
+        yield AppFooter()
 
     def on_mount(self) -> None:
         self._follow()
