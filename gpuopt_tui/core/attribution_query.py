@@ -14,7 +14,7 @@ SORTS: dict[str, tuple[str, Callable[[SampleEntry], Any]]] = {
     "delta": ("largest relative delta first", lambda e: -e.relative_delta),
     "probability": ("least confident first", lambda e: e.probability),
 }
-QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong, lowmargin"
+QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong, lowmargin, fullprecision"
 _CLASS_FILTERS = ("pred", "target", "label")
 
 
@@ -22,13 +22,15 @@ _CLASS_FILTERS = ("pred", "target", "label")
 class SampleQuery:
     """A search: every word must occur in the sample's text; `top:` tokens among its top tokens; `pred:`,
     `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label,
-    `lowmargin` those whose top two outputs are within the steps' precision error."""
+    `lowmargin` those whose top two outputs are within the steps' precision error, `fullprecision` those whose
+    steps ran in full precision."""
 
     words: tuple[str, ...] = ()
     top: tuple[str, ...] = ()
     classes: tuple[tuple[str, int], ...] = ()
     wrong: bool = False
     low_margin: bool = False
+    full_precision: bool = False
 
     @classmethod
     def parse(cls, text: str) -> SampleQuery:
@@ -36,7 +38,7 @@ class SampleQuery:
         words: list[str] = []
         top: list[str] = []
         classes: list[tuple[str, int]] = []
-        wrong = low_margin = False
+        wrong = low_margin = full_precision = False
         for part in text.split():
             key, sep, value = part.partition(":")
             key = key.lower()
@@ -45,6 +47,8 @@ class SampleQuery:
                     wrong = True
                 elif part.lower() == "lowmargin":
                     low_margin = True
+                elif part.lower() == "fullprecision":
+                    full_precision = True
                 else:
                     words.append(part.lower())
             elif key == "top" and value:
@@ -53,10 +57,15 @@ class SampleQuery:
                 classes.append((key, int(value)))
             else:
                 raise UserError(f'"{part}": expected {QUERY_HELP}')
-        return cls(tuple(words), tuple(top), tuple(classes), wrong, low_margin)
+        return cls(tuple(words), tuple(top), tuple(classes), wrong, low_margin, full_precision)
 
     def matches(self, entry: SampleEntry) -> bool:
-        if (self.wrong and not entry.wrong) or (self.low_margin and not entry.low_margin):
+        flags = (
+            (self.wrong, entry.wrong),
+            (self.low_margin, entry.low_margin),
+            (self.full_precision, entry.full_precision),
+        )
+        if any(wanted and not has for wanted, has in flags):
             return False
         if any(word not in entry.search_text for word in self.words):
             return False

@@ -83,6 +83,7 @@ class SampleEntry:
     margin: float | None = None  # between the two largest outputs of the fp32 forward (None: not recorded)
     low_margin: bool = False  # that margin is within the error of the steps' precision
     steps: int | None = None  # interpolation steps the sample used (None: not recorded)
+    full_precision: bool = False  # its steps ran in full precision (the full_precision_fallback setting)
 
     @property
     def top_token(self) -> str:
@@ -133,6 +134,7 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         margin=optional_float(record.get("margin")),
         low_margin=bool(record.get("low_margin", False)),
         steps=optional_int(record.get("steps")),
+        full_precision=bool(record.get("full_precision", False)),
     )
 
 

@@ -269,3 +269,24 @@ def test_auto_steps_and_margins_as_written(tmp_path: Path) -> None:
         r["steps"] for r in lines
     )
     assert select(index.entries, SampleQuery.parse("lowmargin")) == [e for e in index.entries if e.low_margin]
+
+
+def test_full_precision_samples_are_read_searched_and_summarised(tmp_path: Path) -> None:
+    """What a GPU run with the full-precision fallback writes (on the CPU no sample needs it): the per-sample flag
+    and the summary's note, as the sample list and the Summary tab read them."""
+    settings = ("n_samples=4", 'n_steps="auto"', "max_steps=33", "batch_size=4")
+    results = RunDir(engine_run(tmp_path, "demo-attribution", *(f"attribution.{s}" for s in settings))).results
+    lines = records(results.parent)
+    assert all(r["full_precision"] is False for r in lines)  # written for every sample, false on the CPU
+    lines[1]["full_precision"] = lines[3]["full_precision"] = True
+    (results / JSONL_NAME).write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    raw = json.loads((results / SUMMARY_NAME).read_text())
+    assert raw["steps"]["full_precision"] is None
+    raw["steps"]["full_precision"] = {"samples": 2, "precision": "tf32", "note": "2 of 4 samples ran in tf32"}
+    (results / SUMMARY_NAME).write_text(json.dumps(raw), encoding="utf-8")
+    index = SampleIndex.build(results / JSONL_NAME)
+    assert index is not None and [e.full_precision for e in index.entries] == [False, True, False, True]
+    assert [e.index for e in select(index.entries, SampleQuery.parse("fullprecision"))] == [1, 3]
+    summary = load_summary(results)
+    assert summary is not None and summary.steps is not None
+    assert summary.steps.full_precision == "2 of 4 samples ran in tf32"

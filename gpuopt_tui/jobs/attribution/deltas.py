@@ -119,7 +119,7 @@ def steps_summary(
             "note": (
                 f"{count} of {steps.numel()} samples ran their steps in {fallback}, not {precision}: their output "
                 f"moves too little between baseline and input for {precision} rounding to stay within the tolerance "
-                "(full_precision_fallback; `full_precision` in attributions.jsonl names them)"
+                "(full_precision_fallback; `full_precision` in attributions.jsonl names them, search: fullprecision)"
             ),
         }
     if tolerance is not None:

@@ -32,7 +32,7 @@ def sample_heading(sample: Sample) -> Content:
         if e.low_margin
         else ""
     )
-    steps = "" if e.steps is None else f" · {e.steps} steps"
+    steps = "" if e.steps is None else f" · {e.steps} steps" + (" in full precision" if e.full_precision else "")
     return Content(
         f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}\n"
         f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{close}"
