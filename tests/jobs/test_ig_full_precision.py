@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from ig_cases import tiny_bert_case
 
 from gpuopt_tui.jobs.attribution import integrated_gradients
 from gpuopt_tui.jobs.attribution.adaptive import full_precision, needs_full_precision, precision_floor
@@ -17,23 +17,7 @@ TOLERANCE = 1e-2
 
 @pytest.fixture(scope="module")
 def case():
-    torch.manual_seed(3)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        initializer_range=0.2,
-        num_labels=3,
-    )
-    model = BertForSequenceClassification(config).eval()
-    ids = torch.randint(5, 100, (12, 12), generator=torch.Generator().manual_seed(4))
-    mask = torch.ones_like(ids)
-    mask[2, 7:] = 0
-    emb = model.get_input_embeddings()(ids).detach()
-    base = torch.zeros_like(emb)
+    model, emb, base, mask = tiny_bert_case(seed=3, data_seed=4, rows=12, padded=(2, 7))
     return (lambda e, m, c: model(inputs_embeds=e, attention_mask=m).logits), model, emb, base, mask
 
 

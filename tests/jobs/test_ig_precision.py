@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from ig_cases import tiny_bert_case
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
@@ -20,24 +20,7 @@ from gpuopt_tui.jobs.attribution.precision import StepPrecision, output_margins,
 
 @pytest.fixture(scope="module")
 def case():
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        initializer_range=0.2,
-        num_labels=3,
-    )
-    model = BertForSequenceClassification(config).eval()
-    ids = torch.randint(5, 100, (4, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, 8:] = 0
-    emb = model.get_input_embeddings()(ids).detach()
-    base = torch.zeros_like(emb)
-    return model, emb, base, mask
+    return tiny_bert_case(seed=0, data_seed=1, rows=4, padded=(1, 8))
 
 
 def forward_of(model):

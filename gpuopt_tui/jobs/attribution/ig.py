@@ -107,31 +107,26 @@ def integrated_gradients(
             steps = torch.zeros(batch, dtype=torch.long, device=inputs.device)
             groups = [(m, p) for m, p in ((~full, precision), (full, full_precision(tolerance))) if bool(m.any())]
             for part, (members, group_precision) in enumerate(groups):
-                index = None if bool(members.all()) else members.nonzero().squeeze(1)  # None: the whole batch
+                index = members.nonzero().squeeze(1)
                 group_step = step if group_precision == precision else StepPrecision.of(group_precision)
                 group_compiler = compiler if group_step is step else None  # the compiled graph is the main group's
                 passes = _Passes(forward, group_step, planner, group_compiler, on_chunk)
                 floors = precision_floor(group_precision, acc), rounding_floor(acc)
-                group_ends = ends if index is None else (ends[0][index], ends[1][index])
                 with weights_cast(module, group_step.weights):
-                    refined = _refined(
+                    total[index], steps[index] = _refined(
                         passes,
-                        rows.select(index, group_step),
-                        group_ends,
+                        rows.select(index).in_precision(group_step),
+                        (ends[0][index], ends[1][index]),
                         tolerance,
                         max_steps,
                         *floors,
                         share=(part, len(groups)),
                     )
-                if index is None:
-                    total, steps = refined
-                else:
-                    total[index], steps[index] = refined
         else:
             passes = _Passes(forward, step, planner, compiler, on_chunk)
             alphas, weights = (torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps))
             with weights_cast(module, step.weights):
-                total = passes.integrate(rows.select(None, step), alphas, weights.unsqueeze(1))[0]
+                total = passes.integrate(rows.in_precision(step), alphas, weights.unsqueeze(1))[0]
             steps = torch.full((batch,), n_steps, dtype=torch.long, device=inputs.device)
     check_finite(total, precision)
     return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target, steps, full)
@@ -287,16 +282,16 @@ class _Chunk:
         """Shape of the points handed to the forward."""
         return (self.steps * self.rows, *self.baselines.shape[1:])
 
-    def select(self, index: Tensor | None, step: StepPrecision | None = None) -> _Chunk:
-        """The same alphas for the samples at `index` only (None: all), with the context in `step`'s dtype."""
-        if index is None:
-            chunk = self
-        else:
-            mask = None if self.mask is None else self.mask[index]
-            target = None if self.target is None else self.target[index]
-            context = {k: v[index] for k, v in self.context.items()}
-            chunk = _Chunk(self.baselines[index], self.diff[index], self.alphas, mask, context, target)
-        return chunk if step is None else dataclasses.replace(chunk, context=step.context(chunk.context))
+    def select(self, index: Tensor) -> _Chunk:
+        """The same alphas for the samples at `index` only."""
+        mask = None if self.mask is None else self.mask[index]
+        target = None if self.target is None else self.target[index]
+        context = {k: v[index] for k, v in self.context.items()}
+        return _Chunk(self.baselines[index], self.diff[index], self.alphas, mask, context, target)
+
+    def in_precision(self, step: StepPrecision) -> _Chunk:
+        """The same rows with their floating context in the dtype `step` runs in."""
+        return dataclasses.replace(self, context=step.context(self.context))
 
     def gradients(self, forward: ForwardFn, step: StepPrecision) -> Tensor:
         """Gradients of the explained output at every point: [steps, B * prod(S) * H] (the step dtype)."""

@@ -101,10 +101,6 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     return summary
 
 
-def _ends(collected: Collected) -> tuple[Tensor, Tensor, Tensor]:
-    return collected.deltas, collected.scores, collected.baseline_scores
-
-
 def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
     """How many samples have a top-two margin of F(x) within the steps' precision error, and that error."""
     return {
@@ -312,10 +308,11 @@ def _write_results(
     floor = precision_floor(settings.precision)  # the stopping rule's (adaptive.py)
     fallback = full_precision(settings.tolerance)
     full = collected.full_precision
+    ends = collected.deltas, collected.scores, collected.baseline_scores
     within = torch.where(
         full,
-        within_tolerance(*_ends(collected), settings.tolerance, precision_floor(fallback)),
-        within_tolerance(*_ends(collected), settings.tolerance, floor),
+        within_tolerance(*ends, settings.tolerance, precision_floor(fallback)),
+        within_tolerance(*ends, settings.tolerance, floor),
     )
     steps = steps_summary(
         collected.steps,
