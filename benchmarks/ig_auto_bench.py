@@ -338,10 +338,10 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         f"{meta['reference_samples']} texts spread over the lengths; rel. error (every row, on those texts): per "
         "sample max |a - b| / max |b| of the token scores against it, median / max; x reference: samples/s over "
         "the reference's",
-        "- auto: nested clenshaw_curtis levels (9, 17, 33, ... steps) until the convergence delta and the change of "
-        "the token scores from the previous level are within the tolerance (raised to the steps' precision floor, "
-        f"{meta['floor']:.0e}; absolute parts: that floor x |F(x)| for the delta, rounding for the scores' change); "
-        f"cap {meta['max_steps']} steps",
+        "- auto: adaptive Simpson panels (9 points, then 8 more per pass where the error estimate is largest) "
+        "until the convergence delta and the token scores' error estimate are within the tolerance (raised to the "
+        f"steps' precision floor, {meta['floor']:.0e}; absolute parts: that floor x |F(x)| for the delta, x the "
+        f"integral of |g_t| for token t's estimate); cap {meta['max_steps']} steps",
         f"- min for 40k: {FULL_SET:,} / samples/s (the seed job's sample count), extrapolated",
         "",
         "| method | texts | samples/s | sample-steps | mean steps | rel. error (median / max) | x reference | "

@@ -1,6 +1,6 @@
-"""n_steps = "auto": nested Clenshaw-Curtis levels refined per sample until the relative completeness delta is
-within the tolerance, on tiny random BERT and RoBERTa classifiers in float64 (so that rounding does not blur
-the comparisons)."""
+"""n_steps = "auto": adaptive Simpson panels refined per sample until the relative completeness delta and the
+token scores' error estimate are within the tolerance, on tiny random BERT and RoBERTa classifiers in float64 (so
+that rounding does not blur the comparisons)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from transformers import BertConfig, BertForSequenceClassification, RobertaConfi
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution import integrated_gradients
-from gpuopt_tui.jobs.attribution.adaptive import level_points, nested_levels, precision_floor, tolerance_warning
-from gpuopt_tui.jobs.attribution.deltas import steps_summary
+from gpuopt_tui.jobs.attribution.adaptive import precision_floor, tolerance_warning
+from gpuopt_tui.jobs.attribution.deltas import steps_summary, within_tolerance
+from gpuopt_tui.jobs.attribution.panels import GRID, NEW_POINTS, SamplePanels, first_positions, step_counts
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
-from gpuopt_tui.jobs.attribution.rules import step_rule
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 
@@ -49,7 +49,7 @@ def test_every_sample_reaches_the_tolerance_and_agrees_with_many_fixed_steps(
     forward, emb, base, mask = case(arch, seed)
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=tolerance, alpha_batch_size=7)
     assert (relative(auto) <= tolerance).all()  # and the token scores moved less than it at the last level
-    assert set(auto.steps.tolist()) <= set(level_points(1025)) and auto.steps.min() >= 9
+    assert set(auto.steps.tolist()) <= set(step_counts(1025)) and auto.steps.min() >= 9
     reference = integrated_gradients(forward, emb, base, mask, n_steps=1000, alpha_batch_size=100)
     assert (relative(reference) < 1e-9).all()
     # the totals agree within the tolerance (of |F(x) - F(baseline)|), the token scores within 10x that
@@ -64,22 +64,50 @@ def test_every_sample_reaches_the_tolerance_and_agrees_with_many_fixed_steps(
 def test_samples_that_do_not_converge_stop_at_the_cap() -> None:
     forward, emb, base, mask = case("bert", 0)
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-14, max_steps=40)
-    assert auto.steps.tolist() == [33] * 8  # the last level within 40 steps
+    assert auto.steps.tolist() == [33] * 8  # 9 + 8 + 8 + 8: one more pass would take them to 41
     assert (relative(auto) > 1e-14).any()
 
 
-def test_refined_sums_equal_the_fixed_rule_of_the_same_points() -> None:
-    """Gradients computed at one level and reweighted at the next give exactly each sample's fixed rule."""
+def naive_auto(forward, emb, base, mask, target, tolerance: float) -> tuple[torch.Tensor, int]:
+    """One sample's adaptive panels, every gradient computed afresh one point at a time (nothing reused): its
+    attributions and the points it used."""
+    diff = emb - base
+    cache: dict[int, torch.Tensor] = {}
+
+    def gradient(position: int) -> torch.Tensor:
+        point = (base + position / GRID * diff).requires_grad_()
+        (grad,) = torch.autograd.grad(forward(point, mask, {})[0, target], point)
+        return grad[0]
+
+    with torch.no_grad():
+        ends = [forward(e, mask, {})[0, target].reshape(1) for e in (emb, base)]
+    panels, positions = SamplePanels(emb.shape[1]), first_positions()
+    while True:
+        for p in positions.tolist():
+            cache[p] = gradient(p)
+        panels.add(positions, torch.stack([(cache[p] * diff[0]).sum(-1) for p in positions.tolist()]).numpy())
+        scores, error, worst = panels.estimate()
+        delta = torch.tensor([scores.sum()]) - (ends[0] - ends[1])
+        floor = precision_floor("fp32", torch.float64)
+        resolved = (error <= tolerance * np.abs(scores).max() + floor * panels.magnitude()).all()
+        if (within_tolerance(delta, *ends, tolerance, floor).all() and resolved) or panels.points + 8 > 1025:
+            break
+        positions = panels.split(worst)
+    total = sum(w * cache[p] for p, w in panels.weights().items())
+    return diff[0] * total, panels.points
+
+
+def test_reused_gradients_give_what_computing_every_point_afresh_gives() -> None:
+    """The batched refinement keeps each pass's gradients and weights them once the panels are final: the same
+    attributions, to rounding, as a sample refined alone with every gradient computed again at its point."""
     forward, emb, base, mask = case("bert", 1)
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-5, alpha_batch_size=3)
-    assert len(set(auto.steps.tolist())) > 1  # samples stopped at different levels
-    for i, steps in enumerate(auto.steps.tolist()):
+    assert len(set(auto.steps.tolist())) > 1  # samples stopped after different passes
+    for i in range(emb.shape[0]):
         one = slice(i, i + 1)
-        fixed = integrated_gradients(
-            forward, emb[one], base[one], mask[one], auto.target[one], n_steps=steps, method="clenshaw_curtis"
-        )
-        assert torch.allclose(auto.attributions[one], fixed.attributions, rtol=0, atol=1e-13)
-        assert float(auto.deltas[i]) == pytest.approx(float(fixed.deltas[0]), abs=1e-13)
+        attributions, points = naive_auto(forward, emb[one], base[one], mask[one], int(auto.target[i]), 1e-5)
+        assert points == int(auto.steps[i])
+        assert torch.allclose(auto.attributions[i], attributions, rtol=0, atol=1e-13)
 
 
 @pytest.mark.parametrize("alpha_batch_size", [1, 5, None])
@@ -102,38 +130,43 @@ def test_chunk_sizes_do_not_change_the_result(alpha_batch_size: int | None) -> N
     assert all(done <= total for done, total in chunks) and chunks == sorted(chunks)
 
 
-def test_levels_nest_and_each_level_is_its_clenshaw_curtis_rule() -> None:
-    levels = nested_levels(300)
-    assert [level.points for level in levels] == [5, 9, 17, 33, 65, 129, 257]
-    seen: list[float] = []
-    for k, level in enumerate(levels):
-        seen += level.alphas.tolist()
-        alphas, weights = step_rule("clenshaw_curtis", level.points)
-        order = np.argsort(seen)
-        assert np.allclose(np.sort(seen), alphas, rtol=0, atol=1e-15)
-        own = np.concatenate([lv.weights[:, k - j] for j, lv in enumerate(levels[: k + 1])])
-        assert np.allclose(own[order], weights, rtol=0, atol=1e-15)
+def test_a_split_keeps_every_point_and_adds_the_quarter_points_of_its_halves() -> None:
+    panels = SamplePanels(1)
+    first = first_positions()
+    assert first.tolist() == [k * GRID // 8 for k in range(9)]
+    panels.add(first, np.zeros((9, 1)))
+    new = panels.split(np.array([0.0, 1.0]))  # SPLITS = 2: both first panels split
+    assert new.tolist() == [k * GRID // 16 for k in range(1, 16, 2)] and len(new) == NEW_POINTS
+    assert panels.panels == [(k * GRID // 4, GRID // 4) for k in range(4)]
+    panels.add(new, np.zeros((NEW_POINTS, 1)))
+    every = sorted(panels.column)
+    assert every == [k * GRID // 16 for k in range(17)]  # nothing evaluated twice, no gap
+    assert sum(panels.weights().values()) == pytest.approx(1.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3, 5])
+def test_boole_and_the_error_estimate_on_polynomials(degree: int) -> None:
+    """Boole's rule integrates quintics exactly; the estimate |S5 - S3| vanishes up to cubics, not beyond."""
+    panels = SamplePanels(1)
+    first = first_positions()
+    alphas = first / GRID
+    panels.add(first, (alphas**degree)[:, None])
+    scores, error, _ = panels.estimate()
+    assert scores[0] == pytest.approx(1 / (degree + 1), abs=1e-14)
+    assert (error[0] < 1e-15) == (degree <= 3)
     with pytest.raises(UserError, match="max_steps must be at least 9"):
-        level_points(8)
+        integrated_gradients(*case("bert", 0)[:4], n_steps="auto", max_steps=8)
 
 
-def test_a_sample_whose_output_does_not_move_stops_instead_of_refining_rounding_noise() -> None:
-    """F(e) = logits(e) + logits(-e) on the path from -x to x: F(x) = F(baseline) exactly and every attribution
-    is 0 but for rounding, so |delta| / |F(x) - F(baseline)| and the token changes are noise over ~0. The
-    denominators' floor (a few fp32 rounding units of |F(x)|) stops every sample at the first test."""
-    torch.manual_seed(0)
-    config = BertConfig(**SIZES, vocab_size=100, max_position_embeddings=40, initializer_range=0.3, num_labels=3)
-    model = BertForSequenceClassification(config).eval()
-    emb = model.get_input_embeddings()(torch.randint(5, 100, (8, 14))).detach()
-    mask = torch.ones(8, 14, dtype=torch.long)
-
-    def forward(e: torch.Tensor, m: torch.Tensor, c: dict) -> torch.Tensor:
-        return model(inputs_embeds=e, attention_mask=m).logits + model(inputs_embeds=-e, attention_mask=m).logits
-
-    auto = integrated_gradients(forward, emb, -emb, mask, n_steps="auto", tolerance=1e-2, max_steps=257)
-    assert torch.equal(auto.scores, auto.baseline_scores)
-    assert auto.attributions.abs().max() < 1e-4 * auto.scores.abs().min()  # rounding only
-    assert auto.steps.tolist() == [9] * 8  # not 257: the cap, where the noise would have sent them
+def test_a_sample_whose_input_is_its_baseline_stops_at_the_first_pass() -> None:
+    """Nothing moves along its path (every integrand value is 0): the absolute parts of both tests let it stop
+    at once instead of refining to the cap; the other samples refine as usual."""
+    forward, emb, base, mask = case("bert", 0)
+    base = base.clone()
+    base[3] = emb[3]
+    auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-6, max_steps=257)
+    assert int(auto.steps[3]) == 9 and torch.equal(auto.attributions[3], torch.zeros_like(emb[3]))
+    assert (auto.steps[[0, 1, 2, 4, 5, 6, 7]] > 9).all()
 
 
 def test_a_tolerance_below_the_steps_precision_is_raised_to_it_with_a_warning() -> None:

@@ -25,22 +25,22 @@ class AttributionSection:
     n_samples: int = opt(64, "How many samples of the dataset to attribute (0 = all)", min=0)
     n_steps: int | Literal["auto"] = opt(
         50,
-        'Interpolation steps of the path integral, or "auto": each sample is refined over nested clenshaw_curtis '
-        "levels (9, 17, 33, ... points, `method` unused) until its relative convergence delta and the relative "
-        "change of its token scores from the previous level are within `tolerance`, or it reaches `max_steps`",
+        'Interpolation steps of the path integral, or "auto": each sample is refined on adaptive Simpson panels '
+        "(9, 17, 25, ... points, placed where its error is; `method` unused) until its relative convergence delta "
+        "and the error estimate of its token scores are within `tolerance`, or it reaches `max_steps`",
         min=1,
         max=100_000,
     )
     tolerance: float = opt(
         1e-2,
         'With n_steps = "auto": the |convergence delta| / |F(x) - F(baseline)| a sample must reach, and the '
-        "max change of its token scores from the previous level / their max |score|",
+        "error estimate of its token scores / their max |score|",
         min=1e-9,
         max=1.0,
     )
     max_steps: int = opt(
         1025,
-        "With n_steps = auto: the cap on a sample's steps (the last level is the largest of 2^k + 1 points within it)",
+        "With n_steps = auto: the cap on a sample's steps (9, then 8 more per pass; it stops at the last within it)",
         min=9,
         max=100_000,
     )

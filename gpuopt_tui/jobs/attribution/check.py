@@ -13,7 +13,8 @@ from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.data import TextDataset, trim_batch
 from gpuopt_tui.jobs.models import Adapter, to_device
 
-CHECK_AUTO_STEPS = 33  # the steps of both paths when the run's are "auto" (clenshaw_curtis, its third level)
+CHECK_AUTO_STEPS = 33  # the steps of both paths when the run's are "auto" (a fixed rule: CHECK_AUTO_METHOD)
+CHECK_AUTO_METHOD = "clenshaw_curtis"
 #: The stage of each path while it runs (progress in (sample, step) pairs: each shows its own rate).
 CHECK_STAGES = {"optimized": "check: optimized path", "original": "check: one step at a time (fp32)"}
 
@@ -34,7 +35,7 @@ def compare_paths(
     the CPU: for small models the kernels compute each row the same way whatever the batch, so the two paths
     may round identically."""
     if settings.n_steps == "auto":  # the original path has fixed steps: both take the same fixed rule
-        settings = dataclasses.replace(settings, n_steps=CHECK_AUTO_STEPS)
+        settings = dataclasses.replace(settings, n_steps=CHECK_AUTO_STEPS, method=CHECK_AUTO_METHOD)
     subset = ds.head(n_samples)
     batch = to_device(trim_batch(subset.batch(list(range(len(subset)))), subset.token_fields), adapter.device)
     scores, seconds = {}, {}

@@ -5,20 +5,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gpuopt_tui.jobs.attribution.adaptive import (
-    full_precision,
-    needs_full_precision,
-    nested_levels,
-    precision_floor,
-    rounding_floor,
-)
+from gpuopt_tui.jobs.attribution.adaptive import check_max_steps, full_precision, needs_full_precision, precision_floor
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -34,7 +29,8 @@ from gpuopt_tui.jobs.attribution.common import (
     selected,
 )
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
+from gpuopt_tui.jobs.attribution.deltas import within_tolerance
+from gpuopt_tui.jobs.attribution.panels import GRID, NEW_POINTS, SamplePanels, first_positions
 from gpuopt_tui.jobs.attribution.precision import REDUCED, StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
 from gpuopt_tui.jobs.device import autocast, free_memory, is_oom
@@ -72,12 +68,13 @@ def integrated_gradients(
     `compiler`, that forward is torch.compile'd (see compiled.py). Gradients come from
     `torch.autograd.grad` with respect to the interpolated embeddings only (the parameters of `model`, by
     default the forward's own module, are frozen meanwhile) and are weighted and summed in fp32.
-    With `n_steps = "auto"` each sample is refined over nested Clenshaw-Curtis levels until its relative
-    completeness delta is within `tolerance` (raised to what `precision` can resolve), or it has used the last
-    level within `max_steps` (see adaptive.py; `method` is not used); each refinement pass runs the
-    unconverged samples only. With `full_precision_fallback` and bf16/fp16 steps, the samples whose output moves
-    too little for those steps to reach the tolerance (adaptive.needs_full_precision) run theirs in TF32/fp32
-    (adaptive.full_precision), eagerly; the result's `full_precision` marks them.
+    With `n_steps = "auto"` each sample is refined on adaptive Simpson panels until its relative completeness
+    delta and the error estimate of its token scores are within `tolerance` (raised to what `precision` can
+    resolve), or one more pass would take it over `max_steps` (see adaptive.py; `method` is not used); each
+    refinement pass runs the unconverged samples only, each at its own new points. With
+    `full_precision_fallback` and bf16/fp16 steps, the samples whose output moves too little for those steps to
+    reach the tolerance (adaptive.needs_full_precision) run theirs in TF32/fp32 (adaptive.full_precision),
+    eagerly; the result's `full_precision` marks them.
     F(x) and F(baseline) (and so the target, the prediction and the convergence deltas) run eagerly on the
     original weights, never autocast: in fp32 by default, or "tf32" with `endpoint_precision`.
     `context` tensors (first dim B) are tiled to the rows of each chunk and handed to the forward.
@@ -111,7 +108,6 @@ def integrated_gradients(
                 group_step = step if group_precision == precision else StepPrecision.of(group_precision)
                 group_compiler = compiler if group_step is step else None  # the compiled graph is the main group's
                 passes = _Passes(forward, group_step, planner, group_compiler, on_chunk)
-                floors = precision_floor(group_precision, acc), rounding_floor(acc)
                 with weights_cast(module, group_step.weights):
                     total[index], steps[index] = _refined(
                         passes,
@@ -119,7 +115,7 @@ def integrated_gradients(
                         (ends[0][index], ends[1][index]),
                         tolerance,
                         max_steps,
-                        *floors,
+                        precision_floor(group_precision, acc),
                         share=(part, len(groups)),
                     )
         else:
@@ -132,24 +128,35 @@ def integrated_gradients(
     return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target, steps, full)
 
 
-PROGRESS_UNITS = 1000  # over several passes, on_chunk(done, total) counts thousandths of a pass
+PROGRESS_UNITS = 1000  # over several passes, on_chunk(done, total) counts thousandths of the batch
 
 
 @dataclass
 class _Passes:
-    """Runs passes of the engine: every sample of some rows at some alphas, gradients summed with weights."""
+    """Runs passes of the engine: every sample of some rows at some alphas."""
 
     forward: ForwardFn
     step: StepPrecision
     planner: ChunkPlanner
     compiler: StepCompiler | None
     on_chunk: Callable[[int, int], None] | None
-    progress: tuple[int, int] = (0, 1)  # (pass, passes): where on_chunk reports the chunks of a pass
+    span: tuple[float, float] | None = None  # the share of the batch a pass covers; None: report its steps
 
     def integrate(self, rows: _Chunk, alphas: Tensor, weights: Tensor) -> Tensor:
         """[K, rows x numel]: column k of `weights` [alphas, K] applied to the gradients at `alphas`."""
-        device, n = rows.baselines.device, alphas.numel()
-        sums = torch.zeros(weights.shape[1], rows.diff.numel(), dtype=rows.diff.dtype, device=device)
+        sums = torch.zeros(weights.shape[1], rows.diff.numel(), dtype=rows.diff.dtype, device=rows.diff.device)
+        for start, grads in self._chunks(rows, alphas):
+            sums.addmm_(weights[start : start + grads.shape[0]].t(), grads.to(sums.dtype))
+            del grads  # free it before the next chunk allocates its own
+        return sums
+
+    def gradients(self, rows: _Chunk, alphas: Tensor) -> Tensor:
+        """[steps, rows x numel]: the gradients at `alphas` ([steps] or [steps, rows]), in the steps' dtype."""
+        return torch.cat([grads for _, grads in self._chunks(rows, alphas)])
+
+    def _chunks(self, rows: _Chunk, alphas: Tensor) -> Iterator[tuple[int, Tensor]]:
+        """(first step, gradients [steps, rows x numel]) of each chunk of the pass, in order."""
+        device, n = rows.baselines.device, alphas.shape[0]
         done = 0
         while done < n:
             steps = self.planner.next_steps(n - done, rows.rows, rows.tokens, device)
@@ -158,23 +165,19 @@ class _Passes:
             if grads is None:  # retry, once the failed attempt's frames are released
                 free_memory(device)
                 continue
-            sums.addmm_(weights[done : done + steps].t(), grads.to(sums.dtype))
-            del grads  # free it before the next chunk allocates its own
+            yield done, grads
             self.planner.chunk_done(steps, rows.rows, rows.tokens, device)
             done += steps
             if self.on_chunk is not None:
                 self._report(done, n)
-        return sums
 
     def _report(self, done: int, n: int) -> None:
-        """Steps done of one pass; over several passes, thousandths, each pass an equal share (the last ones
-        may never run)."""
         assert self.on_chunk is not None
-        index, count = self.progress
-        if count == 1:
+        if self.span is None:
             self.on_chunk(done, n)
         else:
-            self.on_chunk(index * PROGRESS_UNITS + PROGRESS_UNITS * done // n, count * PROGRESS_UNITS)
+            start, end = self.span
+            self.on_chunk(int(PROGRESS_UNITS * (start + (end - start) * done / n)), PROGRESS_UNITS)
 
 
 def _refined(
@@ -184,42 +187,66 @@ def _refined(
     tolerance: float,
     max_steps: int,
     floor: float,
-    rounding: float,
     share: tuple[int, int] = (0, 1),
 ) -> tuple[Tensor, Tensor]:
-    """Integrated gradients [B, numel] over nested levels and the points each sample used [B], from the
-    explained outputs `ends` (F(x), F(baseline)), the precision's `floor` and the accumulation's `rounding`
-    (adaptive.py); `share` (index, parts): where these samples' passes are in the progress of the batch."""
-    levels = nested_levels(max_steps)
+    """Integrated gradients [B, numel] on adaptive panels and the points each sample used [B], from the
+    explained outputs `ends` (F(x), F(baseline)) and the steps' precision `floor` (adaptive.py); `share`
+    (index, parts): where these samples' passes are in the progress of the batch."""
+    check_max_steps(max_steps)
     batch, device, dtype = rows.rows, rows.diff.device, rows.diff.dtype
     hidden = rows.diff.shape[-1]
-    diff = rows.diff.reshape(batch, -1)
-    sums = torch.zeros(len(levels), batch, diff.shape[1], dtype=dtype, device=device)
-    total, steps = torch.zeros_like(diff), torch.zeros(batch, dtype=torch.long, device=device)
-    atol, rtol = output_floor(*ends, rounding), max(tolerance, floor)
-    active = torch.arange(batch, device=device)
-    previous = None  # token scores of the active samples at the previous level
-    for k, level in enumerate(levels):
-        passes.progress = (share[0] * len(levels) + k, share[1] * len(levels))
-        alphas, weights = (torch.as_tensor(v, dtype=dtype, device=device) for v in (level.alphas, level.weights))
-        part = passes.integrate(rows if k == 0 else rows.select(active), alphas, weights)
-        sums[k:, active] += part.view(len(levels) - k, active.numel(), -1)
-        estimate = sums[k, active]
-        tokens = (diff[active] * estimate).view(active.numel(), -1, hidden).sum(-1)
-        if k + 1 == len(levels):
-            stop = torch.ones(active.numel(), dtype=torch.bool, device=device)
-        elif previous is None:  # no error estimate yet
-            stop = torch.zeros(active.numel(), dtype=torch.bool, device=device)
-        else:
-            ends_now = ends[0][active], ends[1][active]
-            converged = within_tolerance(tokens.sum(1) - (ends_now[0] - ends_now[1]), *ends_now, tolerance, floor)
-            moved = (tokens - previous).abs().amax(1) <= rtol * tokens.abs().amax(1) + atol[active]
-            stop = converged & moved
-        total[active[stop]] = estimate[stop]
-        steps[active[stop]] = level.points
-        active, previous = active[~stop], tokens[~stop]
-        if active.numel() == 0:
-            break
+    diff = rows.diff.reshape(batch, -1, hidden)
+    samples = [SamplePanels(diff.shape[1]) for _ in range(batch)]
+    ends = tuple(end.double().cpu() for end in ends)
+    rtol, rounding = max(tolerance, floor), precision_floor("fp32", dtype)
+    steps = torch.zeros(batch, dtype=torch.long, device=device)
+    evaluated: list[tuple[Tensor, np.ndarray, Tensor]] = []  # each pass: samples, positions [n, b], gradients
+    active, positions = torch.arange(batch, device=device), np.repeat(first_positions()[:, None], batch, axis=1)
+    reached = 0.0  # the share of the samples' progress reported so far
+    while active.numel():
+        reached = max(reached, 1 - active.numel() / batch)
+        passes.span = ((share[0] + reached) / share[1], (share[0] + (1 + reached) / 2) / share[1])
+        alphas = torch.as_tensor(positions / GRID, dtype=dtype, device=device)
+        grads = passes.gradients(rows.select(active), alphas)
+        evaluated.append((active, positions, grads))
+        n = positions.shape[0]
+        values = (grads.view(n, active.numel(), -1, hidden).to(dtype) * diff[active]).sum(-1)
+        values = values.double().cpu().numpy()  # [n, b, tokens]: each token's integrand
+        reached = (1 + reached) / 2
+        members = active.tolist()
+        estimates = []
+        for j, i in enumerate(members):
+            samples[i].add(positions[:, j], values[:, j])
+            estimates.append(samples[i].estimate())
+        index = torch.as_tensor(members)
+        totals = torch.as_tensor([scores.sum() for scores, _, _ in estimates])
+        converged = within_tolerance(
+            totals - (ends[0][index] - ends[1][index]), *(e[index] for e in ends), tolerance, floor
+        )
+        resolved = [
+            bool((error <= rtol * np.abs(scores).max() + rounding * samples[i].magnitude()).all())
+            for i, (scores, error, _) in zip(members, estimates)
+        ]
+        stop, later = [], []
+        for j, i in enumerate(members):
+            if (converged[j] and resolved[j]) or samples[i].points + NEW_POINTS > max_steps:
+                stop.append(j)
+            else:
+                later.append(samples[i].split(estimates[j][2]))
+        finished = active[torch.as_tensor(stop, dtype=torch.long, device=device)]
+        steps[finished] = torch.as_tensor(
+            [samples[i].points for i in finished.tolist()], dtype=torch.long, device=device
+        )
+        keep = torch.ones(active.numel(), dtype=torch.bool, device=device)
+        keep[stop] = False
+        active = active[keep]
+        positions = np.stack(later, axis=1) if later else positions[:0]
+    total = torch.zeros(batch, diff.shape[1] * hidden, dtype=dtype, device=device)
+    for members, where, grads in evaluated:
+        weights = [samples[i].weights() for i in members.tolist()]
+        table = np.array([[w[int(p)] for w, p in zip(weights, row)] for row in where])  # [n, b]
+        w = torch.as_tensor(table, dtype=dtype, device=device)
+        total[members] += torch.einsum("nb,nbk->bk", w, grads.view(*w.shape, -1).to(dtype))
     return total, steps
 
 
@@ -260,14 +287,14 @@ class _Chunk:
 
     baselines: Tensor  # [B, *S, H] in the accumulation dtype
     diff: Tensor  # inputs - baselines
-    alphas: Tensor  # [steps]
+    alphas: Tensor  # [steps], or [steps, B]: each sample's own
     mask: Tensor | None  # [B, *S]
     context: Mapping[str, Tensor]  # first dim B
     target: Tensor | None  # [B]
 
     @property
     def steps(self) -> int:
-        return self.alphas.numel()
+        return self.alphas.shape[0]
 
     @property
     def rows(self) -> int:
@@ -283,11 +310,12 @@ class _Chunk:
         return (self.steps * self.rows, *self.baselines.shape[1:])
 
     def select(self, index: Tensor) -> _Chunk:
-        """The same alphas for the samples at `index` only."""
+        """The samples at `index` only, at the same alphas (their own where they are per sample)."""
         mask = None if self.mask is None else self.mask[index]
         target = None if self.target is None else self.target[index]
         context = {k: v[index] for k, v in self.context.items()}
-        return _Chunk(self.baselines[index], self.diff[index], self.alphas, mask, context, target)
+        alphas = self.alphas[:, index] if self.alphas.dim() == 2 else self.alphas
+        return _Chunk(self.baselines[index], self.diff[index], alphas, mask, context, target)
 
     def in_precision(self, step: StepPrecision) -> _Chunk:
         """The same rows with their floating context in the dtype `step` runs in."""
@@ -296,7 +324,8 @@ class _Chunk:
     def gradients(self, forward: ForwardFn, step: StepPrecision) -> Tensor:
         """Gradients of the explained output at every point: [steps, B * prod(S) * H] (the step dtype)."""
         steps = self.steps
-        scale = self.alphas.view(steps, *([1] * self.baselines.dim()))
+        per_sample = self.alphas.dim() == 2
+        scale = self.alphas.view(steps, self.rows if per_sample else 1, *([1] * (self.baselines.dim() - 1)))
         # one pass writes the points straight in the dtype the forward takes
         points = torch.empty(self.shape, dtype=step.weights or self.baselines.dtype, device=self.baselines.device)
         torch.addcmul(

@@ -24,7 +24,7 @@ from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import full_precision, level_points, precision_floor, tolerance_warning
+from gpuopt_tui.jobs.attribution.adaptive import full_precision, precision_floor, tolerance_warning
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary, within_tolerance
@@ -35,6 +35,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
     token_ranking,
     write_tensors,
 )
+from gpuopt_tui.jobs.attribution.panels import step_counts
 from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
@@ -114,10 +115,10 @@ def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
 def _describe_steps(settings: Settings) -> str:
     if settings.n_steps != "auto":
         return f"{settings.n_steps} steps"
-    points = level_points(settings.max_steps)[1:]  # no sample stops at the first level
+    counts = step_counts(settings.max_steps)
     return (
-        f"steps until the relative convergence delta is within {settings.tolerance:g} "
-        f"(levels of {', '.join(map(str, points[:3]))}, ... up to {points[-1]} steps)"
+        f"steps until the relative convergence delta and the token scores' error estimate are within "
+        f"{settings.tolerance:g} (adaptive panels: {', '.join(map(str, counts[:3]))}, ... up to {counts[-1]} steps)"
     )
 
 
