@@ -19,11 +19,12 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.events import Resize
 from textual.message import Message
-from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static
+from textual.widgets import Checkbox, DataTable, Input, Label, Static
 
 from gpuopt_tui.core.errors import ProfileError
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.schema import FieldInfo, describe, get_path, to_plain
+from gpuopt_tui.ui.widgets.choice_field import BLANK, ChoiceField
 from gpuopt_tui.ui.widgets.keyed_table import KeyedTable
 from gpuopt_tui.ui.widgets.profile_values import (
     FORM_SOURCE,
@@ -116,7 +117,7 @@ class ProfileForm(Vertical):
             text = Input(id="editor-text", compact=True)
             text.cursor_blink = False  # a blinking cursor redraws twice a second: bytes over SSH for nothing
             yield text
-            yield Select[Any]([("", "")], id="editor-choice", allow_blank=False, compact=True)
+            yield ChoiceField(id="editor-choice", tooltip="Enter or a click lists the values this key takes")
             yield Checkbox("", id="editor-toggle", compact=True)
         yield Static("", id="form-error", markup=False)
         yield Static(FORM_HINT, classes="form-help", markup=False)
@@ -279,7 +280,7 @@ class ProfileForm(Vertical):
 
     # -- the editor ---------------------------------------------------------------------------------------------
 
-    def edit_key(self, key: str, focus: bool = True) -> Input | Select[Any] | Checkbox:
+    def edit_key(self, key: str, focus: bool = True) -> Input | ChoiceField | Checkbox:
         """Put the cursor on `key` and, with `focus`, the focus in its editor; returns that editor."""
         self._show_key(key)
         self.table.select(key)
@@ -288,9 +289,9 @@ class ProfileForm(Vertical):
             editor.focus()
         return editor
 
-    def _editor(self, kind: Editor) -> Input | Select[Any] | Checkbox:
+    def _editor(self, kind: Editor) -> Input | ChoiceField | Checkbox:
         editor = self.query_one(f"#editor-{kind}")
-        assert isinstance(editor, (Input, Select, Checkbox))
+        assert isinstance(editor, (Input, ChoiceField, Checkbox))
         return editor
 
     def _show_key(self, key: str) -> None:
@@ -315,7 +316,7 @@ class ProfileForm(Vertical):
         editor = self._editor(editor_kind(info))
         if isinstance(editor, Input):
             editor.value = self._texts[key]
-        elif isinstance(editor, Select):
+        elif isinstance(editor, ChoiceField):
             editor.set_options(select_options(info))
             editor.value = self._values[key]
         else:
@@ -354,16 +355,16 @@ class ProfileForm(Vertical):
         event.stop()
         self.table.focus()
 
-    @on(Select.Changed, "#editor-choice")
+    @on(ChoiceField.Changed, "#editor-choice")
     @on(Checkbox.Changed, "#editor-toggle")
-    def _picked(self, event: Select.Changed | Checkbox.Changed) -> None:
+    def _picked(self, event: ChoiceField.Changed | Checkbox.Changed) -> None:
         event.stop()
         if event.value == event.control.value:
             self._picked_value(event.value)
 
     def _picked_value(self, value: Any) -> None:
         key = self.current
-        if key is None or editor_kind(self.infos[key]) == "text":
+        if key is None or value is BLANK or editor_kind(self.infos[key]) == "text":
             return
         held = self._values[key]
         if value != held or type(value) is not type(held):
