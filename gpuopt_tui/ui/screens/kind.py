@@ -208,8 +208,12 @@ class KindScreen(AppScreen):
 
     @on(Loaded)
     def _profiles_read(self, message: Loaded) -> None:
-        if message.what == "profiles" and message.value is not None:
+        if message.what != "profiles":
+            return
+        if message.value is not None:
             self._show_listing(message.value)
+        else:  # the listing could not be read (the app reports why)
+            self.form.show_defaults()
 
     def _show_listing(self, listing: ProfileListing) -> None:
         picker = self.query_one("#profile-picker", ChoiceField)
@@ -217,12 +221,14 @@ class KindScreen(AppScreen):
             self._entries = {str(e.path): e for e in listing.entries}
             picker.set_options([(self._label(e), str(e.path)) for e in listing.entries])
         if listing.path is None:
+            self.form.show_defaults()
             return
         self._opened = str(listing.path)  # before the picker shows it: that Changed is not a pick
         picker.value = str(listing.path)
         if listing.profile is None:
             self.path = None
             self.form.disabled = True
+            self.form.show_defaults()
             self._set_info(Content.from_markup("[$error]$error[/]", error=listing.error), error=True)
             self.notify_shown(listing.error, title="Cannot open this profile", severity="error", timeout=10)
         else:

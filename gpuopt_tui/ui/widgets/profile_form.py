@@ -109,6 +109,9 @@ class ProfileForm(Vertical):
         # of the value and note columns (fitted_widths); the rows are drawn once the form's width is known: a table
         # drawn before, at other widths, would be drawn twice on the screen's first showing
         self._widths: tuple[int, int] | None = None
+        # and once a profile is loaded (or show_defaults says there is none to load): the defaults drawn before would
+        # be drawn again at once with the profile's values (a profile is read in a thread)
+        self._ready = False
 
     def compose(self) -> ComposeResult:
         yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
@@ -129,11 +132,8 @@ class ProfileForm(Vertical):
     def on_resize(self, event: Resize) -> None:
         widths = fitted_widths(event.size.width, self._key_width)
         if widths != self._widths:
-            first = self._widths is None
             self._widths = widths
             self._show_rows(relayout=True)
-            if first and self.current is not None:
-                self.table.select(self.current)  # the cursor on the key in the editor, not on the first row
 
     @property
     def table(self) -> KeyedTable:
@@ -148,9 +148,16 @@ class ProfileForm(Vertical):
             self._values[key] = value
             self._texts[key] = field_text(info, value)
         self._loaded = dict(self._values)
+        self._ready = True
         current, self.current = self.current, None
         self._show_key(current or next(iter(self.infos)))  # the editor shows the loaded value
         self.validate()
+
+    def show_defaults(self) -> None:
+        """Draw the rows without a profile loaded (none could be read): each key's default."""
+        if not self._ready:
+            self._ready = True
+            self._show_rows()
 
     def values(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -213,7 +220,7 @@ class ProfileForm(Vertical):
     # -- the table ----------------------------------------------------------------------------------------------
 
     def _show_rows(self, relayout: bool = False) -> None:
-        if self._widths is None:
+        if self._widths is None or not self._ready:
             return
         value_width, note_width = self._widths
         rows: dict[str, tuple[Text, Text, Text]] = {}
@@ -225,7 +232,10 @@ class ProfileForm(Vertical):
                 rows[SECTION + section] = (Text(title, "bold"), Text(""), Text(""))
             leaf = Text("  " + key.rsplit(".", 1)[-1])
             rows[key] = (leaf, self._value_cell(key, value_width), self._note_cell(key, info, note_width))
+        first = not self.table.row_count
         self.table.set_rows(rows, relayout)
+        if first and self.current is not None:
+            self.table.select(self.current)  # the cursor on the key in the editor, not on the first row
         self._show_error_line()
 
     def _value_cell(self, key: str, width: int) -> Text:
