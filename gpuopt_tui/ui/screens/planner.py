@@ -27,7 +27,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
-from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
+from textual.widgets import Button, Checkbox, Static
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.kinds import engine_available
@@ -41,6 +41,7 @@ from gpuopt_tui.ui.widgets.plan_run_view import PlanRunResults
 from gpuopt_tui.ui.widgets.planner_view import PlanView, planner_tasks
 from gpuopt_tui.ui.widgets.profile_form import ProfileForm
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
+from gpuopt_tui.ui.widgets.tab_switch import TabSwitch
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.planner.apply import Restore
@@ -100,11 +101,11 @@ class PlannerScreen(KindScreen):
             yield Button("Undo", id="undo", compact=True)
         yield Static("", id="plan-config", markup=False)
         yield Checkbox("also write the most samples per anchor into the stage files", id="plan-tune", compact=True)
-        with TabbedContent(id="plan-tabs"):
-            with TabPane("Closed-form estimate", id="tab-closed"):
-                yield PlanView("estimating…", id="plan-closed")
-            with TabPane("Measured", id="tab-measured"):
-                yield PlanView(NO_MEASUREMENT, id="plan-measured")
+        yield TabSwitch(
+            ("Closed-form estimate", PlanView("estimating…", id="plan-closed")),
+            ("Measured", PlanView(NO_MEASUREMENT, id="plan-measured")),
+            id="plan-tabs",
+        )
 
     def profile_opened(self) -> None:
         # after the screen is drawn: the first estimate imports the planner (planner_tasks) in its thread
@@ -245,7 +246,7 @@ class PlannerScreen(KindScreen):
             self._check_measure(profile, self.base)
 
     def _measure_checked(self, message: Loaded) -> None:
-        self.query_one("#plan-tabs", TabbedContent).active = "tab-measured"
+        self.query_one("#plan-tabs", TabSwitch).active = "plan-measured"
         view = self.query_one("#plan-measured", PlanView)
         if message.failed:
             if view.plan is None:  # a plan measured before stays in view
@@ -291,8 +292,7 @@ class PlannerScreen(KindScreen):
 
     @on(Button.Pressed, "#preview")
     def action_preview(self) -> None:
-        active = self.query_one("#plan-tabs", TabbedContent).active
-        view = self.query_one("#plan-measured" if active == "tab-measured" else "#plan-closed", PlanView)
+        view = self.query_one(f"#{self.query_one('#plan-tabs', TabSwitch).active}", PlanView)
         self._preview(view, view.selected)
 
     @on(PlanView.Picked)
