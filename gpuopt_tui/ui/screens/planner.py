@@ -11,7 +11,7 @@ recommendation written into the training config.
   the newest backups after a diff of its own (refused likewise); core/planner/apply.py does both.
 
 Files, NVML and a demo model's config (seconds the first time) are read in thread workers (planner_tasks, imported
-by the first of them); their results come back as messages.
+by the first of them once no screen is being switched to); their results come back as messages.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
@@ -28,6 +29,7 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Static
+from textual.worker import get_current_worker
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.kinds import engine_available
@@ -108,8 +110,7 @@ class PlannerScreen(KindScreen):
         )
 
     def profile_opened(self) -> None:
-        # after the screen is drawn: the first estimate imports the planner (planner_tasks) in its thread
-        self.call_after_refresh(self._estimate_form)
+        self._estimate_form()
 
     @property
     def base(self) -> Path:
@@ -118,9 +119,15 @@ class PlannerScreen(KindScreen):
 
     # -- reading and writing off the UI thread ---------------------------------------------------------------------
 
+    def _tasks(self) -> ModuleType:
+        """Thread work: ui/planner_tasks, once no screen is being switched to: its first import (60-80 ms of CPU) in
+        the thread of the screen's first estimate would share the CPU with the drawing of the screen."""
+        self.gapp.warmup.wait_until_quiet(get_current_worker())
+        return planner_tasks()
+
     @work(thread=True, exclusive=True, group="plan-estimate", exit_on_error=False)
     def _estimate(self, seq: int, profile: PlanProfile, base: Path) -> None:
-        reply(self, "estimate", seq, lambda: planner_tasks().closed_form(profile, base))
+        reply(self, "estimate", seq, lambda: self._tasks().closed_form(profile, base))
 
     @work(thread=True, exclusive=True, group="plan-measure", exit_on_error=False)
     def _check_measure(self, profile: PlanProfile, base: Path) -> None:
@@ -135,7 +142,7 @@ class PlannerScreen(KindScreen):
 
     @work(thread=True, exclusive=True, group="plan-measured", exit_on_error=False)
     def _find_measured(self, runs: list[RunInfo]) -> None:
-        reply(self, "measured", None, lambda: planner_tasks().newest_measuring_run(runs))
+        reply(self, "measured", None, lambda: self._tasks().newest_measuring_run(runs))
 
     @work(thread=True, exclusive=True, group="plan-write", exit_on_error=False)
     def _write(self, what: str, task: Callable[[], Any]) -> None:

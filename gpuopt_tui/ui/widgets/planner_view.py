@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 def planner_tasks() -> ModuleType:
     """The planner's work: ui/planner_tasks, and core.planner under it (60-80 ms of imports on a small machine).
-    Imported when first used, in the thread of the screen's first estimate (started once the screen is drawn), so
-    that the planner screen and its views are drawn without waiting for it; core.plan_report likewise."""
+    Imported when first used, in the thread of the screen's first estimate (see PlannerScreen._tasks), so that the
+    planner screen and its views are drawn without waiting for it; core.plan_report likewise."""
     from gpuopt_tui.ui import planner_tasks as tasks
 
     return tasks
