@@ -97,14 +97,15 @@ class ScreenWarmup:
 
         worker = get_current_worker()
         for module in screen_modules():
-            if not self._quiet(worker):
+            if not self.wait_until_quiet(worker):
                 return
             importlib.import_module(module)
-        if self._quiet(worker):
+        if self.wait_until_quiet(worker):
             prefetch(self.app.profile_listings)
 
-    def _quiet(self, worker: Worker[None]) -> bool:
-        """Thread work: wait while screens are being switched; False if the worker was cancelled meanwhile."""
+    def wait_until_quiet(self, worker: Worker[object]) -> bool:
+        """Thread work (this module's, and any that would share the CPU with a screen being shown for the first time):
+        wait while screens are being switched; False if the worker was cancelled meanwhile."""
         while self._busy() and not worker.is_cancelled:
             time.sleep(min(QUIET_S, max(0.01, self._quiet_from - time.monotonic())))
         return not worker.is_cancelled

@@ -17,7 +17,7 @@ import pytest
 from model_configs import BERT_BASE
 from rich.console import Console, RenderableType
 from textual.pilot import Pilot
-from textual.widgets import DataTable, TabbedContent
+from textual.widgets import DataTable
 
 import gpuopt_tui.app as app_module
 from gpuopt_tui.app import GpuOptApp, make_app
@@ -38,6 +38,7 @@ from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.ui.screens.planner import PlannerScreen
 from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
 from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.tab_switch import TabSwitch
 
 from .conftest import notifications, screen_text, wait_for, widget_text
 
@@ -282,7 +283,7 @@ async def test_measuring_needs_a_gpu_and_runs_in_the_background(
         await pilot.press("ctrl+t")
         await wait_for(pilot, lambda: any("No GPU 0 found here" in n for n in notifications(app)))
         await pilot.pause()
-        assert planner(app).query_one("#plan-tabs", TabbedContent).active == "tab-measured"
+        assert planner(app).query_one("#plan-tabs", TabSwitch).active == "plan-measured"
         message = widget_text(app, "#plan-measured .plan-head")
         assert "measuring needs a GPU, so no run was started" in message
         assert not runs_root.exists() or not any(runs_root.iterdir())
@@ -349,7 +350,7 @@ async def test_a_measured_run_shows_on_the_measured_tab_and_can_be_written(
         await estimated(pilot)
         view = planner(app).query_one("#plan-measured", PlanView)
         await wait_for(pilot, lambda: view.plan is not None)
-        planner(app).query_one("#plan-tabs", TabbedContent).active = "tab-measured"
+        planner(app).query_one("#plan-tabs", TabSwitch).active = "plan-measured"
         await pilot.pause()
         text = screen_text(app)
         assert "measured on GPU 0 of" in text and run_dir.name in text

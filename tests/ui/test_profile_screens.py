@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input, Select
+from textual.widgets import Input
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.paths import shipped_profiles_dir
@@ -20,6 +20,7 @@ from gpuopt_tui.core.profiles.schema import describe
 from gpuopt_tui.ui import planner_tasks
 from gpuopt_tui.ui.screens import kind as kind_screen
 from gpuopt_tui.ui.screens.kind import KindScreen
+from gpuopt_tui.ui.widgets.choice_field import ChoiceField
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.profile_values import field_error, field_text, parse_field
 from gpuopt_tui.ui.widgets.prompt import TextPrompt
@@ -155,7 +156,7 @@ async def test_save_as_names_a_new_profile(user_profiles: Path) -> None:
         assert isinstance(screen, KindScreen)
         assert screen.path == user_profiles / "my-ig.toml"
         assert load_profile(screen.path).kind == "attribution"
-        assert "my-ig (yours)" in [str(label) for label, _ in screen.query_one("#profile-picker", Select)._options]
+        assert "my-ig (yours)" in [str(label) for label, _ in screen.query_one("#profile-picker", ChoiceField).options]
 
 
 @pytest.mark.parametrize(
@@ -172,7 +173,7 @@ async def test_unusable_profiles_are_listed_with_their_error(user_profiles: Path
         await settle(pilot)  # profiles are read in a thread
         screen = app.screen
         assert isinstance(screen, KindScreen)
-        picker = screen.query_one("#profile-picker", Select)
+        picker = screen.query_one("#profile-picker", ChoiceField)
         picker.value = str(user_profiles / "broken.toml")
         await settle(pilot)
         assert any(message in n for n in notifications(app))
@@ -261,7 +262,7 @@ async def test_bool_or_auto_fields_keep_auto_through_save_and_estimate(
         screen = app.screen
         assert isinstance(screen, KindScreen)
         editor = screen.form.edit_key("plan.gradient_checkpointing", focus=False)
-        assert isinstance(editor, Select) and editor.value == "auto"
+        assert isinstance(editor, ChoiceField) and editor.value == "auto"
         await pilot.press("ctrl+e")
         await wait_for(pilot, lambda: "total on the GPU" in screen_text(app))
         await pilot.press("ctrl+s")

@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 from rich.text import Text
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Select, TabbedContent
+from textual.widgets import DataTable, TabbedContent
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.ui.widgets.choice_field import ChoiceField
 from gpuopt_tui.ui.widgets.tracin_view import PAGE, score_text
 
 from .conftest import flat_text, frozen_run, frozen_source, screen_text, settle, wait_for, widget_text
@@ -254,14 +255,14 @@ async def test_profile_form_offers_the_mode_projection_sizes_and_cache() -> None
         await pilot.pause()
         screen = app.screen
         path = find_profile("tracin-all-projected")
-        screen.query_one("#profile-picker", Select).value = str(path)
+        screen.query_one("#profile-picker", ChoiceField).value = str(path)
         await wait_for(pilot, lambda: screen.path == path)
         profile = load_profile(path)
         form = screen.form
         assert form.edit_key("tracin.layers").value == profile.tracin.layers == "all"
         method = form.edit_key("tracin.method")
-        assert isinstance(method, Select) and method.value == "factored"
-        assert {value for _, value in method._options} >= {"closed_form", "vmap", "factored"}
+        assert isinstance(method, ChoiceField) and method.value == "factored"
+        assert {value for _, value in method.options} >= {"closed_form", "vmap", "factored"}
         assert form.edit_key("tracin.train_cache").value is True
         for key, expected in [("projection_in", "32"), ("projection_out", "32"), ("agreement_train", "0")]:
             field = form.edit_key(f"tracin.{key}")

@@ -15,7 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.events import Resize
 from textual.widget import Widget
-from textual.widgets import Button, Label, Select, Static, Tab, Tabs
+from textual.widgets import Button, Label, Static, Tab, Tabs
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
@@ -29,6 +29,7 @@ from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.profile_listing import ProfileListing, read_listing, read_profile
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
+from gpuopt_tui.ui.widgets.choice_field import BLANK, ChoiceField
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.profile_form import ProfileForm
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
@@ -102,7 +103,11 @@ class KindScreen(AppScreen):
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="profile-bar"):
             yield Label("Profile", classes="bar-label")
-            yield Select[str]([], id="profile-picker", prompt="(no profile)", compact=True)
+            yield ChoiceField(
+                id="profile-picker",
+                prompt="(no profile)",
+                tooltip="The profile in the form: enter or a click lists them",
+            )
             yield Button("Save", id="save", compact=True)
             yield Button("Save as", id="save-as", compact=True)
             yield Button("Run", id="run", variant="success", compact=True)
@@ -203,21 +208,27 @@ class KindScreen(AppScreen):
 
     @on(Loaded)
     def _profiles_read(self, message: Loaded) -> None:
-        if message.what == "profiles" and message.value is not None:
+        if message.what != "profiles":
+            return
+        if message.value is not None:
             self._show_listing(message.value)
+        else:  # the listing could not be read (the app reports why)
+            self.form.show_defaults()
 
     def _show_listing(self, listing: ProfileListing) -> None:
-        picker = self.query_one("#profile-picker", Select)
+        picker = self.query_one("#profile-picker", ChoiceField)
         if listing.entries is not None:
             self._entries = {str(e.path): e for e in listing.entries}
             picker.set_options([(self._label(e), str(e.path)) for e in listing.entries])
         if listing.path is None:
+            self.form.show_defaults()
             return
         self._opened = str(listing.path)  # before the picker shows it: that Changed is not a pick
         picker.value = str(listing.path)
         if listing.profile is None:
             self.path = None
             self.form.disabled = True
+            self.form.show_defaults()
             self._set_info(Content.from_markup("[$error]$error[/]", error=listing.error), error=True)
             self.notify_shown(listing.error, title="Cannot open this profile", severity="error", timeout=10)
         else:
@@ -237,9 +248,9 @@ class KindScreen(AppScreen):
             return f"{entry.name} (unknown kind)"
         return entry.name if entry.shipped else f"{entry.name} (yours)"
 
-    @on(Select.Changed, "#profile-picker")
-    def _picked(self, event: Select.Changed) -> None:
-        if event.value is Select.NULL or event.value == self._opened:
+    @on(ChoiceField.Changed, "#profile-picker")
+    def _picked(self, event: ChoiceField.Changed) -> None:
+        if event.value is BLANK or event.value == self._opened:
             return  # set by code, or no change
         target = Path(str(event.value))
         if not self.form.dirty:
@@ -250,7 +261,7 @@ class KindScreen(AppScreen):
             if discard:
                 self._open(target)
             else:
-                self.query_one("#profile-picker", Select).value = self._opened or Select.NULL
+                self.query_one("#profile-picker", ChoiceField).value = self._opened or BLANK
 
         self.app.push_screen(ConfirmDialog("Discard the unsaved changes to this profile?", "Discard", "Keep"), answered)
 

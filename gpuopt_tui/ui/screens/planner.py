@@ -10,8 +10,8 @@ recommendation written into the training config.
   writes it with numbered backups (refused when the file changed since the preview or is read-only). Undo restores
   the newest backups after a diff of its own (refused likewise); core/planner/apply.py does both.
 
-Files, NVML and a demo model's config (seconds the first time) are read in thread workers (planner_tasks); their
-results come back as messages.
+Files, NVML and a demo model's config (seconds the first time) are read in thread workers (planner_tasks, imported
+by the first of them once no screen is being switched to); their results come back as messages.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -27,23 +28,27 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
-from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
+from textual.widgets import Button, Checkbox, Static
+from textual.worker import get_current_worker
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.kinds import engine_available
-from gpuopt_tui.core.planner.apply import Restore
-from gpuopt_tui.core.planner.search import Candidate
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.runs import RunInfo
-from gpuopt_tui.ui import planner_tasks as tasks
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
 from gpuopt_tui.ui.widgets.plan_run_view import PlanRunResults
-from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.planner_view import PlanView, planner_tasks
 from gpuopt_tui.ui.widgets.profile_form import ProfileForm
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
+from gpuopt_tui.ui.widgets.tab_switch import TabSwitch
+
+if TYPE_CHECKING:
+    from gpuopt_tui.core.planner.apply import Restore
+    from gpuopt_tui.core.planner.search import Candidate
+    from gpuopt_tui.ui.planner_tasks import ClosedForm, PlanRun, Preview
 
 ESTIMATE_DELAY_S = 0.8  # after the last edit of the form
 FAILED_TITLES = {  # a read or write of the config that failed, as its notification's title says
@@ -98,11 +103,11 @@ class PlannerScreen(KindScreen):
             yield Button("Undo", id="undo", compact=True)
         yield Static("", id="plan-config", markup=False)
         yield Checkbox("also write the most samples per anchor into the stage files", id="plan-tune", compact=True)
-        with TabbedContent(id="plan-tabs"):
-            with TabPane("Closed-form estimate", id="tab-closed"):
-                yield PlanView("estimating…", id="plan-closed")
-            with TabPane("Measured", id="tab-measured"):
-                yield PlanView(NO_MEASUREMENT, id="plan-measured")
+        yield TabSwitch(
+            ("Closed-form estimate", PlanView("estimating…", id="plan-closed")),
+            ("Measured", PlanView(NO_MEASUREMENT, id="plan-measured")),
+            id="plan-tabs",
+        )
 
     def profile_opened(self) -> None:
         self._estimate_form()
@@ -114,13 +119,20 @@ class PlannerScreen(KindScreen):
 
     # -- reading and writing off the UI thread ---------------------------------------------------------------------
 
+    def _tasks(self) -> ModuleType:
+        """Thread work: ui/planner_tasks, once no screen is being switched to: its first import (60-80 ms of CPU) in
+        the thread of the screen's first estimate would share the CPU with the drawing of the screen."""
+        self.gapp.warmup.wait_until_quiet(get_current_worker())
+        return planner_tasks()
+
     @work(thread=True, exclusive=True, group="plan-estimate", exit_on_error=False)
     def _estimate(self, seq: int, profile: PlanProfile, base: Path) -> None:
-        reply(self, "estimate", seq, lambda: tasks.closed_form(profile, base))
+        reply(self, "estimate", seq, lambda: self._tasks().closed_form(profile, base))
 
     @work(thread=True, exclusive=True, group="plan-measure", exit_on_error=False)
     def _check_measure(self, profile: PlanProfile, base: Path) -> None:
         def check() -> tuple[PlanProfile, str]:
+            tasks = planner_tasks()
             resolved = tasks.resolved(profile, base)
             gpu = tasks.measuring_gpu(resolved)
             resolved.plan.measure = True
@@ -130,7 +142,7 @@ class PlannerScreen(KindScreen):
 
     @work(thread=True, exclusive=True, group="plan-measured", exit_on_error=False)
     def _find_measured(self, runs: list[RunInfo]) -> None:
-        reply(self, "measured", None, lambda: tasks.newest_measuring_run(runs))
+        reply(self, "measured", None, lambda: self._tasks().newest_measuring_run(runs))
 
     @work(thread=True, exclusive=True, group="plan-write", exit_on_error=False)
     def _write(self, what: str, task: Callable[[], Any]) -> None:
@@ -224,7 +236,7 @@ class PlannerScreen(KindScreen):
             view.show_message(Content.styled(message.reason, "$error"))
             self.query_one("#plan-config", Static).update("")
             return
-        result: tasks.ClosedForm = message.value
+        result: ClosedForm = message.value
         view.show_plan(result.plan)
         self.query_one("#plan-config", Static).update(result.config)
         self.query_one("#plan-tune", Checkbox).set_class(result.stages, "-shown")
@@ -241,7 +253,7 @@ class PlannerScreen(KindScreen):
             self._check_measure(profile, self.base)
 
     def _measure_checked(self, message: Loaded) -> None:
-        self.query_one("#plan-tabs", TabbedContent).active = "tab-measured"
+        self.query_one("#plan-tabs", TabSwitch).active = "plan-measured"
         view = self.query_one("#plan-measured", PlanView)
         if message.failed:
             if view.plan is None:  # a plan measured before stays in view
@@ -265,12 +277,12 @@ class PlannerScreen(KindScreen):
             self._plan_runs = key
             self._find_measured(runs)
 
-    def _show_measured(self, run: tasks.PlanRun | None) -> None:
+    def _show_measured(self, run: PlanRun | None) -> None:
         view = self.query_one("#plan-measured", PlanView)
         if run is None:
             view.show_message(NO_MEASUREMENT)
         elif run.saved is not None:
-            view.show_plan(tasks.measured_plan(run, run.saved))
+            view.show_plan(planner_tasks().measured_plan(run, run.saved))
         elif run.info.active:
             view.show_message(f"Measuring on GPU {run.gpu}: run {run.info.id} is {run.info.status} (see Latest run).")
         else:
@@ -287,8 +299,7 @@ class PlannerScreen(KindScreen):
 
     @on(Button.Pressed, "#preview")
     def action_preview(self) -> None:
-        active = self.query_one("#plan-tabs", TabbedContent).active
-        view = self.query_one("#plan-measured" if active == "tab-measured" else "#plan-closed", PlanView)
+        view = self.query_one(f"#{self.query_one('#plan-tabs', TabSwitch).active}", PlanView)
         self._preview(view, view.selected)
 
     @on(PlanView.Picked)
@@ -305,12 +316,12 @@ class PlannerScreen(KindScreen):
             return
         measured = view.plan.rec if view.id == "plan-measured" else None
         tune = self.query_one("#plan-tune", Checkbox).value
-        self._write("preview", partial(tasks.preview, profile, self.base, measured, choice, tune))
+        self._write("preview", partial(planner_tasks().preview, profile, self.base, measured, choice, tune))
 
-    def _ask_to_write(self, preview: tasks.Preview) -> None:
+    def _ask_to_write(self, preview: Preview) -> None:
         def answered(write: bool | None) -> None:
             if write:
-                self._write("applied", partial(tasks.apply, preview))
+                self._write("applied", partial(planner_tasks().apply, preview))
 
         self.app.push_screen(DiffDialog(preview.question, preview.diff, "Apply", "Cancel"), answered)
 
@@ -318,7 +329,7 @@ class PlannerScreen(KindScreen):
     def action_undo(self) -> None:
         profile = self.current_profile("Nothing restored")
         if isinstance(profile, PlanProfile):
-            self._write("undo", partial(tasks.undo_preview, profile, self.base))
+            self._write("undo", partial(planner_tasks().undo_preview, profile, self.base))
 
     def _ask_to_restore(self, files: list[Restore]) -> None:
         backups = ", ".join(f.backup.name for f in files)
@@ -326,7 +337,7 @@ class PlannerScreen(KindScreen):
 
         def answered(restore: bool | None) -> None:
             if restore:
-                self._write("restored", partial(tasks.undo, files))
+                self._write("restored", partial(planner_tasks().undo, files))
 
         self.app.push_screen(DiffDialog(question, "".join(f.diff for f in files), "Restore", "Keep"), answered)
 

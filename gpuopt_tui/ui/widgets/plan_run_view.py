@@ -9,9 +9,8 @@ from textual.content import Content
 from textual.widgets import Static
 
 from gpuopt_tui.core.runs import RunInfo
-from gpuopt_tui.ui import planner_tasks as tasks
 from gpuopt_tui.ui.loading import Loaded, reply
-from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.planner_view import PlanView, planner_tasks
 from gpuopt_tui.ui.widgets.run_results import RunResults
 
 
@@ -45,7 +44,7 @@ class PlanRunResults(RunResults):
 
     @work(thread=True, exclusive=True, group="saved-plan", exit_on_error=False)
     def _read(self, info: RunInfo) -> None:
-        reply(self, "plan", info.id, lambda: tasks.read_plan_run(info))
+        reply(self, "plan", info.id, lambda: planner_tasks().read_plan_run(info))
 
     def describe(self, info: RunInfo | None) -> Content:
         """Only a failed run's words: the plan itself says the rest."""
@@ -59,7 +58,7 @@ class PlanRunResults(RunResults):
         if message.failed:
             view.show_message(Content.styled(message.reason, "$error"))
         elif run.saved is not None:
-            view.show_plan(tasks.measured_plan(run, run.saved))
+            view.show_plan(planner_tasks().measured_plan(run, run.saved))
         else:
             view.show_message(Content.styled(run.error or f"run {run.info.id} saved no plan", "$error"))
 

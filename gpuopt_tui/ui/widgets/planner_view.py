@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -16,17 +17,18 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from gpuopt_tui.core.plan_report import (
-    CANDIDATE_COLUMNS,
-    STAGES_TITLE,
-    MemoryBar,
-    candidate_bar,
-    candidate_cells,
-    candidate_rows,
-    recommendation_text,
-    stages_table,
-)
-from gpuopt_tui.core.planner.search import Candidate, Recommendation
+if TYPE_CHECKING:
+    from gpuopt_tui.core.plan_report import MemoryBar
+    from gpuopt_tui.core.planner.search import Candidate, Recommendation
+
+
+def planner_tasks() -> ModuleType:
+    """The planner's work: ui/planner_tasks, and core.planner under it (60-80 ms of imports on a small machine).
+    Imported when first used, in the thread of the screen's first estimate (see PlannerScreen._tasks), so that the
+    planner screen and its views are drawn without waiting for it; core.plan_report likewise."""
+    from gpuopt_tui.ui import planner_tasks as tasks
+
+    return tasks
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class TierPlan:
 
 def bars(plan: TierPlan) -> Group:
     """The current setup's bar above the recommended configuration's, each with its caption."""
+    from gpuopt_tui.core.plan_report import candidate_bar
+
     rec = plan.rec
     recommended = candidate_bar(rec.chosen, rec.budget.gpu_total, rec.budget.margin, "recommended")
     return Group(*(b for b in (plan.current, recommended) if b is not None))
@@ -104,6 +108,15 @@ class PlanView(VerticalScroll):
         self.query_one(".plan-tail").display = False
 
     def show_plan(self, plan: TierPlan) -> None:
+        from gpuopt_tui.core.plan_report import (
+            CANDIDATE_COLUMNS,
+            STAGES_TITLE,
+            candidate_cells,
+            candidate_rows,
+            recommendation_text,
+            stages_table,
+        )
+
         self.plan = plan
         rec = plan.rec
         colour = self.app.theme_variables.get("warning", "yellow")

@@ -19,11 +19,12 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.events import Resize
 from textual.message import Message
-from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static
+from textual.widgets import Checkbox, DataTable, Input, Label, Static
 
 from gpuopt_tui.core.errors import ProfileError
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.schema import FieldInfo, describe, get_path, to_plain
+from gpuopt_tui.ui.widgets.choice_field import BLANK, ChoiceField
 from gpuopt_tui.ui.widgets.keyed_table import KeyedTable
 from gpuopt_tui.ui.widgets.profile_values import (
     FORM_SOURCE,
@@ -108,6 +109,9 @@ class ProfileForm(Vertical):
         # of the value and note columns (fitted_widths); the rows are drawn once the form's width is known: a table
         # drawn before, at other widths, would be drawn twice on the screen's first showing
         self._widths: tuple[int, int] | None = None
+        # and once a profile is loaded (or show_defaults says there is none to load): the defaults drawn before would
+        # be drawn again at once with the profile's values (a profile is read in a thread)
+        self._ready = False
 
     def compose(self) -> ComposeResult:
         yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
@@ -116,7 +120,7 @@ class ProfileForm(Vertical):
             text = Input(id="editor-text", compact=True)
             text.cursor_blink = False  # a blinking cursor redraws twice a second: bytes over SSH for nothing
             yield text
-            yield Select[Any]([("", "")], id="editor-choice", allow_blank=False, compact=True)
+            yield ChoiceField(id="editor-choice", tooltip="Enter or a click lists the values this key takes")
             yield Checkbox("", id="editor-toggle", compact=True)
         yield Static("", id="form-error", markup=False)
         yield Static(FORM_HINT, classes="form-help", markup=False)
@@ -128,11 +132,8 @@ class ProfileForm(Vertical):
     def on_resize(self, event: Resize) -> None:
         widths = fitted_widths(event.size.width, self._key_width)
         if widths != self._widths:
-            first = self._widths is None
             self._widths = widths
             self._show_rows(relayout=True)
-            if first and self.current is not None:
-                self.table.select(self.current)  # the cursor on the key in the editor, not on the first row
 
     @property
     def table(self) -> KeyedTable:
@@ -147,9 +148,16 @@ class ProfileForm(Vertical):
             self._values[key] = value
             self._texts[key] = field_text(info, value)
         self._loaded = dict(self._values)
+        self._ready = True
         current, self.current = self.current, None
         self._show_key(current or next(iter(self.infos)))  # the editor shows the loaded value
         self.validate()
+
+    def show_defaults(self) -> None:
+        """Draw the rows without a profile loaded (none could be read): each key's default."""
+        if not self._ready:
+            self._ready = True
+            self._show_rows()
 
     def values(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -212,7 +220,7 @@ class ProfileForm(Vertical):
     # -- the table ----------------------------------------------------------------------------------------------
 
     def _show_rows(self, relayout: bool = False) -> None:
-        if self._widths is None:
+        if self._widths is None or not self._ready:
             return
         value_width, note_width = self._widths
         rows: dict[str, tuple[Text, Text, Text]] = {}
@@ -224,7 +232,10 @@ class ProfileForm(Vertical):
                 rows[SECTION + section] = (Text(title, "bold"), Text(""), Text(""))
             leaf = Text("  " + key.rsplit(".", 1)[-1])
             rows[key] = (leaf, self._value_cell(key, value_width), self._note_cell(key, info, note_width))
+        first = not self.table.row_count
         self.table.set_rows(rows, relayout)
+        if first and self.current is not None:
+            self.table.select(self.current)  # the cursor on the key in the editor, not on the first row
         self._show_error_line()
 
     def _value_cell(self, key: str, width: int) -> Text:
@@ -279,7 +290,7 @@ class ProfileForm(Vertical):
 
     # -- the editor ---------------------------------------------------------------------------------------------
 
-    def edit_key(self, key: str, focus: bool = True) -> Input | Select[Any] | Checkbox:
+    def edit_key(self, key: str, focus: bool = True) -> Input | ChoiceField | Checkbox:
         """Put the cursor on `key` and, with `focus`, the focus in its editor; returns that editor."""
         self._show_key(key)
         self.table.select(key)
@@ -288,9 +299,9 @@ class ProfileForm(Vertical):
             editor.focus()
         return editor
 
-    def _editor(self, kind: Editor) -> Input | Select[Any] | Checkbox:
+    def _editor(self, kind: Editor) -> Input | ChoiceField | Checkbox:
         editor = self.query_one(f"#editor-{kind}")
-        assert isinstance(editor, (Input, Select, Checkbox))
+        assert isinstance(editor, (Input, ChoiceField, Checkbox))
         return editor
 
     def _show_key(self, key: str) -> None:
@@ -315,7 +326,7 @@ class ProfileForm(Vertical):
         editor = self._editor(editor_kind(info))
         if isinstance(editor, Input):
             editor.value = self._texts[key]
-        elif isinstance(editor, Select):
+        elif isinstance(editor, ChoiceField):
             editor.set_options(select_options(info))
             editor.value = self._values[key]
         else:
@@ -354,16 +365,16 @@ class ProfileForm(Vertical):
         event.stop()
         self.table.focus()
 
-    @on(Select.Changed, "#editor-choice")
+    @on(ChoiceField.Changed, "#editor-choice")
     @on(Checkbox.Changed, "#editor-toggle")
-    def _picked(self, event: Select.Changed | Checkbox.Changed) -> None:
+    def _picked(self, event: ChoiceField.Changed | Checkbox.Changed) -> None:
         event.stop()
         if event.value == event.control.value:
             self._picked_value(event.value)
 
     def _picked_value(self, value: Any) -> None:
         key = self.current
-        if key is None or editor_kind(self.infos[key]) == "text":
+        if key is None or value is BLANK or editor_kind(self.infos[key]) == "text":
             return
         held = self._values[key]
         if value != held or type(value) is not type(held):

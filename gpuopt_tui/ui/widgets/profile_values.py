@@ -82,7 +82,7 @@ def row_key(key: str) -> str:
 
 
 def select_options(info: FieldInfo) -> list[tuple[str, Any]]:
-    """A Select's (label, value) pairs: the choices, or auto / true / false for a `bool | "auto"` field (a Switch
+    """A chooser's (label, value) pairs: the choices, or auto / true / false for a `bool | "auto"` field (a Switch
     cannot show "auto"), whose values are what the profile holds so that a form round-trips exactly."""
     if info.choices:
         return [(c, c) for c in info.choices]
