@@ -206,8 +206,10 @@ class Row:
 def engine_row(
     name: str, adapter: SequenceClassifierAdapter, texts: list[str], args: argparse.Namespace, **attribution: Any
 ) -> Row:
-    """The engine over `texts` (already in length order), `args.batch` at a time, as the job runs it."""
-    section = AttributionSection(batch_size=args.batch, compile="off", **attribution)
+    """The engine over `texts` (already in length order), `batch_size` (default `args.batch`) at a time, as the
+    job runs it."""
+    batch = attribution.pop("batch_size", args.batch)
+    section = AttributionSection(batch_size=batch, compile="off", **attribution)
     settings = Settings.resolve(section, adapter, adapter.device, len(texts))
     print(f"  {name}: {len(texts)} texts, {settings.precision} steps ...", flush=True)
     if section.n_steps == "auto" and (warning := tolerance_warning(section.tolerance, settings.precision)):
@@ -216,15 +218,13 @@ def engine_row(
     scores = torch.zeros(len(texts), args.max_length)
     steps = torch.zeros(len(texts), dtype=torch.long)
     full = torch.zeros(len(texts), dtype=torch.bool)
-    warm = adapter.tokenize(texts[: args.batch], args.max_length)
+    warm = adapter.tokenize(texts[:batch], args.max_length)
     attribute_batch(adapter, {k: v.to(adapter.device) for k, v in warm.items()}, settings, planner)
     sync(adapter.device)
     start = time.perf_counter()
-    for i in range(0, len(texts), args.batch):
-        batch = {
-            k: v.to(adapter.device) for k, v in adapter.tokenize(texts[i : i + args.batch], args.max_length).items()
-        }
-        out = attribute_batch(adapter, batch, settings, planner)
+    for i in range(0, len(texts), batch):
+        inputs = {k: v.to(adapter.device) for k, v in adapter.tokenize(texts[i : i + batch], args.max_length).items()}
+        out = attribute_batch(adapter, inputs, settings, planner)
         rows = slice(i, i + out["token_scores"].shape[0])
         scores[rows, : out["token_scores"].shape[1]] = out["token_scores"]
         steps[rows] = out["steps"]
@@ -439,6 +439,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--skip-variant-fixed", action="store_true", help="no fixed reference-steps row for the --variants"
     )
     parser.add_argument("--dump", type=Path, help="save every row's token scores and steps here (torch.save)")
+    parser.add_argument("--auto-batches", type=int, nargs="*", default=[], help="auto rows at these batch sizes too")
     parser.add_argument("--captum-steps", type=int, default=50)
     parser.add_argument("--captum-samples", type=int, default=128)
     parser.add_argument("--skip-captum", action="store_true")
@@ -511,6 +512,12 @@ def main(argv: list[str] | None = None) -> int:
                 max_steps=args.max_steps,
             )
         )
+    for batch in args.auto_batches:  # the auto rule at other batch sizes: more samples per refinement pass
+        for tolerance in args.tolerances:
+            rows.append(
+                engine_row(f"auto, tolerance {tolerance:g}, batches of {batch}", adapter, texts, args, n_steps="auto",
+                           tolerance=tolerance, max_steps=args.max_steps, batch_size=batch)
+            )  # fmt: skip
     for steps in args.fixed_steps:
         rows.append(engine_row(f"fixed {steps} steps", adapter, texts, args, n_steps=steps))
     for name in args.variants:  # other step precisions: what each costs alone (2000 steps) and auto at each tolerance

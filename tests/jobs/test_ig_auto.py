@@ -11,8 +11,8 @@ from transformers import BertConfig, BertForSequenceClassification, RobertaConfi
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution import integrated_gradients
-from gpuopt_tui.jobs.attribution.adaptive import precision_floor, tolerance_warning
-from gpuopt_tui.jobs.attribution.deltas import steps_summary, within_tolerance
+from gpuopt_tui.jobs.attribution.adaptive import precision_floor, settled, tolerance_warning
+from gpuopt_tui.jobs.attribution.deltas import steps_summary
 from gpuopt_tui.jobs.attribution.panels import GRID, NEW_POINTS, SamplePanels, first_positions, step_counts
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 
@@ -49,7 +49,7 @@ def test_every_sample_reaches_the_tolerance_and_agrees_with_many_fixed_steps(
     forward, emb, base, mask = case(arch, seed)
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=tolerance, alpha_batch_size=7)
     assert (relative(auto) <= tolerance).all()  # and the token scores moved less than it at the last level
-    assert set(auto.steps.tolist()) <= set(step_counts(1025)) and auto.steps.min() >= 9
+    assert set(auto.steps.tolist()) <= set(step_counts(1025)) and auto.steps.min() >= 17
     reference = integrated_gradients(forward, emb, base, mask, n_steps=1000, alpha_batch_size=100)
     assert (relative(reference) < 1e-9).all()
     # the totals agree within the tolerance (of |F(x) - F(baseline)|), the token scores within 10x that
@@ -64,7 +64,7 @@ def test_every_sample_reaches_the_tolerance_and_agrees_with_many_fixed_steps(
 def test_samples_that_do_not_converge_stop_at_the_cap() -> None:
     forward, emb, base, mask = case("bert", 0)
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-14, max_steps=40)
-    assert auto.steps.tolist() == [33] * 8  # 9 + 8 + 8 + 8: one more pass would take them to 41
+    assert auto.steps.tolist() == [33] * 8  # 17 + 8 + 8: one more pass would take them to 41
     assert (relative(auto) > 1e-14).any()
 
 
@@ -80,17 +80,15 @@ def naive_auto(forward, emb, base, mask, target, tolerance: float) -> tuple[torc
         return grad[0]
 
     with torch.no_grad():
-        ends = [forward(e, mask, {})[0, target].reshape(1) for e in (emb, base)]
+        ends = tuple(float(forward(e, mask, {})[0, target]) for e in (emb, base))
     panels, positions = SamplePanels(emb.shape[1]), first_positions()
+    floor = precision_floor("fp32", torch.float64)
     while True:
         for p in positions.tolist():
             cache[p] = gradient(p)
         panels.add(positions, torch.stack([(cache[p] * diff[0]).sum(-1) for p in positions.tolist()]).numpy())
-        scores, error, worst = panels.estimate()
-        delta = torch.tensor([scores.sum()]) - (ends[0] - ends[1])
-        floor = precision_floor("fp32", torch.float64)
-        resolved = (error <= tolerance * np.abs(scores).max() + floor * panels.magnitude()).all()
-        if (within_tolerance(delta, *ends, tolerance, floor).all() and resolved) or panels.points + 8 > 1025:
+        done, worst = settled(panels, ends, tolerance, floor, torch.float64)
+        if done or panels.points + NEW_POINTS > 1025:
             break
         positions = panels.split(worst)
     total = sum(w * cache[p] for p, w in panels.weights().items())
@@ -133,14 +131,15 @@ def test_chunk_sizes_do_not_change_the_result(alpha_batch_size: int | None) -> N
 def test_a_split_keeps_every_point_and_adds_the_quarter_points_of_its_halves() -> None:
     panels = SamplePanels(1)
     first = first_positions()
-    assert first.tolist() == [k * GRID // 8 for k in range(9)]
-    panels.add(first, np.zeros((9, 1)))
-    new = panels.split(np.array([0.0, 1.0]))  # SPLITS = 2: both first panels split
-    assert new.tolist() == [k * GRID // 16 for k in range(1, 16, 2)] and len(new) == NEW_POINTS
-    assert panels.panels == [(k * GRID // 4, GRID // 4) for k in range(4)]
+    assert first.tolist() == [k * GRID // 16 for k in range(17)]
+    panels.add(first, np.zeros((17, 1)))
+    new = panels.split(np.array([0.0, 3.0, 1.0, 2.0]))  # SPLITS = 2: the two worst, [1/4, 1/2] and [3/4, 1]
+    halves = [(k * GRID // 8, GRID // 8) for k in (2, 3, 6, 7)]
+    assert panels.panels == sorted([(0, GRID // 4), (GRID // 2, GRID // 4), *halves])
+    assert new.tolist() == [lo + q * GRID // 32 for lo, _ in halves for q in (1, 3)] and len(new) == NEW_POINTS
     panels.add(new, np.zeros((NEW_POINTS, 1)))
-    every = sorted(panels.column)
-    assert every == [k * GRID // 16 for k in range(17)]  # nothing evaluated twice, no gap
+    quarter_points = {lo + q * width // 4 for lo, width in panels.panels for q in range(5)}
+    assert set(panels.column) == quarter_points  # every point a node of a panel, none evaluated twice
     assert sum(panels.weights().values()) == pytest.approx(1.0, abs=1e-15)
 
 
@@ -154,8 +153,8 @@ def test_boole_and_the_error_estimate_on_polynomials(degree: int) -> None:
     scores, error, _ = panels.estimate()
     assert scores[0] == pytest.approx(1 / (degree + 1), abs=1e-14)
     assert (error[0] < 1e-15) == (degree <= 3)
-    with pytest.raises(UserError, match="max_steps must be at least 9"):
-        integrated_gradients(*case("bert", 0)[:4], n_steps="auto", max_steps=8)
+    with pytest.raises(UserError, match="max_steps must be at least 17"):
+        integrated_gradients(*case("bert", 0)[:4], n_steps="auto", max_steps=16)
 
 
 def test_a_sample_whose_input_is_its_baseline_stops_at_the_first_pass() -> None:
@@ -165,8 +164,8 @@ def test_a_sample_whose_input_is_its_baseline_stops_at_the_first_pass() -> None:
     base = base.clone()
     base[3] = emb[3]
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-6, max_steps=257)
-    assert int(auto.steps[3]) == 9 and torch.equal(auto.attributions[3], torch.zeros_like(emb[3]))
-    assert (auto.steps[[0, 1, 2, 4, 5, 6, 7]] > 9).all()
+    assert int(auto.steps[3]) == 17 and torch.equal(auto.attributions[3], torch.zeros_like(emb[3]))
+    assert (auto.steps[[0, 1, 2, 4, 5, 6, 7]] > 17).all()
 
 
 def test_a_tolerance_below_the_steps_precision_is_raised_to_it_with_a_warning() -> None:

@@ -26,7 +26,7 @@ class AttributionSection:
     n_steps: int | Literal["auto"] = opt(
         50,
         'Interpolation steps of the path integral, or "auto": each sample is refined on adaptive Simpson panels '
-        "(9, 17, 25, ... points, placed where its error is; `method` unused) until its relative convergence delta "
+        "(17, 25, 33, ... points, placed where its error is; `method` unused) until its relative convergence delta "
         "and the error estimate of its token scores are within `tolerance`, or it reaches `max_steps`",
         min=1,
         max=100_000,
@@ -40,8 +40,8 @@ class AttributionSection:
     )
     max_steps: int = opt(
         1025,
-        "With n_steps = auto: the cap on a sample's steps (9, then 8 more per pass; it stops at the last within it)",
-        min=9,
+        "With n_steps = auto: the cap on a sample's steps (17, then 8 more per pass; it stops at the last within it)",
+        min=17,
         max=100_000,
     )
     method: str = opt("gausslegendre", "Integration rule", choices=IG_METHODS)

@@ -1,6 +1,6 @@
 """`n_steps = "auto"`: each sample's path integral refined where its error is, until it is within a tolerance.
 
-The rule is adaptive Simpson on panels (panels.py): every sample starts on two panels of [0, 1] (9 points); each
+The rule is adaptive Simpson on panels (panels.py): every sample starts on four panels of [0, 1] (17 points); each
 later pass splits, for each sample that has not converged, its two panels of largest error estimate (8 new
 points), reusing every point already evaluated. On a fine-tuned classifier the output turns from one class to
 the other over a short stretch of the path (a few hundredths of it, somewhere in its first half): the panels
@@ -17,22 +17,23 @@ refine a sample to the cap:
     |delta|             <= max(tolerance, floor) x |F(x) - F(baseline)|  + floor    x max(|F(x)|, |F(baseline)|)
     error estimate of t <= max(tolerance, floor) x max_t' |score of t'| + rounding x integral of |g_t|
 The delta's absolute part: the path's model (16-bit weights) and the fp32 ends differ by about the floor. The
-estimate's is only the accumulation's rounding (a few units of its eps): an absolute part of floor x the integral
-of |g_t| let samples whose integrands cancel along the path (a small |F(x) - F(baseline)|) stop with token scores
-2.8% off at a tolerance of 1e-2 in TF32 on a fine-tuned BERT (benchmarks/results/ig_auto_panels_first_H100.md); on
-samples whose output moves, 16-bit rounding stays well inside the tolerance. The delta alone is one number, in
+estimate's is only the accumulation's rounding (a few units of its eps), the strict choice: 16-bit rounding of the
+integrand did not drive samples to the cap at tolerance 1e-2 on a fine-tuned BERT-base (none of 2048 in
+benchmarks/results/ig_auto_panels_H100.md; 6 at 5e-3), and an absolute part of floor x the integral of |g_t| would
+let a sample whose integrands cancel along the path stop on a large estimate. The delta alone is one number, in
 which the token errors can cancel. Every sample of a pass gets the same number of new points, at its own
 positions, so a pass is an ordinary pass of the engine over the unconverged samples only.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.jobs.attribution.deltas import output_floor
-from gpuopt_tui.jobs.attribution.panels import step_counts
+from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
+from gpuopt_tui.jobs.attribution.panels import SamplePanels, step_counts
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 
 RULE = "adaptive_simpson"  # the `method` runs with "auto" steps report
@@ -79,3 +80,17 @@ def check_max_steps(max_steps: int) -> None:
     """A cap below the first pass's points is an error of the profile."""
     if not step_counts(max_steps):
         raise UserError(f"attribution.max_steps must be at least {step_counts(10**6)[0]}, got {max_steps}")
+
+
+def settled(
+    sample: SamplePanels, ends: tuple[float, float], tolerance: float, floor: float, dtype: torch.dtype
+) -> tuple[bool, np.ndarray]:
+    """Whether `sample` may stop (both tests of the module docstring, for the explained outputs `ends` = F(x),
+    F(baseline) and the steps' precision `floor`; `dtype` the accumulation's), and each panel's largest error
+    (what `SamplePanels.split` takes when it may not)."""
+    scores, error, panel_errors = sample.estimate()
+    f_x, f_b = (torch.tensor([end], dtype=torch.float64) for end in ends)
+    delta = torch.tensor([scores.sum()], dtype=torch.float64) - (f_x - f_b)
+    rounding = precision_floor("fp32", dtype)
+    resolved = (error <= max(tolerance, floor) * np.abs(scores).max() + rounding * sample.magnitude()).all()
+    return bool(resolved and within_tolerance(delta, f_x, f_b, tolerance, floor).all()), panel_errors

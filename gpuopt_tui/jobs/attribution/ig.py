@@ -13,7 +13,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gpuopt_tui.jobs.attribution.adaptive import check_max_steps, full_precision, needs_full_precision, precision_floor
+from gpuopt_tui.jobs.attribution.adaptive import (
+    check_max_steps,
+    full_precision,
+    needs_full_precision,
+    precision_floor,
+    settled,
+)
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -29,7 +35,6 @@ from gpuopt_tui.jobs.attribution.common import (
     selected,
 )
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import within_tolerance
 from gpuopt_tui.jobs.attribution.panels import GRID, NEW_POINTS, SamplePanels, first_positions
 from gpuopt_tui.jobs.attribution.precision import REDUCED, StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
@@ -197,8 +202,7 @@ def _refined(
     hidden = rows.diff.shape[-1]
     diff = rows.diff.reshape(batch, -1, hidden)
     samples = [SamplePanels(diff.shape[1]) for _ in range(batch)]
-    ends = tuple(end.double().cpu() for end in ends)
-    rtol, rounding = max(tolerance, floor), precision_floor("fp32", dtype)
+    ends = [end.double().tolist() for end in ends]
     steps = torch.zeros(batch, dtype=torch.long, device=device)
     evaluated: list[tuple[Tensor, np.ndarray, Tensor]] = []  # each pass: samples, positions [n, b], gradients
     active, positions = torch.arange(batch, device=device), np.repeat(first_positions()[:, None], batch, axis=1)
@@ -213,26 +217,14 @@ def _refined(
         values = (grads.view(n, active.numel(), -1, hidden).to(dtype) * diff[active]).sum(-1)
         values = values.double().cpu().numpy()  # [n, b, tokens]: each token's integrand
         reached = (1 + reached) / 2
-        members = active.tolist()
-        estimates = []
-        for j, i in enumerate(members):
-            samples[i].add(positions[:, j], values[:, j])
-            estimates.append(samples[i].estimate())
-        index = torch.as_tensor(members)
-        totals = torch.as_tensor([scores.sum() for scores, _, _ in estimates])
-        converged = within_tolerance(
-            totals - (ends[0][index] - ends[1][index]), *(e[index] for e in ends), tolerance, floor
-        )
-        resolved = [
-            bool((error <= rtol * np.abs(scores).max() + rounding * samples[i].magnitude()).all())
-            for i, (scores, error, _) in zip(members, estimates)
-        ]
         stop, later = [], []
-        for j, i in enumerate(members):
-            if (converged[j] and resolved[j]) or samples[i].points + NEW_POINTS > max_steps:
+        for j, i in enumerate(active.tolist()):
+            samples[i].add(positions[:, j], values[:, j])
+            done, panel_errors = settled(samples[i], (ends[0][i], ends[1][i]), tolerance, floor, dtype)
+            if done or samples[i].points + NEW_POINTS > max_steps:
                 stop.append(j)
             else:
-                later.append(samples[i].split(estimates[j][2]))
+                later.append(samples[i].split(panel_errors))
         finished = active[torch.as_tensor(stop, dtype=torch.long, device=device)]
         steps[finished] = torch.as_tensor(
             [samples[i].points for i in finished.tolist()], dtype=torch.long, device=device

@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 GRID = 1 << 40  # positions: panel widths stay divisible by 4 for 38 splits, far below any step cap
-FIRST_PANELS = 2  # the first pass: [0, 1/2] and [1/2, 1], 9 points (the least a sample uses)
+FIRST_PANELS = 4  # the first pass: 4 panels, 17 points (the least a sample uses); with 2 panels (9 points) a
+# bump of the integrand between two of them went unseen (a fine-tuned BERT, ig_rules_offline_H100.md)
 SPLITS = 2  # panels split per sample in each later pass: 8 new points
 NEW_POINTS = 4 * SPLITS
 BOOLE = np.array([7.0, 32.0, 12.0, 32.0, 7.0]) / 90.0
@@ -27,12 +28,12 @@ QUARTERS = np.arange(5)  # a panel's points: lo + q x width / 4
 
 
 def first_positions() -> np.ndarray:
-    """[9] the points of the first pass (every sample's)."""
+    """[17] the points of the first pass (every sample's)."""
     return np.arange(4 * FIRST_PANELS + 1, dtype=np.int64) * (GRID // (4 * FIRST_PANELS))
 
 
 def step_counts(max_steps: int) -> list[int]:
-    """The points a sample can stop at: 9, 17, 25, ..., the largest within `max_steps`."""
+    """The points a sample can stop at: 17, 25, 33, ..., the largest within `max_steps`."""
     first = 4 * FIRST_PANELS + 1
     return list(range(first, max_steps + 1, NEW_POINTS))
 
