@@ -108,6 +108,20 @@ def test_reused_gradients_give_what_computing_every_point_afresh_gives() -> None
         assert torch.allclose(auto.attributions[i], attributions, rtol=0, atol=1e-13)
 
 
+def test_token_scores_alone_keep_no_gradient_and_agree() -> None:
+    """Without per-dimension attributions each sample's token scores come from its panels' token integrands:
+    the same steps and, to rounding, the same scores as summing the kept gradients' attributions per token."""
+    forward, emb, base, mask = case("roberta", 2)
+    kept = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-4)
+    tokens = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-4, per_dimension=False)
+    assert tokens.attributions.shape == (*emb.shape[:-1], 1)
+    assert torch.equal(tokens.steps, kept.steps)
+    assert torch.allclose(tokens.token_scores(), kept.token_scores(), rtol=0, atol=1e-12)
+    assert torch.allclose(tokens.deltas, kept.deltas, rtol=0, atol=1e-12)
+    fixed = integrated_gradients(forward, emb, base, mask, n_steps=20, per_dimension=False)
+    assert fixed.attributions.shape == (*emb.shape[:-1], 1)
+
+
 @pytest.mark.parametrize("alpha_batch_size", [1, 5, None])
 def test_chunk_sizes_do_not_change_the_result(alpha_batch_size: int | None) -> None:
     forward, emb, base, mask = case("roberta", 2)

@@ -25,7 +25,7 @@ Target = Tensor | Literal["predicted"] | None
 class IGResult:
     """Integrated Gradients of one batch. Float tensors are fp32 (float64 when the inputs are)."""
 
-    attributions: Tensor  # [B, *S, H]: (x - baseline) * integrated gradients
+    attributions: Tensor  # [B, *S, H]: (x - baseline) * integrated gradients; [B, *S, 1] summed per token
     deltas: Tensor  # [B]: sum(attributions) - (F(x) - F(baseline)), signed
     scores: Tensor  # [B]: F(x), the explained output
     baseline_scores: Tensor  # [B]: F(baseline)
@@ -118,20 +118,22 @@ def resolve_target(target: Target, outputs: Tensor) -> Tensor | None:
     return None if target is None else target.to(device=outputs.device, dtype=torch.long)
 
 
+def path_attributions(integrated_grads: Tensor, inputs: Tensor, baselines: Tensor) -> Tensor:
+    """(x - baseline) * integrated gradients, in the gradients' dtype (fp32 or wider)."""
+    dtype = integrated_grads.dtype
+    return (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
+
+
 def finish(
-    integrated_grads: Tensor,
-    inputs: Tensor,
-    baselines: Tensor,
+    attributions: Tensor,
     out_x: Tensor,
     out_b: Tensor,
     target: Tensor | None,
     steps: Tensor,
     full_precision: Tensor | None = None,
 ) -> IGResult:
-    """Attributions = (x - baseline) * integrated gradients, and the convergence deltas, in fp32 (or wider);
-    `full_precision` (none: no sample) marks the samples whose steps ran in full precision."""
-    dtype = integrated_grads.dtype
-    attributions = (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
+    """The result with its convergence deltas; `full_precision` (none: no sample) marks the samples whose steps ran
+    in full precision."""
     scores, base_scores = selected(out_x, target), selected(out_b, target)
     deltas = attributions.reshape(attributions.shape[0], -1).sum(1) - (scores - base_scores)
     if full_precision is None:

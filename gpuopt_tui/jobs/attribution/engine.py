@@ -156,6 +156,7 @@ def attribute_batch(
                 tolerance=settings.tolerance,
                 max_steps=settings.max_steps,
                 full_precision_fallback=settings.full_precision_fallback,
+                per_dimension=False,  # only token scores are written: auto steps then keep no gradients
                 alpha_batch_size=planner,
                 compiler=compiler,
                 on_chunk=on_chunk,

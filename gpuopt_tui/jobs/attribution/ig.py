@@ -30,6 +30,7 @@ from gpuopt_tui.jobs.attribution.common import (
     finish,
     frozen_parameters,
     module_of,
+    path_attributions,
     resolve_endpoint_precision,
     resolve_target,
     selected,
@@ -57,6 +58,7 @@ def integrated_gradients(
     precision: str = "fp32",
     cast_weights: bool = False,
     full_precision_fallback: bool = False,
+    per_dimension: bool = True,
     compiler: StepCompiler | None = None,
     endpoint_precision: str | None = None,
     context: Mapping[str, Tensor] | None = None,
@@ -80,6 +82,10 @@ def integrated_gradients(
     `full_precision_fallback` and bf16/fp16 steps, the samples whose output moves too little for those steps to
     reach the tolerance (adaptive.needs_full_precision) run theirs in TF32/fp32 (adaptive.full_precision),
     eagerly; the result's `full_precision` marks them.
+    Without `per_dimension` the attributions are summed over the embedding dimension ([B, *S, 1], the token
+    scores): with "auto" steps the engine then keeps no gradient, only each token's integrand at each point
+    (memory that does not grow with the embedding size); by default every gradient of a batch is kept until its
+    panels are final.
     F(x) and F(baseline) (and so the target, the prediction and the convergence deltas) run eagerly on the
     original weights, never autocast: in fp32 by default, or "tf32" with `endpoint_precision`.
     `context` tensors (first dim B) are tiled to the rows of each chunk and handed to the forward.
@@ -105,7 +111,7 @@ def integrated_gradients(
             ends = selected(out_x, target), selected(out_b, target)
             if full_precision_fallback and precision in REDUCED:
                 full = needs_full_precision(*ends, tolerance, precision, acc)
-            total = torch.zeros_like(rows.diff.reshape(batch, -1))
+            total = rows.diff.new_zeros(batch, rows.diff[0].numel() if per_dimension else rows.tokens)
             steps = torch.zeros(batch, dtype=torch.long, device=inputs.device)
             groups = [(m, p) for m, p in ((~full, precision), (full, full_precision(tolerance))) if bool(m.any())]
             for part, (members, group_precision) in enumerate(groups):
@@ -122,6 +128,7 @@ def integrated_gradients(
                         max_steps,
                         precision_floor(group_precision, acc),
                         share=(part, len(groups)),
+                        per_dimension=per_dimension,
                     )
         else:
             passes = _Passes(forward, step, planner, compiler, on_chunk)
@@ -130,7 +137,12 @@ def integrated_gradients(
                 total = passes.integrate(rows.in_precision(step), alphas, weights.unsqueeze(1))[0]
             steps = torch.full((batch,), n_steps, dtype=torch.long, device=inputs.device)
     check_finite(total, precision)
-    return finish(total.view_as(inputs), inputs, baselines, out_x, out_b, target, steps, full)
+    if n_steps == "auto" and not per_dimension:
+        attributions = total.view(*inputs.shape[:-1], 1)
+    else:
+        attributions = path_attributions(total.view_as(inputs), inputs, baselines)
+        attributions = attributions if per_dimension else attributions.sum(-1, keepdim=True)
+    return finish(attributions, out_x, out_b, target, steps, full)
 
 
 PROGRESS_UNITS = 1000  # over several passes, on_chunk(done, total) counts thousandths of the batch
@@ -193,10 +205,12 @@ def _refined(
     max_steps: int,
     floor: float,
     share: tuple[int, int] = (0, 1),
+    per_dimension: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Integrated gradients [B, numel] on adaptive panels and the points each sample used [B], from the
-    explained outputs `ends` (F(x), F(baseline)) and the steps' precision `floor` (adaptive.py); `share`
-    (index, parts): where these samples' passes are in the progress of the batch."""
+    """Integrated gradients [B, numel] on adaptive panels (without `per_dimension`: the token scores [B, tokens],
+    no gradient kept) and the points each sample used [B], from the explained outputs `ends` (F(x),
+    F(baseline)) and the steps' precision `floor` (adaptive.py); `share` (index, parts): where these samples'
+    passes are in the progress of the batch."""
     check_max_steps(max_steps)
     batch, device, dtype = rows.rows, rows.diff.device, rows.diff.dtype
     hidden = rows.diff.shape[-1]
@@ -212,7 +226,8 @@ def _refined(
         passes.span = ((share[0] + reached) / share[1], (share[0] + (1 + reached) / 2) / share[1])
         alphas = torch.as_tensor(positions / GRID, dtype=dtype, device=device)
         grads = passes.gradients(rows.select(active), alphas)
-        evaluated.append((active, positions, grads))
+        if per_dimension:
+            evaluated.append((active, positions, grads))
         n = positions.shape[0]
         values = (grads.view(n, active.numel(), -1, hidden).to(dtype) * diff[active]).sum(-1)
         values = values.double().cpu().numpy()  # [n, b, tokens]: each token's integrand
@@ -233,6 +248,9 @@ def _refined(
         keep[stop] = False
         active = active[keep]
         positions = np.stack(later, axis=1) if later else positions[:0]
+    if not per_dimension:
+        scores = np.stack([sample.estimate()[0] for sample in samples])
+        return torch.as_tensor(scores, dtype=dtype, device=device), steps
     total = torch.zeros(batch, diff.shape[1] * hidden, dtype=dtype, device=device)
     for members, where, grads in evaluated:
         weights = [samples[i].weights() for i in members.tolist()]

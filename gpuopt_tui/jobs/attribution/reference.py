@@ -16,6 +16,7 @@ from gpuopt_tui.jobs.attribution.common import (
     finish,
     frozen_parameters,
     module_of,
+    path_attributions,
     resolve_endpoint_precision,
     resolve_target,
     selected,
@@ -78,4 +79,4 @@ def integrated_gradients_reference(
                         on_step(i * len(alphas) + j + 1, batch * len(alphas))
     check_finite(grads, precision)
     steps = torch.full((batch,), int(n_steps), dtype=torch.long, device=inputs.device)
-    return finish(grads, inputs, baselines, out_x, out_b, target, steps)
+    return finish(path_attributions(grads, inputs, baselines), out_x, out_b, target, steps)
