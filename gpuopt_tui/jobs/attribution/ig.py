@@ -217,47 +217,46 @@ def _refined(
     diff = rows.diff.reshape(batch, -1, hidden)
     samples = [SamplePanels(diff.shape[1]) for _ in range(batch)]
     ends = [end.double().tolist() for end in ends]
-    steps = torch.zeros(batch, dtype=torch.long, device=device)
     evaluated: list[tuple[Tensor, np.ndarray, Tensor]] = []  # each pass: samples, positions [n, b], gradients
-    active, positions = torch.arange(batch, device=device), np.repeat(first_positions()[:, None], batch, axis=1)
+    active, positions = list(range(batch)), np.repeat(first_positions()[:, None], batch, axis=1)
     reached = 0.0  # the share of the samples' progress reported so far
-    while active.numel():
-        reached = max(reached, 1 - active.numel() / batch)
+    while active:
+        reached = max(reached, 1 - len(active) / batch)
         passes.span = ((share[0] + reached) / share[1], (share[0] + (1 + reached) / 2) / share[1])
-        alphas = torch.as_tensor(positions / GRID, dtype=dtype, device=device)
-        grads = passes.gradients(rows.select(active), alphas)
+        members = torch.as_tensor(active, device=device)
+        grads = passes.gradients(rows.select(members), torch.as_tensor(positions / GRID, dtype=dtype, device=device))
         if per_dimension:
-            evaluated.append((active, positions, grads))
-        n = positions.shape[0]
-        values = (grads.view(n, active.numel(), -1, hidden).to(dtype) * diff[active]).sum(-1)
+            evaluated.append((members, positions, grads))
+        values = (grads.view(*positions.shape, -1, hidden).to(dtype) * diff[members]).sum(-1)
         values = values.double().cpu().numpy()  # [n, b, tokens]: each token's integrand
         reached = (1 + reached) / 2
-        stop, later = [], []
-        for j, i in enumerate(active.tolist()):
+        going, later = [], []
+        for j, i in enumerate(active):
             samples[i].add(positions[:, j], values[:, j])
             done, panel_errors = settled(samples[i], (ends[0][i], ends[1][i]), tolerance, floor, dtype)
-            if done or samples[i].points + NEW_POINTS > max_steps:
-                stop.append(j)
-            else:
+            if not done and samples[i].points + NEW_POINTS <= max_steps:
+                going.append(i)
                 later.append(samples[i].split(panel_errors))
-        finished = active[torch.as_tensor(stop, dtype=torch.long, device=device)]
-        steps[finished] = torch.as_tensor(
-            [samples[i].points for i in finished.tolist()], dtype=torch.long, device=device
-        )
-        keep = torch.ones(active.numel(), dtype=torch.bool, device=device)
-        keep[stop] = False
-        active = active[keep]
-        positions = np.stack(later, axis=1) if later else positions[:0]
+        active, positions = going, np.stack(later, axis=1) if later else positions[:0]
+    steps = torch.as_tensor([sample.points for sample in samples], dtype=torch.long, device=device)
     if not per_dimension:
         scores = np.stack([sample.estimate()[0] for sample in samples])
         return torch.as_tensor(scores, dtype=dtype, device=device), steps
-    total = torch.zeros(batch, diff.shape[1] * hidden, dtype=dtype, device=device)
+    return _weighted(samples, evaluated, diff[0].numel(), dtype), steps
+
+
+def _weighted(
+    samples: list[SamplePanels], evaluated: list[tuple[Tensor, np.ndarray, Tensor]], numel: int, dtype: torch.dtype
+) -> Tensor:
+    """[B, numel]: every pass's gradients with their points' weights in the final panels."""
+    device = evaluated[0][2].device
+    total = torch.zeros(len(samples), numel, dtype=dtype, device=device)
     for members, where, grads in evaluated:
         weights = [samples[i].weights() for i in members.tolist()]
         table = np.array([[w[int(p)] for w, p in zip(weights, row)] for row in where])  # [n, b]
         w = torch.as_tensor(table, dtype=dtype, device=device)
         total[members] += torch.einsum("nb,nbk->bk", w, grads.view(*w.shape, -1).to(dtype))
-    return total, steps
+    return total
 
 
 def _attempt(

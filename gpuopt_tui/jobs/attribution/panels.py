@@ -9,8 +9,9 @@ and adds the 4 quarter points of the halves. Positions are integers on [0, GRID]
 and found again by its position.
 
 The integrand g here is each token's projection of the gradient, sum_h (x - baseline)_h x dF/dx_h: its
-integral over a panel is that panel's share of the token's attribution. The full gradients are weighted only at
-the end, once the panels are final (every point evaluated is a node of a final panel).
+integral over a panel is that panel's share of the token's attribution. Full gradients, where they are kept
+(per-dimension attributions), are weighted only at the end, once the panels are final (every point evaluated is a
+node of a final panel).
 """
 
 from __future__ import annotations
