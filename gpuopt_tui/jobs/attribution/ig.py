@@ -134,7 +134,7 @@ def integrated_gradients(
             passes = _Passes(forward, step, planner, compiler, on_chunk)
             alphas, weights = (torch.as_tensor(v, dtype=acc, device=inputs.device) for v in step_rule(method, n_steps))
             with weights_cast(module, step.weights):
-                total = passes.integrate(rows.in_precision(step), alphas, weights.unsqueeze(1))[0]
+                total = passes.integrate(rows.in_precision(step), alphas, weights)
             steps = torch.full((batch,), n_steps, dtype=torch.long, device=inputs.device)
     check_finite(total, precision)
     if n_steps == "auto" and not per_dimension:
@@ -160,12 +160,12 @@ class _Passes:
     span: tuple[float, float] | None = None  # the share of the batch a pass covers; None: report its steps
 
     def integrate(self, rows: _Chunk, alphas: Tensor, weights: Tensor) -> Tensor:
-        """[K, rows x numel]: column k of `weights` [alphas, K] applied to the gradients at `alphas`."""
-        sums = torch.zeros(weights.shape[1], rows.diff.numel(), dtype=rows.diff.dtype, device=rows.diff.device)
+        """[rows x numel]: the gradients at `alphas` summed with `weights` (both [steps])."""
+        sums = torch.zeros(1, rows.diff.numel(), dtype=rows.diff.dtype, device=rows.diff.device)
         for start, grads in self._chunks(rows, alphas):
-            sums.addmm_(weights[start : start + grads.shape[0]].t(), grads.to(sums.dtype))
+            sums.addmm_(weights[None, start : start + grads.shape[0]], grads.to(sums.dtype))
             del grads  # free it before the next chunk allocates its own
-        return sums
+        return sums[0]
 
     def gradients(self, rows: _Chunk, alphas: Tensor) -> Tensor:
         """[steps, rows x numel]: the gradients at `alphas` ([steps] or [steps, rows]), in the steps' dtype."""
