@@ -92,6 +92,27 @@ def panels(sample: dict[str, np.ndarray], n: int, tolerance: float) -> tuple[np.
         positions = state.split(worst)
 
 
+def transitions(samples: list[dict[str, np.ndarray]], n: int) -> str:
+    """Where along the path the output moves, for the samples whose output moves by at least 1 (logit): the alpha
+    at which F(alpha) has made 50% of its change, and the width from 10% to 90% of it."""
+    alphas = np.arange(n + 1) / n
+    middles, widths = [], []
+    for s in samples:
+        f = s["F"][n + 1 :]  # on the uniform points
+        if abs(f[-1] - f[0]) < 1:
+            continue
+        share = (f - f[0]) / (f[-1] - f[0])
+        at = [alphas[np.argmax(share >= q)] for q in (0.1, 0.5, 0.9)]
+        middles.append(at[1])
+        widths.append(at[2] - at[0])
+    spread = lambda v: f"{min(v):.3f} / {np.median(v):.3f} / {max(v):.3f}"  # noqa: E731
+    return (
+        f"- where the output moves ({len(middles)} of {len(samples)} texts move by at least 1 logit): the 50% point "
+        f"at alpha {spread(middles)} (min / median / max); 10% to 90% of the change within {spread(widths)} of "
+        "the path"
+    )
+
+
 def evaluate(name: str, rule, samples, n: int, tolerance: float, batch: int) -> dict[str, object]:
     results = [rule(s, n, tolerance) for s in samples]
     errors = np.array(
@@ -138,6 +159,7 @@ def main() -> int:
         f"- command: `python {' '.join(sys.argv)}`",
         f"- cap {CAP} points; passes: mean over batches of {args.batch} of the most passes a sample of the batch needs",
         "- error: per sample max |a - b| / max |b| of the token scores against the 1025-point Clenshaw-Curtis integral",
+        transitions(samples, n),
         "",
         "| rule | tolerance | mean points | max points | passes per batch | error median / max | worst text (points) |",
         "|---|---:|---:|---:|---:|---:|---:|",
