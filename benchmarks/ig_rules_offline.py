@@ -88,7 +88,7 @@ def panels(sample: dict[str, np.ndarray], n: int, tolerance: float) -> tuple[np.
         done, worst = settled(state, ends, tolerance, floor, torch.float32)
         finest = min(width for _, width in state.panels)
         if done or state.points + panel_rule.NEW_POINTS > CAP or finest < 8 * unit:
-            return state.estimate()[0], state.points, passes
+            return state.estimate().scores, state.points, passes
         positions = state.split(worst)
 
 

@@ -164,7 +164,8 @@ def test_boole_and_the_error_estimate_on_polynomials(degree: int) -> None:
     first = first_positions()
     alphas = first / GRID
     panels.add(first, (alphas**degree)[:, None])
-    scores, error, _ = panels.estimate()
+    now = panels.estimate()
+    scores, error = now.scores, now.error
     assert scores[0] == pytest.approx(1 / (degree + 1), abs=1e-14)
     assert (error[0] < 1e-15) == (degree <= 3)
     with pytest.raises(UserError, match="max_steps must be at least 17"):

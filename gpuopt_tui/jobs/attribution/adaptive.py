@@ -33,7 +33,7 @@ from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
-from gpuopt_tui.jobs.attribution.panels import SamplePanels, step_counts
+from gpuopt_tui.jobs.attribution.panels import MIN_STEPS, SamplePanels
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 
 RULE = "adaptive_simpson"  # the `method` runs with "auto" steps report
@@ -78,8 +78,8 @@ def full_precision(tolerance: float) -> str:
 
 def check_max_steps(max_steps: int) -> None:
     """A cap below the first pass's points is an error of the profile."""
-    if not step_counts(max_steps):
-        raise UserError(f"attribution.max_steps must be at least {step_counts(10**6)[0]}, got {max_steps}")
+    if max_steps < MIN_STEPS:
+        raise UserError(f"attribution.max_steps must be at least {MIN_STEPS}, got {max_steps}")
 
 
 def settled(
@@ -88,9 +88,9 @@ def settled(
     """Whether `sample` may stop (both tests of the module docstring, for the explained outputs `ends` = F(x),
     F(baseline) and the steps' precision `floor`; `dtype` the accumulation's), and each panel's largest error
     (what `SamplePanels.split` takes when it may not)."""
-    scores, error, panel_errors = sample.estimate()
+    now = sample.estimate()
     f_x, f_b = (torch.tensor([end], dtype=torch.float64) for end in ends)
-    delta = torch.tensor([scores.sum()], dtype=torch.float64) - (f_x - f_b)
+    delta = torch.tensor([now.scores.sum()], dtype=torch.float64) - (f_x - f_b)
     rounding = precision_floor("fp32", dtype)
-    resolved = (error <= max(tolerance, floor) * np.abs(scores).max() + rounding * sample.magnitude()).all()
-    return bool(resolved and within_tolerance(delta, f_x, f_b, tolerance, floor).all()), panel_errors
+    resolved = (now.error <= max(tolerance, floor) * np.abs(now.scores).max() + rounding * now.magnitude).all()
+    return bool(resolved and within_tolerance(delta, f_x, f_b, tolerance, floor).all()), now.panel_errors

@@ -162,16 +162,12 @@ class _Passes:
     def integrate(self, rows: _Chunk, alphas: Tensor, weights: Tensor) -> Tensor:
         """[rows x numel]: the gradients at `alphas` summed with `weights` (both [steps])."""
         sums = torch.zeros(1, rows.diff.numel(), dtype=rows.diff.dtype, device=rows.diff.device)
-        for start, grads in self._chunks(rows, alphas):
+        for start, grads in self.chunks(rows, alphas):
             sums.addmm_(weights[None, start : start + grads.shape[0]], grads.to(sums.dtype))
             del grads  # free it before the next chunk allocates its own
         return sums[0]
 
-    def gradients(self, rows: _Chunk, alphas: Tensor) -> Tensor:
-        """[steps, rows x numel]: the gradients at `alphas` ([steps] or [steps, rows]), in the steps' dtype."""
-        return torch.cat([grads for _, grads in self._chunks(rows, alphas)])
-
-    def _chunks(self, rows: _Chunk, alphas: Tensor) -> Iterator[tuple[int, Tensor]]:
+    def chunks(self, rows: _Chunk, alphas: Tensor) -> Iterator[tuple[int, Tensor]]:
         """(first step, gradients [steps, rows x numel]) of each chunk of the pass, in order."""
         device, n = rows.baselines.device, alphas.shape[0]
         done = 0
@@ -224,11 +220,15 @@ def _refined(
         reached = max(reached, 1 - len(active) / batch)
         passes.span = ((share[0] + reached) / share[1], (share[0] + (1 + reached) / 2) / share[1])
         members = torch.as_tensor(active, device=device)
-        grads = passes.gradients(rows.select(members), torch.as_tensor(positions / GRID, dtype=dtype, device=device))
+        alphas = torch.as_tensor(positions / GRID, dtype=dtype, device=device)
+        kept, values = [], []  # per chunk: the gradients (kept with per_dimension), each token's integrand
+        for _, grads in passes.chunks(rows.select(members), alphas):
+            values.append((grads.view(grads.shape[0], len(active), -1, hidden).to(dtype) * diff[members]).sum(-1))
+            if per_dimension:
+                kept.append(grads)
         if per_dimension:
-            evaluated.append((members, positions, grads))
-        values = (grads.view(*positions.shape, -1, hidden).to(dtype) * diff[members]).sum(-1)
-        values = values.double().cpu().numpy()  # [n, b, tokens]: each token's integrand
+            evaluated.append((members, positions, torch.cat(kept)))
+        values = torch.cat(values).double().cpu().numpy()  # [n, b, tokens]
         reached = (1 + reached) / 2
         going, later = [], []
         for j, i in enumerate(active):
@@ -240,7 +240,7 @@ def _refined(
         active, positions = going, np.stack(later, axis=1) if later else positions[:0]
     steps = torch.as_tensor([sample.points for sample in samples], dtype=torch.long, device=device)
     if not per_dimension:
-        scores = np.stack([sample.estimate()[0] for sample in samples])
+        scores = np.stack([sample.estimate().scores for sample in samples])
         return torch.as_tensor(scores, dtype=dtype, device=device), steps
     return _weighted(samples, evaluated, diff[0].numel(), dtype), steps
 

@@ -16,11 +16,14 @@ node of a final panel).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 GRID = 1 << 40  # positions: panel widths stay divisible by 4 for 38 splits, far below any step cap
 FIRST_PANELS = 4  # the first pass: 4 panels, 17 points (the least a sample uses); with 2 panels (9 points) a
 # bump of the integrand between two of them went unseen (a fine-tuned BERT, ig_rules_offline_H100.md)
+MIN_STEPS = 4 * FIRST_PANELS + 1
 SPLITS = 2  # panels split per sample in each later pass: 8 new points
 NEW_POINTS = 4 * SPLITS
 BOOLE = np.array([7.0, 32.0, 12.0, 32.0, 7.0]) / 90.0
@@ -30,13 +33,21 @@ QUARTERS = np.arange(5)  # a panel's points: lo + q x width / 4
 
 def first_positions() -> np.ndarray:
     """[17] the points of the first pass (every sample's)."""
-    return np.arange(4 * FIRST_PANELS + 1, dtype=np.int64) * (GRID // (4 * FIRST_PANELS))
+    return np.arange(MIN_STEPS, dtype=np.int64) * (GRID // (MIN_STEPS - 1))
 
 
 def step_counts(max_steps: int) -> list[int]:
     """The points a sample can stop at: 17, 25, 33, ..., the largest within `max_steps`."""
-    first = 4 * FIRST_PANELS + 1
-    return list(range(first, max_steps + 1, NEW_POINTS))
+    return list(range(MIN_STEPS, max_steps + 1, NEW_POINTS))
+
+
+class Estimate(NamedTuple):
+    """What a sample's panels say now (all per token [tokens] but `panel_errors`)."""
+
+    scores: np.ndarray  # Boole's rule on every panel
+    error: np.ndarray  # the sum of the panels' |S5 - S3|
+    panel_errors: np.ndarray  # [panels] each panel's largest |S5 - S3| over the tokens (what `split` takes)
+    magnitude: np.ndarray  # the integral of |g| (Boole's rule on |values|): the size rounding is relative to
 
 
 class SamplePanels:
@@ -65,22 +76,22 @@ class SamplePanels:
         rows = np.vectorize(self.column.__getitem__, otypes=[np.int64])(positions)
         return rows, width / GRID
 
-    def estimate(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The token scores [tokens], their error estimate [tokens] (the sum of the panels' |S5 - S3|) and each
-        panel's largest error over the tokens [panels]."""
-        rows, width = self._nodes()
-        nodes = self.values[rows]  # [panels, 5, tokens]
-        scores = np.einsum("p,k,pkt->t", width, BOOLE, nodes)
-        errors = np.abs(np.einsum("p,k,pkt->pt", width, FOURTH_DIFFERENCE, nodes))
-        return scores, errors.sum(0), errors.max(1)
-
-    def magnitude(self) -> np.ndarray:
-        """[tokens] each token's integral of |g| (Boole's rule on |values|): the size rounding is relative to."""
-        rows, width = self._nodes()
-        return np.einsum("p,k,pkt->t", width, BOOLE, np.abs(self.values[rows]))
+    def estimate(self) -> Estimate:
+        """The token scores, their error estimate and its parts, from the current panels."""
+        lo, width = np.array(self.panels, dtype=np.int64).T
+        positions = lo[:, None] + QUARTERS[None, :] * (width[:, None] // 4)
+        nodes = self.values[np.vectorize(self.column.__getitem__, otypes=[np.int64])(positions)]  # [panels, 5, t]
+        fraction = width / GRID
+        errors = np.abs(np.einsum("p,k,pkt->pt", fraction, FOURTH_DIFFERENCE, nodes))
+        return Estimate(
+            scores=np.einsum("p,k,pkt->t", fraction, BOOLE, nodes),
+            error=errors.sum(0),
+            panel_errors=errors.max(1),
+            magnitude=np.einsum("p,k,pkt->t", fraction, BOOLE, np.abs(nodes)),
+        )
 
     def split(self, panel_errors: np.ndarray) -> np.ndarray:
-        """Split the SPLITS panels of largest error (`estimate`'s last value); the new points' positions
+        """Split the SPLITS panels of largest error (`Estimate.panel_errors`); the new points' positions
         [NEW_POINTS], in increasing order."""
         worst = sorted(np.argsort(-panel_errors, kind="stable")[:SPLITS].tolist())
         new, kept = [], [p for i, p in enumerate(self.panels) if i not in worst]

@@ -170,13 +170,17 @@ class ChoiceMenu(ModalScreen[int | None]):
         if not (event.is_printable and event.character and event.character.strip()):
             return
         event.stop()
-        self._typed += event.character.lower()
         menu = self.query_one(OptionList)
         start = menu.highlighted or 0
         order = [*range(start, len(self.labels)), *range(start)]
-        match = next((i for i in order if self.labels[i].lower().startswith(self._typed)), None)
+
+        def first_match(typed: str) -> int | None:
+            return next((i for i in order if self.labels[i].lower().startswith(typed)), None)
+
+        self._typed += event.character.lower()
+        match = first_match(self._typed)
         if match is None:  # a new word
             self._typed = event.character.lower()
-            match = next((i for i in order if self.labels[i].lower().startswith(self._typed)), None)
+            match = first_match(self._typed)
         if match is not None:
             menu.highlighted = match
