@@ -53,6 +53,7 @@ from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attribution.adaptive import precision_floor, tolerance_warning
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
+from gpuopt_tui.jobs.attribution.panels import MIN_STEPS, NEW_POINTS
 from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -338,7 +339,8 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         f"{meta['reference_samples']} texts spread over the lengths; rel. error (every row, on those texts): per "
         "sample max |a - b| / max |b| of the token scores against it, median / max; x reference: samples/s over "
         "the reference's",
-        "- auto: adaptive Simpson panels (9 points, then 8 more per pass where the error estimate is largest) "
+        f"- auto: adaptive Simpson panels ({MIN_STEPS} points, then {NEW_POINTS} more per pass where the error "
+        "estimate is largest) "
         "until the convergence delta and the token scores' error estimate are within the tolerance (raised to the "
         f"steps' precision floor, {meta['floor']:.0e}; absolute parts: that floor x |F(x)| for the delta, x the "
         f"integral of |g_t| for token t's estimate); cap {meta['max_steps']} steps",
@@ -429,7 +431,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-accuracy", type=float, default=0.9, help="report nothing below this accuracy")
     parser.add_argument("--reference-steps", type=int, default=2000)
     parser.add_argument("--reference-samples", type=int, default=128, help="texts of the fp32 reference")
-    parser.add_argument("--fixed-steps", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--fixed-steps", type=int, nargs="*", default=[50, 200])
     parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
     parser.add_argument("--max-steps", type=int, default=513, help="cap of the auto rows")
     parser.add_argument(

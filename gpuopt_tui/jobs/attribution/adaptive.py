@@ -18,10 +18,10 @@ refine a sample to the cap:
     error estimate of t <= max(tolerance, floor) x max_t' |score of t'| + rounding x integral of |g_t|
 The delta's absolute part: the path's model (16-bit weights) and the fp32 ends differ by about the floor. The
 estimate's is only the accumulation's rounding (a few units of its eps), the strict choice: 16-bit rounding of the
-integrand did not drive samples to the cap at tolerance 1e-2 on a fine-tuned BERT-base (none of 2048 in
-benchmarks/results/ig_auto_panels_H100.md; 6 at 5e-3), and an absolute part of floor x the integral of |g_t| would
-let a sample whose integrands cancel along the path stop on a large estimate. The delta alone is one number, in
-which the token errors can cancel. Every sample of a pass gets the same number of new points, at its own
+integrand did not drive samples to the cap on a fine-tuned BERT-base (none of 2048 at 1e-2 or 1e-3 in
+benchmarks/results/ig_auto_panels17_H100.md and ig_auto_panels17_tol1e-3_H100.md), and an absolute part of floor
+x the integral of |g_t| would let a sample whose integrands cancel along the path stop on a large estimate. The
+delta alone is one number, in which the token errors can cancel. Every sample of a pass gets the same number of new points, at its own
 positions, so a pass is an ordinary pass of the engine over the unconverged samples only.
 """
 
