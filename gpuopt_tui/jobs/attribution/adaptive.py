@@ -21,8 +21,8 @@ estimate's is only the accumulation's rounding (a few units of its eps), the str
 integrand did not drive samples to the cap on a fine-tuned BERT-base (none of 2048 at 1e-2 or 1e-3 in
 benchmarks/results/ig_auto_panels17_H100.md and ig_auto_panels17_tol1e-3_H100.md), and an absolute part of floor
 x the integral of |g_t| would let a sample whose integrands cancel along the path stop on a large estimate. The
-delta alone is one number, in which the token errors can cancel. Every sample of a pass gets the same number of new points, at its own
-positions, so a pass is an ordinary pass of the engine over the unconverged samples only.
+delta alone is one number, in which the token errors can cancel. Every sample of a pass gets the same number of
+new points, at its own positions, so a pass is an ordinary pass of the engine over the unconverged samples only.
 """
 
 from __future__ import annotations

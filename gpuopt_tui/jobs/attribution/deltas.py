@@ -138,3 +138,19 @@ def steps_summary(
                 "in attributions.jsonl"
             )
     return summary
+
+
+def steps_outcome(summary: dict[str, Any]) -> dict[str, str]:
+    """One line each for a run's outcome (what `gpuopt-tui run` prints when it ends) about an "auto" run's steps:
+    their spread over the samples and how many stopped above the tolerance; how many ran in full precision."""
+    if summary["mode"] != "auto":
+        return {}
+    counts = [steps for steps, _ in summary["histogram"]]
+    outcome = {
+        "steps_per_sample": f"mean {summary['mean']:.1f}, {min(counts)} to {max(counts)} "
+        f"(tolerance {summary['tolerance']:g}; {summary['above_tolerance']} stopped above it at max_steps)"
+    }
+    if summary["full_precision"]:
+        fallback = summary["full_precision"]
+        outcome["full_precision_samples"] = f"{fallback['samples']} (steps in {fallback['precision']})"
+    return outcome

@@ -27,7 +27,13 @@ from gpuopt_tui.jobs import short_attention
 from gpuopt_tui.jobs.attribution.adaptive import full_precision, precision_floor, tolerance_warning
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_summary, within_tolerance
+from gpuopt_tui.jobs.attribution.deltas import (
+    delta_summary,
+    relative_deltas,
+    steps_outcome,
+    steps_summary,
+    within_tolerance,
+)
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
@@ -378,4 +384,5 @@ def _write_results(
         "samples_per_s": rate,
         "delta_median_rel": deltas["median_rel"],
         "top_tokens": [entry["token"] for entry in top[:5]],
+        **steps_outcome(steps),
     }
