@@ -11,7 +11,7 @@ from transformers import BertConfig, BertForSequenceClassification, RobertaConfi
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution import integrated_gradients
-from gpuopt_tui.jobs.attribution.adaptive import precision_floor, settled, tolerance_warning
+from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, precision_floor, settled, tolerance_warning
 from gpuopt_tui.jobs.attribution.deltas import steps_summary
 from gpuopt_tui.jobs.attribution.panels import GRID, NEW_POINTS, SamplePanels, first_positions, step_counts
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
@@ -189,6 +189,13 @@ def test_a_tolerance_below_the_steps_precision_is_raised_to_it_with_a_warning() 
     warning = tolerance_warning(1e-3, "fp16")
     assert warning is not None and "fp16" in warning and "4e-03" in warning
     assert tolerance_warning(1e-2, "fp16") is None and tolerance_warning(1e-4, "fp32") is None
+
+
+def test_small_gpu_batches_get_a_note_naming_the_setting() -> None:
+    assert "batch_size = 32" in batch_size_note(32, 40_000, "cuda")
+    assert batch_size_note(128, 40_000, "cuda") is None
+    assert batch_size_note(20, 20, "cuda") is None  # all samples in one batch already
+    assert batch_size_note(8, 40_000, "cpu") is None  # the figure is a GPU's
 
 
 def test_a_large_output_does_not_loosen_the_token_test() -> None:

@@ -58,6 +58,20 @@ def tolerance_warning(tolerance: float, precision: str, dtype: torch.dtype = tor
     )
 
 
+WIDE_BATCH = 128  # the batch size the note below suggests (the figure is in attribution.batch_size's help)
+
+
+def batch_size_note(batch_size: int, samples: int, device_type: str) -> str | None:
+    """What a GPU run with auto steps should say when its batches keep the refinement passes small."""
+    if device_type != "cuda" or batch_size >= min(WIDE_BATCH, samples):
+        return None
+    return (
+        f"note: with auto steps each refinement pass runs only the samples still refining, 8 points each, so "
+        f"batch_size = {batch_size} keeps the passes small; batches of {WIDE_BATCH} keep a GPU busier (see "
+        "attribution.batch_size's help)"
+    )
+
+
 def needs_full_precision(
     scores: Tensor, baseline_scores: Tensor, tolerance: float, precision: str, dtype: torch.dtype = torch.float32
 ) -> Tensor:

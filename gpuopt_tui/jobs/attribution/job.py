@@ -24,7 +24,12 @@ from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import full_precision, precision_floor, tolerance_warning
+from gpuopt_tui.jobs.attribution.adaptive import (
+    batch_size_note,
+    full_precision,
+    precision_floor,
+    tolerance_warning,
+)
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.deltas import (
@@ -82,6 +87,8 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     )
     if settings.n_steps == "auto" and (warning := tolerance_warning(settings.tolerance, settings.precision)):
         ctx.warn(warning)
+    if settings.n_steps == "auto" and (note := batch_size_note(section.batch_size, len(ds), device.type)):
+        ctx.log(note)
     compiler = step_compiler(settings, ctx.event, lambda: ctx.stage(COMPILE_STAGE))
     start = time.perf_counter()
     attributed = _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
