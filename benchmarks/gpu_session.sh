@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
-# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-auto tracin tracin-projected planner ablation panel
-#        gputests scaling
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-auto ig-auto-cli tracin tracin-projected planner
+#        ablation panel gputests scaling
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -29,6 +29,18 @@ for step in "$@"; do
       python3 benchmarks/ig_variants.py --out "$out/ig_variants_${card}.md" 2>&1 | grep "samples/s" ;;
     ig-auto)
       python3 benchmarks/ig_auto_bench.py --out "$out/ig_auto_${card}.md" 2>&1 | tail -40 ;;
+    ig-auto-cli)  # ig_auto_bench.py's fine-tuned model and texts through `gpuopt-tui run`, auto steps at 1e-2
+      python3 benchmarks/ig_auto_bench.py --export /tmp/ig-export 2>&1 | tail -3
+      sed "s|models/bert-finetuned|/tmp/ig-export/model|;s|data/benchmark.jsonl|/tmp/ig-export/texts.jsonl|" \
+        profiles/ig-40k-auto.toml > /tmp/ig-export/auto.toml
+      for batch in 128 32; do
+        { echo "\$ gpuopt-tui run ig-40k-auto (model and data: the export) --set n_samples=2048 --set batch_size=$batch"
+          python3 -m gpuopt_tui run /tmp/ig-export/auto.toml --set n_samples=2048 --set batch_size="$batch" 2>&1
+          run=$(ls -td "$GPUOPT_TUI_HOME"/runs/* | head -1)
+          cat "$run/log.txt"; python3 -m json.tool "$run/results/summary.json" | head -80
+        } > "$out/ig_auto_cli_${card}_b${batch}.txt"
+        tail -12 "$out/ig_auto_cli_${card}_b${batch}.txt"
+      done ;;
     tracin)
       python3 benchmarks/tracin_bench.py --checkpoint-cache /tmp/tracin-ckpt --out "$out/tracin_${card}.md" 2>&1 | tail -20
       python3 benchmarks/tracin_bench.py --train 32768 --checkpoint-cache /tmp/tracin-ckpt \

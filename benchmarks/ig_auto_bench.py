@@ -25,6 +25,9 @@ extrapolated from those texts (the table says on how many).
 
     python benchmarks/ig_auto_bench.py --out benchmarks/results/ig_auto_h100.md   # GPU, ~6 min on an H100
     python benchmarks/ig_auto_bench.py --quick                                   # tiny model on the CPU
+
+With --export DIR the script stops after the fine-tune: it saves the model and its tokenizer (DIR/model) and the
+texts with their labels (DIR/texts.jsonl), so that `gpuopt-tui run` can attribute the same model and texts.
 """
 
 from __future__ import annotations
@@ -445,6 +448,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--captum-steps", type=int, default=50)
     parser.add_argument("--captum-samples", type=int, default=128)
     parser.add_argument("--skip-captum", action="store_true")
+    parser.add_argument("--export", type=Path, help="save the fine-tuned model and the texts here, then stop")
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.min_words, args.max_words, args.max_length = 32, 3, 20, 32
@@ -480,7 +484,10 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = torch.Generator().manual_seed(2)
     filler = args.vocab - len(SPECIAL) - 2 * SIGNAL
-    texts, _ = make_texts(args.samples, args.min_words, args.max_words, filler, gen)
+    texts, labels = make_texts(args.samples, args.min_words, args.max_words, filler, gen)
+    if args.export:
+        export(adapter, texts, labels, args.export)
+        return 0
     lengths = [len(adapter.tokenizer.tokenize(t)) + 2 for t in texts]
     texts = [texts[i] for i in sorted(range(len(texts)), key=lambda i: -lengths[i])]  # length order, as the job
     # the reference texts: evenly spread over the length-ordered set, so that they span the lengths
@@ -578,6 +585,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump:
         torch.save({row.name: {"scores": row.scores, "steps": row.steps} for row in rows}, args.dump)
     return 0
+
+
+def export(adapter: SequenceClassifierAdapter, texts: list[str], labels: Tensor, folder: Path) -> None:
+    """The fine-tuned model with its tokenizer (folder/model) and the texts (folder/texts.jsonl: text, label)."""
+    adapter.model.save_pretrained(folder / "model")
+    adapter.tokenizer.save_pretrained(folder / "model")
+    lines = (json.dumps({"text": text, "label": int(label)}) for text, label in zip(texts, labels.tolist()))
+    (folder / "texts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {folder / 'model'} and {folder / 'texts.jsonl'} ({len(texts)} texts)")
 
 
 def attribute_targets(adapter: SequenceClassifierAdapter, texts: list[str], args: argparse.Namespace) -> Tensor:
