@@ -29,17 +29,20 @@ for step in "$@"; do
       python3 benchmarks/ig_variants.py --out "$out/ig_variants_${card}.md" 2>&1 | grep "samples/s" ;;
     ig-auto)
       python3 benchmarks/ig_auto_bench.py --out "$out/ig_auto_${card}.md" 2>&1 | tail -40 ;;
-    ig-auto-cli)  # ig_auto_bench.py's fine-tuned model and texts through `gpuopt-tui run`, auto steps at 1e-2
+    ig-auto-cli)  # ig_auto_bench.py's fine-tuned model and texts through `gpuopt-tui run`, auto steps at 1e-2, in
+      # batches of each size of IG_AUTO_BATCHES in turn (a size twice: the second run finds the kernels compiled)
       python3 benchmarks/ig_auto_bench.py --export /tmp/ig-export 2>&1 | tail -3
       sed "s|models/bert-finetuned|/tmp/ig-export/model|;s|data/benchmark.jsonl|/tmp/ig-export/texts.jsonl|" \
         profiles/ig-40k-auto.toml > /tmp/ig-export/auto.toml
-      for batch in 128 32; do
+      n=0
+      for batch in ${IG_AUTO_BATCHES:-128 32}; do
+        n=$((n + 1))
         { echo "\$ gpuopt-tui run ig-40k-auto (model and data: the export) --set n_samples=2048 --set batch_size=$batch"
           python3 -m gpuopt_tui run /tmp/ig-export/auto.toml --set n_samples=2048 --set batch_size="$batch" 2>&1
           run=$(ls -td "$GPUOPT_TUI_HOME"/runs/* | head -1)
           cat "$run/log.txt"; python3 -m json.tool "$run/results/summary.json" | head -80
-        } > "$out/ig_auto_cli_${card}_b${batch}.txt"
-        tail -12 "$out/ig_auto_cli_${card}_b${batch}.txt"
+        } > "$out/ig_auto_cli_${card}_${n}_b${batch}.txt"
+        grep -A3 "^finished" "$out/ig_auto_cli_${card}_${n}_b${batch}.txt"
       done ;;
     tracin)
       python3 benchmarks/tracin_bench.py --checkpoint-cache /tmp/tracin-ckpt --out "$out/tracin_${card}.md" 2>&1 | tail -20

@@ -61,7 +61,7 @@ class AttributionSection:
         32,
         "Samples attributed together (a shard each); larger batches make larger, faster matrix products "
         "(BERT-base, 50 steps, H200: 32 runs 1.2x the speed of 8; with torch.compile 64 runs 1.05x the speed of 32; "
-        "auto steps refine few points per pass, so there 128 ran 2.1x the speed of 32 on an H100)",
+        "auto steps refine few points per pass: through gpuopt-tui run on an H100, 128 ran 1.5x the rate of 32)",
         min=1,
     )
     alpha_batch_size: int | Literal["auto"] = opt(
