@@ -33,7 +33,7 @@ from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
-from gpuopt_tui.jobs.attribution.panels import MIN_STEPS, SamplePanels
+from gpuopt_tui.jobs.attribution.panels import MIN_STEPS, NEW_POINTS, SamplePanels
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 
 RULE = "adaptive_simpson"  # the `method` runs with "auto" steps report
@@ -66,9 +66,9 @@ def batch_size_note(batch_size: int, samples: int, device_type: str) -> str | No
     if device_type != "cuda" or batch_size >= min(WIDE_BATCH, samples):
         return None
     return (
-        f"note: with auto steps each refinement pass runs only the samples still refining, 8 points each, so "
-        f"batch_size = {batch_size} keeps the passes small; batches of {WIDE_BATCH} keep a GPU busier (see "
-        "attribution.batch_size's help)"
+        f"note: with auto steps each refinement pass runs only the samples still refining, {NEW_POINTS} points "
+        f"each, so batch_size = {batch_size} keeps the passes small; batches of {WIDE_BATCH} keep a GPU busier "
+        "(see attribution.batch_size's help)"
     )
 
 
