@@ -16,6 +16,7 @@ from textual.app import App
 from textual.command import Command, CommandList
 from textual.css.query import NoMatches
 from textual.pilot import Pilot
+from textual.widgets import Tabs
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
@@ -125,10 +126,22 @@ def _holds(condition: Callable[[], bool]) -> bool:
 
 async def settle(pilot: Pilot[object]) -> None:
     """Wait until the app has handled its pending messages and the workers they started have finished, and then
-    the messages those workers posted."""
+    the messages those workers posted, and every tab bar's underline is drawn."""
     await pilot.pause()
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+    await wait_for(pilot, lambda: underlines_placed(pilot.app))
+
+
+def underlines_placed(app: App[object]) -> bool:
+    """Whether the underline of every tab bar on the screen is under its active tab: Tabs move it once the tab
+    is laid out, after a refresh, which a busy machine can leave for later than the last message."""
+    return all(
+        underline.highlight_end > underline.highlight_start
+        for tabs in app.screen.query(Tabs)
+        if tabs.active
+        for underline in tabs.query("Underline")
+    )
 
 
 class TickCounter:

@@ -27,7 +27,7 @@ from gpuopt_tui.ui.widgets.planner_view import PlanView
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 from gpuopt_tui.ui.widgets.tracin_view import PagedTable, TracInResultsView
 
-from .conftest import flat_text, wait_for, widget_text
+from .conftest import flat_text, settle, wait_for, widget_text
 
 FROZEN = Path(__file__).parents[1] / "fixtures" / "browse_runs"
 RUNS = {d.name.split("-")[2]: d.name for d in sorted(FROZEN.iterdir()) if d.is_dir()}  # kind -> run id
@@ -254,8 +254,7 @@ def test_results_snapshot(kind: str, monkeypatch: pytest.MonkeyPatch, snap_compa
         assert isinstance(app, GpuOptApp)
         screen = await open_from_runs(pilot, app, RUNS[kind])
         await wait_for(pilot, lambda: READY[kind](screen.view))
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot)
 
     try:
         assert snap_compare(make_app(screen="runs"), terminal_size=(120, 40), run_before=opened)
