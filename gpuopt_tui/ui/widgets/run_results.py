@@ -74,9 +74,33 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
+class ResultTabs(TabbedContent):
+    """A TabbedContent that places its tab underline again once its active tab has been laid out.
+
+    Tabs place the underline after a refresh; when the views are mounted on a busy machine, that refresh can come
+    before the tabs are laid out, and the underline stays a dot under the first tab until the next resize.
+    """
+
+    PLACE_TRIES = 20  # refreshes to wait for the layout (a hidden view never gets one)
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._place_underline, self.PLACE_TRIES)
+
+    def _place_underline(self, tries: int) -> None:
+        tabs = self.query_one(Tabs)
+        tab = tabs.active_tab
+        if tab is None:
+            return
+        if tab.size.width == 0:
+            if tries > 1:
+                self.call_after_refresh(self._place_underline, tries - 1)
+            return
+        tabs._highlight_active(animate=False)  # what Tabs do on a resize: placed after the next refresh
+
+
 def tabbed(*panes: TabPane, id: str) -> TabbedContent:
     """A TabbedContent of `panes`, made outside a compose method (views are mounted when first needed)."""
-    tabs = TabbedContent(id=id)
+    tabs = ResultTabs(id=id)
     for pane in panes:
         tabs.compose_add_child(pane)  # what composing it with `with` does
     return tabs
