@@ -147,7 +147,7 @@ def main() -> int:
     for tolerance in args.tolerances:
         rows.append(evaluate("nested Clenshaw-Curtis", nested_cc, samples, n, tolerance, args.batch))
         for first in (2, 4):
-            panel_rule.FIRST_PANELS = first
+            panel_rule.FIRST_PANELS, panel_rule.MIN_STEPS = first, 4 * first + 1
             rows.append(
                 evaluate(f"panels, first pass {4 * first + 1} points", panels, samples, n, tolerance, args.batch)
             )

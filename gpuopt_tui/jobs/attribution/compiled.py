@@ -22,7 +22,7 @@ EventFn = Callable[..., Any]  # on_event(type, **fields)
 #: benchmarks/results/ig_variants_H200.md): compiling takes 20-40 s and makes the steps of the lean forward
 #: 5-8% faster, at ~8500 sample-steps/s; 5 million is ~10 min of steps, where the gain covers the compiling.
 AUTO_MIN_SAMPLE_STEPS = 5_000_000
-#: Steps a sample is counted for when its steps are "auto" (most samples stop within 9 to 65).
+#: Steps a sample is counted for when its steps are "auto" (most samples stop within 17 to 65).
 AUTO_STEPS_ESTIMATE = 64
 
 

@@ -78,10 +78,8 @@ class SamplePanels:
 
     def estimate(self) -> Estimate:
         """The token scores, their error estimate and its parts, from the current panels."""
-        lo, width = np.array(self.panels, dtype=np.int64).T
-        positions = lo[:, None] + QUARTERS[None, :] * (width[:, None] // 4)
-        nodes = self.values[np.vectorize(self.column.__getitem__, otypes=[np.int64])(positions)]  # [panels, 5, t]
-        fraction = width / GRID
+        rows, fraction = self._nodes()
+        nodes = self.values[rows]  # [panels, 5, tokens]
         errors = np.abs(np.einsum("p,k,pkt->pt", fraction, FOURTH_DIFFERENCE, nodes))
         return Estimate(
             scores=np.einsum("p,k,pkt->t", fraction, BOOLE, nodes),
