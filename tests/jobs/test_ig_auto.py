@@ -11,7 +11,13 @@ from transformers import BertConfig, BertForSequenceClassification, RobertaConfi
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution import integrated_gradients
-from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, precision_floor, settled, tolerance_warning
+from gpuopt_tui.jobs.attribution.adaptive import (
+    accumulation_rounding,
+    batch_size_note,
+    precision_floor,
+    standing,
+    tolerance_warning,
+)
 from gpuopt_tui.jobs.attribution.deltas import steps_summary
 from gpuopt_tui.jobs.attribution.panels import GRID, NEW_POINTS, SamplePanels, first_positions, step_counts
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
@@ -65,7 +71,7 @@ def test_samples_that_do_not_converge_stop_at_the_cap() -> None:
     forward, emb, base, mask = case("bert", 0)
     auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-14, max_steps=40)
     assert auto.steps.tolist() == [33] * 8  # 17 + 8 + 8: one more pass would take them to 41
-    assert (relative(auto) > 1e-14).any()
+    assert not auto.within.any()  # and every one of them is reported above the tolerance
 
 
 def naive_auto(forward, emb, base, mask, target, tolerance: float) -> tuple[torch.Tensor, int]:
@@ -82,15 +88,15 @@ def naive_auto(forward, emb, base, mask, target, tolerance: float) -> tuple[torc
     with torch.no_grad():
         ends = tuple(float(forward(e, mask, {})[0, target]) for e in (emb, base))
     panels, positions = SamplePanels(emb.shape[1]), first_positions()
-    floor = precision_floor("fp32", torch.float64)
+    rounding = accumulation_rounding(torch.float64)
     while True:
         for p in positions.tolist():
             cache[p] = gradient(p)
         panels.add(positions, torch.stack([(cache[p] * diff[0]).sum(-1) for p in positions.tolist()]).numpy())
-        done, worst = settled(panels, ends, tolerance, floor, torch.float64)
-        if done or panels.points + NEW_POINTS > 1025:
+        now = standing(panels, ends, tolerance, rounding)
+        if now.within or panels.points + NEW_POINTS > 1025:
             break
-        positions = panels.split(worst)
+        positions = panels.split(now.panel_errors)
     total = sum(w * cache[p] for p, w in panels.weights().items())
     return diff[0] * total, panels.points
 
@@ -183,12 +189,14 @@ def test_a_sample_whose_input_is_its_baseline_stops_at_the_first_pass() -> None:
     assert (auto.steps[[0, 1, 2, 4, 5, 6, 7]] > 17).all()
 
 
-def test_a_tolerance_below_the_steps_precision_is_raised_to_it_with_a_warning() -> None:
+def test_a_tolerance_below_the_steps_precision_gets_a_warning_naming_what_happens() -> None:
     assert precision_floor("fp16") == RELATIVE_ERROR["fp16"] and precision_floor("bf16") == RELATIVE_ERROR["bf16"]
     assert precision_floor("fp32", torch.float64) < 1e-13 < precision_floor("fp32") < 1e-5
-    warning = tolerance_warning(1e-3, "fp16")
-    assert warning is not None and "fp16" in warning and "4e-03" in warning
-    assert tolerance_warning(1e-2, "fp16") is None and tolerance_warning(1e-4, "fp32") is None
+    moved = tolerance_warning(1e-3, "fp16", fallback=True)
+    assert moved is not None and "4e-03" in moved and "tf32" in moved
+    flagged = tolerance_warning(1e-3, "fp16", fallback=False)
+    assert flagged is not None and "flagged" in flagged and "use_amp = false" in flagged
+    assert tolerance_warning(1e-2, "fp16", True) is None and tolerance_warning(1e-4, "fp32", False) is None
 
 
 def test_small_gpu_batches_get_a_note_naming_the_setting() -> None:
@@ -215,11 +223,20 @@ def test_a_large_output_does_not_loosen_the_token_test() -> None:
     assert (auto.steps > 9).any()
 
 
-@pytest.mark.parametrize(("precision", "remedy"), [("fp16", "use_amp = false"), ("fp32", "raise max_steps")])
-def test_samples_left_above_the_tolerance_are_told_the_remedy_of_their_precision(precision: str, remedy: str) -> None:
-    steps = torch.tensor([9, 65, 65])
-    within = torch.tensor([True, False, True])
-    summary = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision=precision)
-    assert summary["above_tolerance"] == 1
-    assert summary["warning"].startswith("1 of 3 samples stopped at 65 steps") and remedy in summary["warning"]
-    assert steps_summary(steps, torch.ones(3, dtype=torch.bool), tolerance=1e-2, max_steps=65)["warning"] is None
+@pytest.mark.parametrize(
+    ("precision", "fallback", "remedy"),
+    [("fp16", False, "use_amp = false"), ("fp16", True, "raise max_steps"), ("fp32", False, "raise max_steps")],
+)
+def test_samples_above_the_tolerance_are_counted_named_and_told_the_remedy(
+    precision: str, fallback: bool, remedy: str
+) -> None:
+    steps = torch.tensor([17, 65, 65, 33])
+    within = torch.tensor([True, False, True, False])
+    reasons = (torch.zeros(4, dtype=torch.int8), "tf32") if fallback else None
+    summary = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision=precision, fallback=reasons)
+    assert summary["above_tolerance"] == 2 and summary["above_tolerance_samples"] == [1, 3]
+    warning = summary["warning"]
+    assert warning.startswith("2 of 4 samples are above the tolerance 0.01") and remedy in warning
+    assert "1 stopped at max_steps = 65" in warning and "1 settled as they stopped" in warning
+    assert (fallback and precision == "fp16") == ("use_amp = false" not in warning and precision == "fp16")
+    assert steps_summary(steps, torch.ones(4, dtype=torch.bool), tolerance=1e-2, max_steps=65)["warning"] is None

@@ -44,13 +44,15 @@ def test_the_rule_compares_the_precision_floor_with_the_tolerance_share_of_the_c
 
 def test_each_group_runs_in_its_precision_and_equals_a_run_of_it_alone(case) -> None:
     mixed = auto(case, precision="bf16", cast_weights=True, full_precision_fallback=True)
-    full = mixed.full_precision
-    assert full.dtype == torch.bool and 0 < int(full.sum()) < full.numel()  # both groups in this batch
-    # the samples flagged are those of the rule, on the fp32 outputs at x and at the baseline
-    assert torch.equal(full, needs_full_precision(mixed.scores, mixed.baseline_scores, TOLERANCE, "bf16"))
-    flagged, rest = full.nonzero().squeeze(1), (~full).nonzero().squeeze(1)
+    routed = mixed.fallback == 1  # before the first pass, by the output change
+    assert 0 < int(routed.sum()) < routed.numel()  # both groups in this batch
+    # the samples routed are those of the rule, on the fp32 outputs at x and at the baseline
+    assert torch.equal(routed, needs_full_precision(mixed.scores, mixed.baseline_scores, TOLERANCE, "bf16"))
+    flagged, rest = routed.nonzero().squeeze(1), (~routed).nonzero().squeeze(1)
     fp32 = auto(case, flagged, target=mixed.target[flagged])  # fp32 (TF32 is GPU-only): the fallback on the CPU
-    bf16 = auto(case, rest, target=mixed.target[rest], precision="bf16", cast_weights=True)
+    bf16 = auto(
+        case, rest, target=mixed.target[rest], precision="bf16", cast_weights=True, full_precision_fallback=True
+    )
     torch.testing.assert_close(mixed.attributions[flagged], fp32.attributions, rtol=0, atol=1e-6)
     torch.testing.assert_close(mixed.attributions[rest], bf16.attributions, rtol=0, atol=1e-6)
     assert torch.equal(mixed.steps[flagged], fp32.steps) and torch.equal(mixed.steps[rest], bf16.steps)
@@ -84,9 +86,12 @@ def test_progress_covers_both_groups_once(case) -> None:
 
 
 def test_the_summary_counts_and_explains_the_full_precision_samples() -> None:
-    steps, within = torch.tensor([9, 17, 33]), torch.ones(3, dtype=torch.bool)
-    summary = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision="fp16", full_precision=(2, "tf32"))
-    assert summary["full_precision"]["samples"] == 2 and summary["full_precision"]["precision"] == "tf32"
-    assert "2 of 3 samples ran their steps in tf32, not fp16" in summary["full_precision"]["note"]
-    none = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision="fp16", full_precision=(0, "tf32"))
-    assert none["full_precision"] is None
+    steps, within = torch.tensor([17, 17, 33, 25]), torch.ones(4, dtype=torch.bool)
+    reasons = torch.tensor([0, 1, 3, 2], dtype=torch.int8)
+    summary = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision="fp16", fallback=(reasons, "tf32"))
+    full = summary["full_precision"]
+    assert full["samples"] == 3 and full["precision"] == "tf32"
+    assert full["by_reason"] == {"output change": 1, "measured rounding": 1, "not settled": 1}
+    assert "3 of 4 samples ran their steps in tf32, not fp16" in full["note"]
+    none = (torch.zeros(4, dtype=torch.int8), "tf32")
+    assert steps_summary(steps, within, tolerance=1e-2, max_steps=65, fallback=none)["full_precision"] is None

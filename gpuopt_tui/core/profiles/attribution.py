@@ -34,7 +34,8 @@ class AttributionSection:
     tolerance: float = opt(
         1e-2,
         'With n_steps = "auto": the |convergence delta| / |F(x) - F(baseline)| a sample must reach, and the '
-        "error estimate of its token scores / their max |score|",
+        "error estimate of its token scores / their max |score|; a sample is reported within it only when both "
+        "figures written for it are (`within_tolerance` in attributions.jsonl)",
         min=1e-9,
         max=1.0,
     )
@@ -90,10 +91,11 @@ class AttributionSection:
     )
     full_precision_fallback: bool = opt(
         True,
-        'With n_steps = "auto" and use_amp: a sample whose output moves too little between baseline and input for '
-        "amp_dtype steps to reach `tolerance` (their rounding is relative to |F|, the tolerance to "
-        "|F(x) - F(baseline)|) runs its steps in TF32 (fp32 below a tolerance of 1e-3) instead; the summary counts "
-        "them and attributions.jsonl marks them (`full_precision`)",
+        'With n_steps = "auto" and use_amp: a sample runs its steps in TF32 (fp32 below a tolerance of 1e-3) instead '
+        "of amp_dtype when its output moves too little between baseline and input for amp_dtype's rounding, when "
+        "the rounding measured on two of its first points would take half the tolerance, or when it has not "
+        "settled in 129 points; the summary counts them by reason and attributions.jsonl marks them "
+        "(`full_precision`, `full_precision_reason`)",
     )
     tf32: bool = opt(True, "Allow TF32 matrix products when running in fp32 on the GPU")
     compile: str = opt(
@@ -111,6 +113,14 @@ class AttributionSection:
     top_k_sample: int = opt(20, "Tokens listed per sample", min=1)
     min_token_count: int = opt(
         3, "Tokens seen fewer times are left out of the overall ranking (their mean is noisy)", min=1
+    )
+    audit_samples: int | Literal["auto"] = opt(
+        "auto",
+        "Samples chosen at random (and named) that the run attributes again with a strict fp32 reference on the "
+        "model's own forward, reporting their error against the tolerance (summary.json, the outcome, the Summary "
+        'tab); "auto" = 4 on a GPU, 2 on the CPU; 0 turns the audit off. Its cost is reported',
+        min=0,
+        max=10_000,
     )
     check_samples: int = opt(
         0, "Also attribute this many samples with the one-step-at-a-time path and report the difference", min=0

@@ -7,54 +7,72 @@ the other over a short stretch of the path (a few hundredths of it, somewhere in
 gather there, where a rule on fixed points (Clenshaw-Curtis, Gauss-Legendre) needs hundreds of points over the
 whole path to resolve it (benchmarks/results/ig_rules_offline_H100.md).
 
-A sample stops at the first pass after which both its |delta| and the error estimate of its token scores (per
-token, the sum over panels of |S5 - S3|: Simpson's rule on a panel's 5 points against its 3, the error of the
-coarser of the two; the scores are Boole's rule, a higher order) are within the tolerance, or when one more pass
-would take it over `max_steps` (the cap). The steps' precision bounds what either test can resolve
-(`precision_floor`, "floor" below): a tolerance below the floor is raised to it (`tolerance_warning` says so up
-front), and each test has an absolute part as well (as numpy.isclose), so that rounding noise over ~0 does not
-refine a sample to the cap:
-    |delta|             <= max(tolerance, floor) x |F(x) - F(baseline)|  + floor    x max(|F(x)|, |F(baseline)|)
-    error estimate of t <= max(tolerance, floor) x max_t' |score of t'| + rounding x integral of |g_t|
-The delta's absolute part: the path's model (16-bit weights) and the fp32 ends differ by about the floor. The
-estimate's is only the accumulation's rounding (a few units of its eps), the strict choice: 16-bit rounding of the
-integrand did not drive samples to the cap on a fine-tuned BERT-base (none of 2048 at 1e-2 or 1e-3 in
-benchmarks/results/ig_auto_panels17_H100.md and ig_auto_panels17_tol1e-3_H100.md), and an absolute part of floor
-x the integral of |g_t| would let a sample whose integrands cancel along the path stop on a large estimate. The
-delta alone is one number, in which the token errors can cancel. Every sample of a pass gets the same number of
-new points, at its own positions, so a pass is an ordinary pass of the engine over the unconverged samples only.
+A sample is within the tolerance when the two figures written for it are (`standing`, one test for stopping and
+for the verdict the results carry):
+    relative delta      |delta| / |F(x) - F(baseline)|                                      <= tolerance
+    relative error      max over tokens t of (error estimate of t + rounding x integral of |g_t|)
+                        / max over tokens |score|                                           <= tolerance
+The error estimate of a token is the sum over panels of |S5 - S3| (Simpson's rule on a panel's 5 points against
+its 3: the error of the coarser of the two; the scores are Boole's rule, a higher order). The rounding part is
+what the steps' precision adds: a few units of the accumulation's eps in full precision, and in bf16/fp16 the
+rounding measured on the sample itself (`probe_rounding`). Nothing is raised to a precision floor and there is
+no absolute part: a sample is never reported within a tolerance that its own written delta exceeds.
+
+Assumptions, where the estimate is an estimate and not a proof: the integrand is resolved by the panels (a
+feature narrower than a panel that falls between its 5 points is not seen; the 17-point start is there for it),
+and on a panel holding a jump of the integrand (a ReLU or another kink in the model) |S5 - S3| may be up to
+about twice below Boole's error. The run's audit (audit.py) checks it on samples of every run.
+
+Precision is chosen per sample, from evidence: with bf16/fp16 steps and `full_precision_fallback`, a sample runs
+in full precision (TF32, or fp32 below a tolerance of 1e-3) from the start when its output moves too little for
+the low precision's rounding (`needs_full_precision`), or after its first pass when the rounding measured at two
+of its points (`probe_rounding`) would take half its tolerance, or once it has not settled within REDUCED_CAP
+points. A sample that cannot settle stops at `max_steps` (the cap) and is counted and flagged above the tolerance.
+Every sample of a pass gets the same number of new points, at its own positions, so a pass is an ordinary pass of
+the engine over the unconverged samples only.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.jobs.attribution.deltas import output_floor, within_tolerance
+from gpuopt_tui.jobs.attribution.deltas import MIN_DIFFERENCE, output_floor
 from gpuopt_tui.jobs.attribution.panels import MIN_STEPS, NEW_POINTS, SamplePanels
 from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
 
 RULE = "adaptive_simpson"  # the `method` runs with "auto" steps report
-ROUNDING_FLOOR = 64  # in full precision: the floor in units of the accumulation dtype's eps
+ROUNDING_FLOOR = 64  # in full precision: the rounding part in units of the accumulation dtype's eps
+REDUCED_CAP = 129  # bf16/fp16 samples not settled at this many points move to full precision (with the fallback)
+PROBE_POINTS = 2  # points of the first pass computed in full precision too, to measure a sample's rounding
+PROBE_SHARE = 0.5  # measured rounding above this share of the tolerance: the sample moves to full precision
 
 
 def precision_floor(precision: str, dtype: torch.dtype = torch.float32) -> float:
-    """The smallest relative delta and level-to-level change that steps in `precision` can resolve: the
-    relative error of their forward against fp32 (precision.RELATIVE_ERROR: 4e-3 in fp16, 8e-3 in bf16), or a
-    few rounding units of `dtype` (the accumulation dtype) in full precision."""
+    """The relative error of a forward in `precision` against fp32 (precision.RELATIVE_ERROR: 4e-3 in fp16, 8e-3
+    in bf16), or a few rounding units of `dtype` (the accumulation dtype) in full precision."""
     return max(RELATIVE_ERROR[precision], ROUNDING_FLOOR * torch.finfo(dtype).eps)
 
 
-def tolerance_warning(tolerance: float, precision: str, dtype: torch.dtype = torch.float32) -> str | None:
+def tolerance_warning(tolerance: float, precision: str, fallback: bool) -> str | None:
     """What a run to `tolerance` with steps in `precision` should say up front, if anything."""
-    floor = precision_floor(precision, dtype)
+    floor = precision_floor(precision)
     if tolerance >= floor:
         return None
+    if fallback and precision != "fp32":
+        return (
+            f"tolerance {tolerance:g} is below what {precision} steps resolve (about {floor:.0e} relative): most "
+            f"samples will run their steps in {full_precision(tolerance)} (full_precision_fallback)"
+        )
     return (
-        f"tolerance {tolerance:g} is below what {precision} steps can resolve (about {floor:.0e} relative): "
-        f"samples stop once within {floor:.0e}; for a tighter result run the steps in fp32 (use_amp = false)"
+        f"tolerance {tolerance:g} is below what {precision} steps resolve (about {floor:.0e} relative): samples "
+        "that cannot reach it stop at max_steps and are flagged above it; run the steps in fp32 (use_amp = false, "
+        "tf32 = false) for a tighter result"
     )
 
 
@@ -75,18 +93,17 @@ def batch_size_note(batch_size: int, samples: int, device_type: str) -> str | No
 def needs_full_precision(
     scores: Tensor, baseline_scores: Tensor, tolerance: float, precision: str, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """Per sample [B]: whether steps in `precision` cannot reach `tolerance`, because the output moves too little
-    between baseline and input: the floor's absolute part, floor x max(|F(x)|, |F(baseline)|), exceeds the
-    tolerance's share of |F(x) - F(baseline)|. Low-precision rounding is relative to the size of the outputs,
-    not to their change: such a sample's token scores can be off by more than the tolerance however many steps
-    it gets (the tests above would stop it on the absolute part)."""
+    """Per sample [B]: whether steps in `precision` cannot reach `tolerance` because the output moves too little
+    between baseline and input: their rounding, floor x max(|F(x)|, |F(baseline)|), exceeds the tolerance's
+    share of |F(x) - F(baseline)| (low-precision rounding is relative to the size of the outputs, not to their
+    change)."""
     floor = precision_floor(precision, dtype)
     return output_floor(scores, baseline_scores, floor) > tolerance * (scores - baseline_scores).abs()
 
 
 def full_precision(tolerance: float) -> str:
-    """The precision the samples of `needs_full_precision` run in: TF32 (fp32 storage, TF32 products; plain fp32
-    where there is no TF32) when the tolerance is within its resolution, else fp32."""
+    """The precision samples move to from bf16/fp16: TF32 (fp32 storage, TF32 products; plain fp32 where there
+    is no TF32) when the tolerance is within its resolution, else fp32."""
     return "tf32" if tolerance >= precision_floor("tf32") else "fp32"
 
 
@@ -96,15 +113,46 @@ def check_max_steps(max_steps: int) -> None:
         raise UserError(f"attribution.max_steps must be at least {MIN_STEPS}, got {max_steps}")
 
 
-def settled(
-    sample: SamplePanels, ends: tuple[float, float], tolerance: float, floor: float, dtype: torch.dtype
-) -> tuple[bool, np.ndarray]:
-    """Whether `sample` may stop (both tests of the module docstring, for the explained outputs `ends` = F(x),
-    F(baseline) and the steps' precision `floor`; `dtype` the accumulation's), and each panel's largest error
-    (what `SamplePanels.split` takes when it may not)."""
+class Standing(NamedTuple):
+    """Where a sample stands against the tolerance (the module docstring's two figures)."""
+
+    within: bool
+    relative_delta: float
+    relative_error: float
+    panel_errors: np.ndarray  # each panel's largest |S5 - S3| over the tokens (what `SamplePanels.split` takes)
+
+
+def standing(sample: SamplePanels, ends: tuple[float, float], tolerance: float, rounding: float) -> Standing:
+    """`sample`'s standing for the explained outputs `ends` = F(x), F(baseline) and the relative `rounding` of
+    its steps' integrand (`accumulation_rounding`, or a measured one: `probe_rounding`)."""
     now = sample.estimate()
-    f_x, f_b = (torch.tensor([end], dtype=torch.float64) for end in ends)
-    delta = torch.tensor([now.scores.sum()], dtype=torch.float64) - (f_x - f_b)
-    rounding = precision_floor("fp32", dtype)
-    resolved = (now.error <= max(tolerance, floor) * np.abs(now.scores).max() + rounding * now.magnitude).all()
-    return bool(resolved and within_tolerance(delta, f_x, f_b, tolerance, floor).all()), now.panel_errors
+    change = ends[0] - ends[1]
+    relative_delta = abs(float(now.scores.sum()) - change) / max(abs(change), MIN_DIFFERENCE)
+    error = float((now.error + rounding * now.magnitude).max())
+    size = float(np.abs(now.scores).max())
+    relative_error = error / size if size > 0 else (0.0 if error == 0 else math.inf)
+    within = relative_delta <= tolerance and relative_error <= tolerance
+    return Standing(within, relative_delta, relative_error, now.panel_errors)
+
+
+def accumulation_rounding(dtype: torch.dtype) -> float:
+    """The rounding part of the estimate in full precision: a few units of the accumulation dtype's eps."""
+    return precision_floor("fp32", dtype)
+
+
+def probe_rounding(low: np.ndarray, full: np.ndarray) -> float:
+    """A sample's measured relative rounding: its integrand at the same points in the steps' precision (`low`)
+    and in full precision (`full`), both [points, tokens]: the largest over the points of
+    sum_t |low_t - full_t| / sum_t |full_t|."""
+    spread = np.abs(low - full).sum(1) / np.maximum(np.abs(full).sum(1), np.finfo(np.float64).tiny)
+    return float(spread.max())
+
+
+def rounding_too_large(sample: SamplePanels, ends: tuple[float, float], tolerance: float, rounding: float) -> bool:
+    """Whether a measured `rounding` would take more than PROBE_SHARE of the tolerance of either figure: the
+    delta (rounding of every token adds up) or the token scores."""
+    now = sample.estimate()
+    share = PROBE_SHARE * tolerance
+    in_delta = rounding * float(now.magnitude.sum()) > share * abs(ends[0] - ends[1])
+    in_scores = rounding * float(now.magnitude.max()) > share * float(np.abs(now.scores).max())
+    return in_delta or in_scores

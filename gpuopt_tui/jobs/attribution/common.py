@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from gpuopt_tui.jobs.attribution.deltas import relative_deltas
 from gpuopt_tui.jobs.device import autocast
 from gpuopt_tui.jobs.models.base import tile_rows
 
@@ -32,7 +33,18 @@ class IGResult:
     outputs: Tensor  # [B, C] (or [B]): the full forward output at x, e.g. logits
     target: Tensor | None  # [B] long: the explained output index, None for scalar outputs
     steps: Tensor  # [B] long: the interpolation steps each sample used
-    full_precision: Tensor  # [B] bool: its steps ran in full precision (adaptive.needs_full_precision)
+    fallback: Tensor  # [B] int8: why its steps ran in full precision (precision.FALLBACK_REASONS; 0: they did not)
+    error: Tensor | None = None  # [B] "auto" steps: the relative error estimate of its token scores
+    within: Tensor | None = None  # [B] bool, "auto" steps: its relative delta and `error` are within the tolerance
+
+    @property
+    def full_precision(self) -> Tensor:
+        """[B] bool: its steps ran in full precision rather than the run's bf16/fp16."""
+        return self.fallback > 0
+
+    def relative_deltas(self) -> Tensor:
+        """[B] |delta| / |F(x) - F(baseline)|: the figure attributions.jsonl writes."""
+        return relative_deltas(self.deltas, self.scores, self.baseline_scores)
 
     def token_scores(self) -> Tensor:
         """[B, *S]: attribution per token (sum over the embedding dimension)."""
@@ -124,18 +136,35 @@ def path_attributions(integrated_grads: Tensor, inputs: Tensor, baselines: Tenso
     return (inputs.to(dtype) - baselines.to(dtype)) * integrated_grads
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What "auto" steps judge a sample by, besides its delta: its token scores' relative error estimate [B], and
+    the tolerance both are held to."""
+
+    error: Tensor
+    tolerance: float
+
+
 def finish(
     attributions: Tensor,
     out_x: Tensor,
     out_b: Tensor,
     target: Tensor | None,
     steps: Tensor,
-    full_precision: Tensor | None = None,
+    fallback: Tensor | None = None,
+    verdict: Verdict | None = None,
 ) -> IGResult:
-    """The result with its convergence deltas; `full_precision` (none: no sample) marks the samples whose steps ran
-    in full precision."""
+    """The result with its convergence deltas and, with a `verdict`, whether each sample is within its tolerance:
+    the one place that decides it, from the very relative delta the results write. `fallback` (none: no sample)
+    says why a sample's steps ran in full precision."""
     scores, base_scores = selected(out_x, target), selected(out_b, target)
     deltas = attributions.reshape(attributions.shape[0], -1).sum(1) - (scores - base_scores)
-    if full_precision is None:
-        full_precision = torch.zeros_like(steps, dtype=torch.bool)
-    return IGResult(attributions, deltas, scores, base_scores, out_x, target, steps, full_precision)
+    if fallback is None:
+        fallback = torch.zeros_like(steps, dtype=torch.int8)
+    result = IGResult(attributions, deltas, scores, base_scores, out_x, target, steps, fallback)
+    if verdict is not None:
+        result.error = verdict.error
+        # compared in float64: a figure equal to fp32(tolerance) may exceed the tolerance itself
+        tolerance = verdict.tolerance
+        result.within = (result.relative_deltas().double() <= tolerance) & (verdict.error.double() <= tolerance)
+    return result

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpuopt_tui.jobs.attribution.panels import NEW_POINTS
+from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS
 from gpuopt_tui.jobs.attribution.rules import CONVERGENCE_ORDER
 
 MIN_DIFFERENCE = 1e-6  # |F(x) - F(baseline)| below this is treated as this (avoids dividing by ~0)
@@ -22,16 +24,6 @@ def output_floor(scores: Tensor, baseline_scores: Tensor, floor: float) -> Tenso
     adaptive.precision_floor) x max(|F(x)|, |F(baseline)|), what rounding alone can move a sum of
     attributions by, however little the output moves between baseline and input."""
     return floor * torch.maximum(scores.abs(), baseline_scores.abs())
-
-
-def within_tolerance(
-    deltas: Tensor, scores: Tensor, baseline_scores: Tensor, tolerance: float, floor: float = 0.0
-) -> Tensor:
-    """Per sample: |delta| <= max(tolerance, floor) x |F(x) - F(baseline)| + `output_floor` (as in
-    numpy.isclose: a relative part and an absolute one, so that a sample whose output hardly moves is not
-    held to a relative delta of rounding noise over ~0)."""
-    change = (scores - baseline_scores).abs()
-    return deltas.abs() <= max(tolerance, floor) * change + output_floor(scores, baseline_scores, floor)
 
 
 def delta_summary(
@@ -87,18 +79,17 @@ def _round_up(n: int) -> int:
 
 def steps_summary(
     steps: Tensor,
-    within: Tensor,
+    within: Tensor | None,
     *,
     tolerance: float | None,
     max_steps: int,
     precision: str = "fp32",
-    full_precision: tuple[int, str] | None = None,
+    fallback: tuple[Tensor, str] | None = None,
 ) -> dict[str, Any]:
     """The steps the samples used: total, mean, a histogram [[steps, samples], ...]; with "auto" steps
-    (`tolerance` given) also how many samples stopped at the last level with a delta that is not `within` the
-    tolerance (see `within_tolerance`), and a warning when there are any, which names full-precision steps as the
-    remedy when the steps ran in `precision` fp16 or bf16. `full_precision` (samples, their precision): how many
-    samples ran their steps in full precision instead (`full_precision` in the summary, with a note saying why)."""
+    (`tolerance` given) also how many samples are not `within` the tolerance (the engine's verdict), which, and a
+    warning naming the remedy for each cause. `fallback` (each sample's reason, precision.FALLBACK_REASONS, and
+    the full precision): how many samples ran their steps in full precision instead of `precision`, and why."""
     values, counts = steps.unique(return_counts=True)
     summary: dict[str, Any] = {
         "mode": "fixed" if tolerance is None else "auto",
@@ -108,47 +99,73 @@ def steps_summary(
         "mean": float(steps.double().mean()),
         "histogram": [[int(v), int(c)] for v, c in zip(values, counts)],
         "above_tolerance": None,
+        "above_tolerance_samples": None,
         "warning": None,
-        "full_precision": None,
+        "full_precision": None if fallback is None else _full_precision(fallback, precision),
     }
-    if full_precision is not None and full_precision[0]:
-        count, fallback = full_precision
-        summary["full_precision"] = {
-            "samples": count,
-            "precision": fallback,
-            "note": (
-                f"{count} of {steps.numel()} samples ran their steps in {fallback}, not {precision}: their output "
-                f"moves too little between baseline and input for {precision} rounding to stay within the tolerance "
-                "(full_precision_fallback; `full_precision` in attributions.jsonl names them, search: fullprecision)"
-            ),
-        }
-    if tolerance is not None:
-        above = int((~within).sum())
-        summary["above_tolerance"] = above
-        if above:
-            remedy = (
-                f"run the steps in full precision (use_amp = false) or raise max_steps: {precision} steps can keep "
-                "a delta from going lower"
-                if precision in ("fp16", "bf16")
-                else "raise max_steps"
-            )
-            summary["warning"] = (
-                f"{above} of {steps.numel()} samples stopped at {int(steps.max())} steps (max_steps = {max_steps}) "
-                f"with a relative convergence delta above the tolerance {tolerance:g}: {remedy}; their `delta` is "
-                "in attributions.jsonl"
-            )
+    if tolerance is not None and within is not None:
+        above = ~within
+        summary["above_tolerance"] = int(above.sum())
+        summary["above_tolerance_samples"] = above.nonzero().squeeze(1)[:LISTED].tolist()
+        summary["warning"] = _above_warning(steps, above, tolerance, max_steps, precision, fallback is not None)
     return summary
+
+
+LISTED = 50  # samples above the tolerance named in the summary (attributions.jsonl marks every one)
+
+
+def _full_precision(fallback: tuple[Tensor, str], precision: str) -> dict[str, Any] | None:
+    """How many samples ran in the full precision, in all and per reason; None when none did."""
+    reasons, full = fallback
+    count = int((reasons > 0).sum())
+    if not count:
+        return None
+    by_reason = {name: int((reasons == i).sum()) for i, name in enumerate(FALLBACK_REASONS) if i}
+    why = ", ".join(f"{n} {name}" for name, n in by_reason.items() if n)
+    return {
+        "samples": count,
+        "precision": full,
+        "by_reason": by_reason,
+        "note": (
+            f"{count} of {reasons.numel()} samples ran their steps in {full}, not {precision} ({why}: their output "
+            f"moves too little for {precision}, the rounding measured on their first points would take half the "
+            f"tolerance, or they had not settled in {precision}); `full_precision` in attributions.jsonl names them "
+            "(search: fullprecision)"
+        ),
+    }
+
+
+def _above_warning(
+    steps: Tensor, above: Tensor, tolerance: float, max_steps: int, precision: str, fallback: bool
+) -> str | None:
+    """What a run with samples above the tolerance says, with the remedy of each cause."""
+    count = int(above.sum())
+    if not count:
+        return None
+    at_cap = int((above & (steps + NEW_POINTS > max_steps)).sum())
+    causes = []
+    if at_cap:
+        remedy = "raise max_steps"
+        if precision in ("bf16", "fp16") and not fallback:
+            remedy += " or let them run in full precision (full_precision_fallback = true, or use_amp = false)"
+        causes.append(f"{at_cap} stopped at max_steps = {max_steps} ({remedy})")
+    if rest := count - at_cap:
+        causes.append(f"{rest} settled as they stopped but not once weighted in fp32 (a borderline delta)")
+    return (
+        f"{count} of {steps.numel()} samples are above the tolerance {tolerance:g} (their relative delta or error "
+        f"estimate): {'; '.join(causes)}; `within_tolerance` in attributions.jsonl names them (search: abovetol)"
+    )
 
 
 def steps_outcome(summary: dict[str, Any]) -> dict[str, str]:
     """One line each for a run's outcome (what `gpuopt-tui run` prints when it ends) about an "auto" run's steps:
-    their spread over the samples and how many stopped above the tolerance; how many ran in full precision."""
+    their spread over the samples and how many are above the tolerance; how many ran in full precision."""
     if summary["mode"] != "auto":
         return {}
     counts = [steps for steps, _ in summary["histogram"]]
     outcome = {
         "steps_per_sample": f"mean {summary['mean']:.1f}, {min(counts)} to {max(counts)} "
-        f"(tolerance {summary['tolerance']:g}; {summary['above_tolerance']} stopped above it at max_steps)"
+        f"(tolerance {summary['tolerance']:g}; {summary['above_tolerance']} above it)"
     }
     if summary["full_precision"]:
         fallback = summary["full_precision"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -22,7 +24,7 @@ from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision
 from gpuopt_tui.jobs.models import Adapter, Batch
 
-#: Per-sample results of `attribute_batch` (token_scores is [B, *S], the others [B]).
+#: Per-sample results of `attribute_batch` (token_scores is [B, *S], the others [B]; see common.IGResult).
 RESULT_KEYS = (
     "token_scores",
     "deltas",
@@ -34,7 +36,9 @@ RESULT_KEYS = (
     "margin",
     "low_margin",
     "steps",
-    "full_precision",
+    "fallback",
+    "error",
+    "within",
 )
 
 
@@ -119,12 +123,16 @@ def attribute_batch(
     planner: ChunkPlanner,
     on_chunk: Callable[[int, int], None] | None = None,
     compiler: StepCompiler | None = None,
+    target: Tensor | None = None,
+    plain: bool = False,
 ) -> dict[str, Tensor]:
     """IG of one batch already on the adapter's device; per-sample results (RESULT_KEYS) on the CPU.
 
     `on_chunk(done, total)` reports progress within the batch (steps when batched, (sample, step) pairs
     otherwise);
-    `compiler` (see `step_compiler`) compiles the forward of the steps of the batched path.
+    `compiler` (see `step_compiler`) compiles the forward of the steps of the batched path;
+    `target` [B] explains these outputs instead of the settings' target;
+    `plain` runs the batched path on the model's own forward (no lean last layer, no fused attention kernels).
     """
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
@@ -134,7 +142,7 @@ def attribute_batch(
         adapter, ids, mask, embeds, settings.baseline_token, keep_structure=settings.baseline != ZERO_ALL
     )
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
-    target = batch_target(settings.target, batch, n_outputs)
+    target = batch_target(settings.target, batch, n_outputs) if target is None else target
     forward = adapter.logits_from_embeds
     common = {
         "n_steps": settings.n_steps,
@@ -146,7 +154,8 @@ def attribute_batch(
     }
     if settings.optimized:
         step_mask = adapter.step_mask(mask)  # None for a batch without padding (one check of the mask, not two)
-        with adapter.logits_only(), padded_batch_kernels(step_mask):
+        lean = contextlib.nullcontext() if plain else adapter.logits_only()
+        with lean, padded_batch_kernels(None if plain else step_mask):
             result = integrated_gradients(
                 forward,
                 embeds,
@@ -179,6 +188,9 @@ def attribute_batch(
         "margin": margin,
         "low_margin": low_margin,
         "steps": result.steps,
-        "full_precision": result.full_precision,
+        "fallback": result.fallback,
+        # fixed steps have no tolerance: NaN error, never "within" (the results write neither for them)
+        "error": result.error if result.error is not None else torch.full_like(result.scores, math.nan),
+        "within": result.within if result.within is not None else torch.zeros_like(result.steps, dtype=torch.bool),
     }
     return {k: v.detach().cpu().contiguous() for k, v in values.items()}

@@ -24,21 +24,11 @@ from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import (
-    batch_size_note,
-    full_precision,
-    precision_floor,
-    tolerance_warning,
-)
+from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, full_precision, tolerance_warning
+from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_outcome, audit_warning, chosen_samples
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.deltas import (
-    delta_summary,
-    relative_deltas,
-    steps_outcome,
-    steps_summary,
-    within_tolerance,
-)
+from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_outcome, steps_summary
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
     Collected,
@@ -85,7 +75,8 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {_describe_steps(settings)} "
         f"({settings.method}, {_describe_mode(settings, lean, device)})"
     )
-    if settings.n_steps == "auto" and (warning := tolerance_warning(settings.tolerance, settings.precision)):
+    fallback = settings.full_precision_fallback
+    if settings.n_steps == "auto" and (warning := tolerance_warning(settings.tolerance, settings.precision, fallback)):
         ctx.warn(warning)
     if settings.n_steps == "auto" and (note := batch_size_note(section.batch_size, len(ds), device.type)):
         ctx.log(note)
@@ -98,8 +89,9 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     if counts is None:  # ranks other than 0 are done: rank 0 merges
         return {"samples": attributed}
     stage = {"samples": sum(counts), "seconds": time.perf_counter() - start}
-    collected, seconds = _gather(ctx, ds, len(plan))
-    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage)
+    collected, seconds = _gather(ctx, ds, len(plan), settings.n_steps == "auto")
+    audited = _audit(ctx, adapter, ds, collected, settings, audit_count(section.audit_samples, device))
+    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage, audited)
     if section.check_samples > 0:
 
         def check_stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
@@ -113,6 +105,25 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         summary["check_max_rel_diff"] = check["max_rel_diff"]
     ctx.repeat_progress("attribution")  # run lists show the samples, not the later stages' counts
     return summary
+
+
+def _audit(
+    ctx: JobContext, adapter: Adapter, ds: TextDataset, collected: Collected, settings: Settings, count: int
+) -> dict[str, Any] | None:
+    """The audit of `count` samples (audit.py), or None when it is off."""
+    if count <= 0:
+        return None
+    indices = chosen_samples(len(ds), count)
+    ctx.log(f"audit: samples {', '.join(map(str, indices))} against a strict fp32 reference")
+
+    def stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
+        ctx.check_cancelled()
+        ctx.stage(name, done, total, unit)
+
+    result = audit(adapter, ds, indices, collected.token_scores, collected.target, settings, stage)
+    if warning := audit_warning(result):
+        ctx.warn(warning)
+    return result
 
 
 def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
@@ -249,8 +260,9 @@ def _shard_writer(values: dict[str, Tensor], metadata: dict[str, str]) -> Callab
     return lambda path: save_file(values, str(path), metadata=metadata)
 
 
-def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected, float]:
-    """The shards as dataset-ordered tensors, and the compute seconds they took altogether."""
+def _gather(ctx: JobContext, ds: TextDataset, n_batches: int, auto: bool) -> tuple[Collected, float]:
+    """The shards as dataset-ordered tensors, and the compute seconds they took altogether (`auto`: the steps
+    were "auto", so that the samples carry a verdict)."""
     ids = ds.tensors["input_ids"]
     token_scores = torch.zeros(ids.shape, dtype=torch.float32)
     values: dict[str, Tensor] = {}
@@ -279,7 +291,9 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int) -> tuple[Collected
         margin=values["margin"],
         low_margin=values["low_margin"],
         steps=values["steps"],
-        full_precision=values["full_precision"],
+        fallback=values["fallback"],
+        error=values["error"],
+        within=values["within"] if auto else None,
         labels=ds.labels,
     )
     return collected, seconds
@@ -295,9 +309,11 @@ def _write_results(
     seconds: float,
     compiler: StepCompiler | None,
     stage: dict[str, float],
+    audited: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The three result files; returns the short summary for the run's `finished` event. `stage`: the
-    samples attributed by this attempt (all ranks) and the attempt's wall seconds for them."""
+    samples attributed by this attempt (all ranks) and the attempt's wall seconds for them; `audited`: the
+    audit's result (audit.py), None when it was off."""
     ctx.stage(WRITE_STAGE)
     structure = adapter.special_ids.non_content()
     files = {
@@ -319,22 +335,13 @@ def _write_results(
     if deltas["warning"]:
         ctx.warn(deltas["warning"])
     auto = settings.n_steps == "auto"
-    floor = precision_floor(settings.precision)  # the stopping rule's (adaptive.py)
-    fallback = full_precision(settings.tolerance)
-    full = collected.full_precision
-    ends = collected.deltas, collected.scores, collected.baseline_scores
-    within = torch.where(
-        full,
-        within_tolerance(*ends, settings.tolerance, precision_floor(fallback)),
-        within_tolerance(*ends, settings.tolerance, floor),
-    )
     steps = steps_summary(
         collected.steps,
-        within,
-        tolerance=max(settings.tolerance, floor) if auto else None,
+        collected.within,
+        tolerance=settings.tolerance if auto else None,
         max_steps=settings.max_steps,
         precision=settings.precision,
-        full_precision=(int(full.sum()), fallback) if settings.full_precision_fallback else None,
+        fallback=(collected.fallback, full_precision(settings.tolerance)) if settings.full_precision_fallback else None,
     )
     if steps["full_precision"]:
         ctx.log(steps["full_precision"]["note"])
@@ -374,6 +381,7 @@ def _write_results(
         "deltas": deltas,
         "steps": steps,
         "low_margin": low_margin_summary(collected, settings.precision),
+        "audit": audited,
         "ranking": RANKING,
         "top_k": top,
         "per_sample_top": "the `top` field of each line of attributions.jsonl",
@@ -392,4 +400,5 @@ def _write_results(
         "delta_median_rel": deltas["median_rel"],
         "top_tokens": [entry["token"] for entry in top[:5]],
         **steps_outcome(steps),
+        **({} if audited is None else {"audit": audit_outcome(audited)}),
     }

@@ -6,11 +6,14 @@
   is within the error of the steps' precision: the steps may rank the two the other way), steps (the
   interpolation steps the sample used: its own with n_steps = "auto"), full_precision (its steps ran in TF32/fp32
   rather than the run's bf16/fp16: see the full_precision_fallback setting), and `top`: the
-  sample's top_k_sample tokens by |score| as [position, token, score]. Floats are written at full fp32
-  precision, each as the shortest decimal that reads back as the same fp32 value.
+  sample's top_k_sample tokens by |score| as [position, token, score]. With n_steps = "auto" also
+  error_estimate (the relative error estimate of its token scores), within_tolerance (its relative_delta and
+  error_estimate are both within the tolerance: the engine's verdict) and full_precision_reason. Floats are
+  written at full fp32 precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
   [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
-  `low_margin`, `steps`, `full_precision`.
+  `low_margin`, `steps`, `full_precision`, `error_estimate` (NaN with fixed steps) and, with "auto" steps,
+  `within_tolerance`.
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -34,6 +37,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_atomically
+from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS
 
 
 @dataclass
@@ -53,7 +57,9 @@ class Collected:
     margin: Tensor  # [N]
     low_margin: Tensor  # [N] bool
     steps: Tensor  # [N] interpolation steps used
-    full_precision: Tensor  # [N] bool: its steps ran in full precision (the full_precision_fallback setting)
+    fallback: Tensor  # [N] int8: why its steps ran in full precision (precision.FALLBACK_REASONS; 0: they did not)
+    error: Tensor  # [N] "auto" steps: the relative error estimate of its token scores (NaN with fixed steps)
+    within: Tensor | None  # [N] bool, "auto" steps: its relative delta and error estimate are within the tolerance
     labels: Tensor | None  # [N]
 
 
@@ -70,8 +76,11 @@ def write_tensors(path: Path, collected: Collected) -> None:
         "margin": collected.margin.float(),
         "low_margin": collected.low_margin.bool(),
         "steps": collected.steps.long(),
-        "full_precision": collected.full_precision.bool(),
+        "full_precision": (collected.fallback > 0).bool(),
+        "error_estimate": collected.error.float(),
     }
+    if collected.within is not None:
+        tensors["within_tolerance"] = collected.within.bool()
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
 
@@ -100,10 +109,24 @@ def sample_records(
             "margin": float32_value(collected.margin[i]) if bool(collected.margin[i].isfinite()) else None,
             "low_margin": bool(collected.low_margin[i]),
             "steps": int(collected.steps[i]),
-            "full_precision": bool(collected.full_precision[i]),
+            "full_precision": bool(collected.fallback[i] > 0),
+            **_verdict(collected, i),
             "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record
+
+
+def _verdict(collected: Collected, i: int) -> dict[str, Any]:
+    """With "auto" steps: the sample's error estimate and whether it is within the tolerance (the engine's
+    verdict, common.finish), and why its steps ran in full precision if they did."""
+    if collected.within is None:
+        return {}
+    reason = int(collected.fallback[i])
+    return {
+        "error_estimate": float32_value(collected.error[i]),
+        "within_tolerance": bool(collected.within[i]),
+        "full_precision_reason": FALLBACK_REASONS[reason] if reason else None,
+    }
 
 
 def float32_values(values: Tensor) -> list[float]:
