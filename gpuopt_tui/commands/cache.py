@@ -4,10 +4,12 @@ cache."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 
 from gpuopt_tui.core import gradient_cache
+from gpuopt_tui.core.cache_files import Cleared
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.format import human_bytes, human_time
 
@@ -26,12 +28,8 @@ def run(args: argparse.Namespace) -> int:
     cache = FeatureCache()
     out = Console(highlight=False)
     if args.clear:
-        entries, freed = cache.clear()
-        out.print(f"removed {entries} entries ({human_bytes(freed)}) from {cache.root}")
-        grads, freed = gradient_cache.clear()
-        out.print(
-            f"removed {grads} TracIn gradient entries ({human_bytes(freed)}) from {gradient_cache.default_root()}"
-        )
+        _cleared(out, "entries", cache.root, cache.clear())
+        _cleared(out, "TracIn gradient entries", gradient_cache.default_root(), gradient_cache.clear())
         return 0
     entries = cache.entries()
     if args.list:
@@ -59,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"feature cache: {len(entries)} entries, {human_bytes(cache.size_bytes())} in {cache.root}")
     _gradients(out, listing=args.list)
     return 0
+
+
+def _cleared(out: Console, what: str, root: Path, cleared: Cleared) -> None:
+    out.print(f"removed {cleared.removed} {what} ({human_bytes(cleared.freed)}) from {root}", soft_wrap=True)
+    for link in cleared.kept:
+        out.print(f"kept {link}: a symbolic link (remove it yourself if it is no longer wanted)", soft_wrap=True)
 
 
 def _gradients(out: Console, *, listing: bool) -> None:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuopt_tui.core import paths
 from gpuopt_tui.core.atomic import atomic_write_text
+from gpuopt_tui.core.cache_files import Cleared, changed_recently, file_digest, stamp
+from gpuopt_tui.core.errors import UserError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -113,7 +115,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     corrupt: int = 0  # misses whose entry existed but was stale or damaged, and was removed
-    problems: list[str] = field(default_factory=list)  # "KEY: what was wrong" for each of those
+    problems: list[str] = field(default_factory=list)  # "ARRAY FILE: what was wrong" for each of those
 
 
 class PendingEntry:
@@ -190,7 +192,7 @@ class FeatureCache:
                 return array
         self.stats.misses += 1
         self.stats.corrupt += 1
-        self.stats.problems.append(f"{key[:12]}: {problem}")
+        self.stats.problems.append(f"{array_file}: {problem}")
         self._remove(key)
         return None
 
@@ -236,7 +238,7 @@ class FeatureCache:
         if not self.root.is_dir():
             return []
         found: list[CacheEntry] = []
-        for array_file in self.root.glob("*.npy"):
+        for array_file in filter(_regular, self.root.glob("*.npy")):
             key = array_file.stem
             manifest_file = self.manifest_path(key)
             size = _size(array_file) + _size(manifest_file)
@@ -261,25 +263,27 @@ class FeatureCache:
         """Bytes used by everything the cache keeps (entries, unfinished writes, the fingerprint memo)."""
         return sum(_size(p) for p in self._own_files())
 
-    def clear(self) -> tuple[int, int]:
-        """Remove every entry, abandoned write and the fingerprint memo: (entries removed, bytes freed).
-        Only files this cache writes are touched, whatever else the folder holds; a write still in progress
-        (a temporary file touched in the last minutes) is left to finish, so a running probe is not broken."""
-        entries = sum(1 for _ in self.root.glob("*.npy")) if self.root.is_dir() else 0
-        freed = 0
+    def clear(self) -> Cleared:
+        """Remove every entry, abandoned write and the fingerprint memo. Only files this cache writes are touched,
+        whatever else the folder holds, and no symbolic link; a write still in progress (a temporary file touched
+        in the last minutes) is left to finish, so a running probe is not broken."""
+        own = self._own_files()
+        cleared = Cleared(removed=sum(1 for p in own if p.suffix == ".npy"), kept=self._own_files(links=True))
         recent = time.time() - IN_PROGRESS_S
-        for path in self._own_files():
+        for path in own:
             if path.name.endswith(".tmp") and _mtime(path) > recent:
                 continue
-            freed += _size(path)
+            cleared.freed += _size(path)
             path.unlink(missing_ok=True)
-        return entries, freed
+        return cleared
 
-    def _own_files(self) -> list[Path]:
+    def _own_files(self, links: bool = False) -> list[Path]:
+        """The files this cache writes (`links`: the symbolic links with their names instead)."""
         if not self.root.is_dir():
             return []
         patterns = ("*.npy", "*.json", ".*.tmp")
-        return [p for pattern in patterns for p in self.root.glob(pattern) if p.is_file()]
+        found = [p for pattern in patterns for p in self.root.glob(pattern)]
+        return sorted(p for p in found if p.is_symlink()) if links else [p for p in found if _regular(p)]
 
     def _remove(self, key: str) -> None:
         self.array_path(key).unlink(missing_ok=True)
@@ -287,15 +291,17 @@ class FeatureCache:
 
     # -- content fingerprints of input files -------------------------------------------------------------------
     def file_fingerprint(self, path: Path) -> str:
-        return remembered_sha256(path, self.root / FINGERPRINTS)
+        return remembered_digest(path, self.root / FINGERPRINTS)
 
 
-def remembered_sha256(path: Path, memo_file: Path) -> str:
-    """SHA-256 of a file's bytes, remembered in `memo_file` by (path, size, mtime) so that reruns on unchanged
-    multi-GB inputs need not read them again; a file that changes gets a new size or mtime and is hashed anew."""
+def remembered_digest(path: Path, memo_file: Path) -> str:
+    """`file_digest` of a file, remembered in `memo_file` by its `stamp` (device, inode, size, mtime, ctime), so
+    that reruns on unchanged multi-GB inputs need not read them again. A file replaced or rewritten, even with its
+    mtime put back, has a new ctime and is hashed anew. A file changed in the last seconds, or while it was
+    hashed, is not remembered. The memo is only an accelerator: one that cannot be read or written is ignored."""
     path = Path(path).resolve()
-    st = path.stat()
-    memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    before = stamp(path)
+    memo_key = f"{path}|{'|'.join(map(str, before))}"
     try:
         memo = json.loads(memo_file.read_text(encoding="utf-8"))
         if not isinstance(memo, dict):
@@ -305,12 +311,19 @@ def remembered_sha256(path: Path, memo_file: Path) -> str:
     known = memo.get(memo_key)
     if isinstance(known, str):
         return known
-    digest = file_sha256(path)
+    digest = file_digest(path)
+    if changed_recently(path) or stamp(path) != before:
+        return digest
     memo = {k: v for k, v in memo.items() if not k.startswith(f"{path}|")}
     memo[memo_key] = digest
-    memo_file.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(memo_file, json.dumps(memo, indent=1))
+    with contextlib.suppress(OSError, UserError):
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo_file, json.dumps(memo, indent=1))
     return digest
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def _mtime(path: Path) -> float:

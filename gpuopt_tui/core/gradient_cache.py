@@ -3,10 +3,11 @@
 One entry per (checkpoint content, training data, gradient settings): a folder named by the hash of those
 (`entry_key`) under ``<cache dir>/tracin-gradients``, holding ``manifest.json`` (what the entry was computed from)
 and one ``block_NNNNN.safetensors`` per block of training examples, each written atomically as it is finished, so
-an interrupted run leaves only whole blocks behind and the next run computes the rest. ``checkpoint-hashes.json``
-beside the entries remembers the checkpoint files' hashes by (path, size, mtime). Pure Python (the tensors
-are read and written in jobs/tracin/grad_cache.py), so the TUI and `gpuopt-tui cache` can list and clear entries
-without torch.
+an interrupted run leaves only whole blocks behind and the next run computes the rest. A block carries what it
+was computed from and a checksum of its content, checked on every read (jobs/tracin/block_file.py). The checkpoint
+is known by the digest of its file's content, computed anew by every run (`cache_files.file_digest`). Pure
+Python (the tensors are read and written in jobs/tracin/), so the TUI and `gpuopt-tui cache` can list and clear
+entries without torch. Symbolic links under the root are neither listed nor removed.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core import paths
+from gpuopt_tui.core.cache_files import Cleared
 
-FORMAT = 1
+FORMAT = 2  # 2: blocks carry their identity and checksum; checkpoints known by their content's BLAKE2b digest
 MANIFEST = "manifest.json"
-CHECKPOINT_HASHES = "checkpoint-hashes.json"
 
 
 def default_root() -> Path:
@@ -48,21 +49,23 @@ def entries(root: Path | None = None) -> list[GradientEntry]:
     root = root or default_root()
     found = []
     for folder in sorted(root.glob("*")) if root.is_dir() else []:
-        if not folder.is_dir():
+        if not folder.is_dir() or folder.is_symlink():
             continue
         try:
             description = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             description = {}
-        files = [p for p in folder.iterdir() if p.is_file()]
+        files = [p for p in folder.iterdir() if p.is_file() and not p.is_symlink()]
         blocks = sum(1 for p in files if p.name.startswith("block_") and p.suffix == ".safetensors")
         found.append(GradientEntry(folder.name, blocks, sum(p.stat().st_size for p in files), description))
     return found
 
 
-def clear(root: Path | None = None) -> tuple[int, int]:
-    """Delete every entry; returns (entries, bytes freed)."""
+def clear(root: Path | None = None) -> Cleared:
+    """Delete every entry (symbolic links are kept)."""
+    root = root or default_root()
     found = entries(root)
     for entry in found:
-        shutil.rmtree((root or default_root()) / entry.key, ignore_errors=True)
-    return len(found), sum(e.size for e in found)
+        shutil.rmtree(root / entry.key, ignore_errors=True)
+    kept = sorted(p for p in root.iterdir() if p.is_symlink()) if root.is_dir() else []
+    return Cleared(len(found), sum(e.size for e in found), kept)

@@ -6,6 +6,7 @@ GPU memory figures to progress events.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -75,8 +76,10 @@ class JobContext:
         layout = RunDir(run_dir)
         self.results_dir, self.state_dir = layout.results, layout.state
         self.cache_dir = cache_dir
-        for d in (self.results_dir, self.state_dir, self.cache_dir):
+        for d in (self.results_dir, self.state_dir):
             d.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a cache folder that cannot be made: each cache says so when used
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.events = events
         self._memory_fields = memory_fields or dict
         self._cancel = threading.Event()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gpuopt_tui.commands import cache as cache_command
-from gpuopt_tui.core import feature_cache
+from gpuopt_tui.core import cache_files, feature_cache
 from gpuopt_tui.core.feature_cache import FeatureCache, cache_key
 
 
@@ -103,8 +103,8 @@ def test_entries_size_and_clear_touch_only_cache_files(tmp_path: Path) -> None:
     assert entries["k1"].ok and not entries["k3"].ok
     ours = sum(p.stat().st_size for p in tmp_path.iterdir() if p.name != "notes.txt")
     assert cache.size_bytes() == ours
-    removed, freed = cache.clear()
-    assert (removed, freed) == (3, ours)
+    cleared = cache.clear()
+    assert (cleared.removed, cleared.freed, cleared.kept) == (3, ours, [])
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
     assert cache.entries() == [] and cache.size_bytes() == 0
 
@@ -114,13 +114,49 @@ def test_file_fingerprint_is_remembered_and_follows_changes(tmp_path: Path, monk
     data = tmp_path / "layers.safetensors"
     data.write_bytes(b"a" * 1000)
     calls: list[Path] = []
-    real = feature_cache.file_sha256
-    monkeypatch.setattr(feature_cache, "file_sha256", lambda p: calls.append(p) or real(p))
+    real = feature_cache.file_digest
+    monkeypatch.setattr(feature_cache, "file_digest", lambda p: calls.append(p) or real(p))
+    monkeypatch.setattr(cache_files, "RECENT_S", 0.0)  # the file was written just now
     first = cache.file_fingerprint(data)
     assert cache.file_fingerprint(data) == first and len(calls) == 1  # second call from the memo
     data.write_bytes(b"b" * 1000)
     os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
     assert cache.file_fingerprint(data) != first and len(calls) == 2
+
+
+def test_a_file_rewritten_in_place_with_its_mtime_restored_gets_a_new_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cache_files, "RECENT_S", 0.0)
+    cache = FeatureCache(tmp_path / "cache")
+    data = tmp_path / "layers.safetensors"
+    data.write_bytes(b"a" * 1000)
+    first = cache.file_fingerprint(data)
+    before = data.stat()
+    with data.open("r+b") as f:  # same inode, same size
+        f.write(b"b")
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (data.stat().st_ino, data.stat().st_size, data.stat().st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert cache.file_fingerprint(data) != first
+
+
+def test_a_file_changed_just_now_is_not_remembered(tmp_path: Path) -> None:
+    memo = tmp_path / "memo.json"
+    data = tmp_path / "layers.safetensors"
+    data.write_bytes(b"a" * 1000)
+    assert feature_cache.remembered_digest(data, memo) == cache_files.file_digest(data) and not memo.exists()
+
+
+def test_an_unwritable_memo_is_only_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_files, "RECENT_S", 0.0)
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    data = tmp_path / "layers.safetensors"
+    data.write_bytes(b"a" * 1000)
+    assert FeatureCache(tmp_path / "cache").file_fingerprint(data) == cache_files.file_digest(data)
 
 
 def test_default_root_follows_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

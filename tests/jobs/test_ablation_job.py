@@ -206,9 +206,21 @@ def test_corrupt_cache_entry_is_recomputed(first_run: tuple[Path, AblationResult
     _run(_profile(), root / "run5", root / "cache")
     again = load_results(root / "run5")
     assert again.info["cache"]["corrupt"] == 1 and again.info["cache"]["misses"] == 1
-    assert again.info["cache"]["problems"] == [f"{victim.key[:12]}: checksum mismatch"]
+    assert again.info["cache"]["problems"] == [f"{path}: checksum mismatch"]
     assert _accuracies(again) == _accuracies(results)
     assert cache.load(victim.key) is not None  # stored again, valid
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_run_going_without_it(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache folder should be")
+    _run(_profile(representations=["mean_pool"], max_epochs=1), tmp_path / "run", cache)
+    results = load_results(tmp_path / "run")
+    assert results.info["cache"]["enabled"] and not any(row.cached for row in results.rows)
+    events, _ = read_events(RunDir(tmp_path / "run").events)
+    warnings = [e["message"] for e in events if e["type"] == "warning"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{cache / 'features'}: cannot keep the feature cache")
+    assert "use_cache = false" in warnings[0] and cache.read_text().startswith("a file")
 
 
 class _CancelAfterTwoProbes(JobContext):

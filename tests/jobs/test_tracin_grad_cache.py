@@ -1,6 +1,6 @@
 """The training-gradient cache: a run that fills it and runs that read it give identical scores; a new test set
-reads every training block; a missing or damaged block is computed again; checkpoint hashes are remembered;
-entries are listed and cleared."""
+reads every training block; a missing or damaged block is computed again; checkpoints are known by their
+content; entries are listed and cleared."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_tracin_support import bert_adapter, save_checkpoints, text_dataset
 
-from gpuopt_tui.core import feature_cache, gradient_cache
+from gpuopt_tui.core import gradient_cache
 from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores
 from gpuopt_tui.jobs.tracin.grad_cache import CheckpointGradients, TrainGradientCache, rounded, to_features
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
@@ -48,7 +48,7 @@ def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypa
     )
     assert torch.allclose(resumed.matrix, uncached.matrix, rtol=2e-2, atol=1e-3 * float(uncached.matrix.abs().max()))
 
-    assert gradient_cache.clear(root)[0] == len(checkpoints) and gradient_cache.entries(root) == []
+    assert gradient_cache.clear(root).removed == len(checkpoints) and gradient_cache.entries(root) == []
 
 
 def test_a_block_reads_back_as_stored_and_a_damaged_one_is_a_miss(tmp_path: Path) -> None:
@@ -64,33 +64,45 @@ def test_a_block_reads_back_as_stored_and_a_damaged_one_is_a_miss(tmp_path: Path
         ],
     )
     entry.save(0, [4, 5, 6], feats)
-    stored = entry.read(0, [4, 5, 6], pin=False)
-    assert stored is not None
+    stored, problem = entry.read(0, [4, 5, 6], pin=False)
+    assert stored is not None and problem is None
     back, want = to_features(stored, torch.device("cpu"), torch.float64), rounded(feats)
     assert torch.equal(back.dense, want.dense)
     assert all(torch.equal(x, y) for pair, other in zip(back.outer, want.outer) for x, y in zip(pair, other))
-    assert entry.read(0, [4, 5, 7], pin=False) is None  # stored for other rows
+    assert entry.read(0, [4, 5, 7], pin=False) == (None, None)  # stored for other rows: a plain miss
+    assert entry.read(1, [4, 5, 6], pin=False) == (None, None)  # not stored
     path = next(tmp_path.glob("*/block_00000.safetensors"))
     path.write_bytes(path.read_bytes()[:-8])
-    assert entry.read(0, [4, 5, 6], pin=False) is None
+    stored, problem = entry.read(0, [4, 5, 6], pin=False)
+    assert stored is None and problem is not None and "do not fit the file" in problem
 
 
-def test_checkpoint_hashes_are_remembered_until_the_file_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_checkpoint_is_known_by_its_content(tmp_path: Path) -> None:
+    checkpoint, copy = tmp_path / "step1.safetensors", tmp_path / "copy.safetensors"
+    checkpoint.write_bytes(b"weights")
+    copy.write_bytes(b"weights")
+
+    def folder(path: Path) -> Path:
+        with TrainGradientCache(tmp_path / "cache", {"model": "m"}, torch.device("cpu"), torch.float32) as cache:
+            cache.checkpoint(path)
+            return cache._current[1].folder  # type: ignore[index,union-attr]
+
+    first = folder(checkpoint)
+    assert folder(copy) == first
+    checkpoint.write_bytes(b"weightz")
+    assert folder(checkpoint) != first
+
+
+def test_a_checkpoint_that_changes_during_the_run_is_scored_without_the_cache(tmp_path: Path) -> None:
     checkpoint = tmp_path / "step1.safetensors"
     checkpoint.write_bytes(b"weights")
-    hashed: list[Path] = []
-    real = feature_cache.file_sha256
-    monkeypatch.setattr(feature_cache, "file_sha256", lambda p: hashed.append(p) or real(p))
-
-    def folder() -> Path:
-        cache = TrainGradientCache(tmp_path / "cache", {"model": "m"}, torch.device("cpu"), torch.float32)
-        with cache:
-            cache.checkpoint(checkpoint)
-            return cache._current[1].folder  # type: ignore[index]
-
-    first = folder()
-    assert folder() == first and len(hashed) == 1  # the second run's key from the memo
-    checkpoint.write_bytes(b"other weights")
-    assert folder() != first and len(hashed) == 2
+    warned: list[str] = []
+    feats = GradFeatures(torch.ones(2, 3), [])
+    root = tmp_path / "cache"
+    with TrainGradientCache(root, {"model": "m"}, torch.device("cpu"), torch.float32, warned.append) as cache:
+        cache.expect([(checkpoint, 0, [0, 1])])  # hashed here
+        checkpoint.write_bytes(b"new weights")  # ... and replaced before it is loaded
+        cache.checkpoint(checkpoint)
+        assert cache.block(0, [0, 1], lambda: feats).dense.equal(feats.dense)
+    assert len(warned) == 1 and str(checkpoint) in warned[0]
+    assert cache.computed == 1 and not list(root.glob("*/block_*"))

@@ -214,6 +214,23 @@ def test_resumed_run_reuses_finished_shards(project: Path, tmp_path: Path, monke
         run_job(changed, context(run_dir, tmp_path))
 
 
+def test_a_cache_folder_that_is_a_file_leaves_the_run_going_without_it(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache-file"
+    cache.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(cache))
+    profile = load_profile(write_profile(project, tmp_path, "train_cache = true"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = run_job(profile, JobContext(run_dir, EventWriter(RunDir(run_dir).events), cache))
+    assert summary["n_scored"] == 12
+    events, _ = read_events(RunDir(run_dir).events)
+    warnings = [e["message"] for e in events if e["type"] == "warning"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{cache / 'tracin-gradients'}: cannot store")
+    assert "train_cache = false" in warnings[0]
+
+
 def test_matrix_is_left_out_above_save_matrix_max(project: Path, tmp_path: Path) -> None:
     profile = load_profile(write_profile(project, tmp_path, "save_matrix_max = 35"))
     run_job(profile, context(tmp_path / "run", tmp_path))

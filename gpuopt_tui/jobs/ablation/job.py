@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from gpuopt_tui.core.ablation_results import ALL_LAYERS, ResultRow, best_of, write_results
+from gpuopt_tui.core.cache_files import write_problem
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.feature_cache import CacheStats, FeatureCache
 from gpuopt_tui.core.profiles.ablation import AblationProfile, AblationSection, split_representation
@@ -93,7 +94,7 @@ def probe_tasks(representations: Sequence[str], layers: Sequence[str], index_of:
 def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
     cfg = profile.ablation
     device = resolve_device(profile.run.device)
-    store = FeatureCache(ctx.cache_dir / "features" if cfg.use_cache else ctx.state_dir / "features")
+    store = _feature_store(cfg.use_cache, ctx)
     source = open_source(profile, device, store, ctx.cache_dir, ctx.stage)
     ctx.log(f"inputs: {source.description}")
     index_of = {layer: i for i, layer in enumerate(source.layers)}
@@ -158,6 +159,20 @@ def _merged(stats: list[CacheStats]) -> CacheStats:
         corrupt=sum(s.corrupt for s in stats),
         problems=[problem for s in stats for problem in s.problems],
     )
+
+
+def _feature_store(use_cache: bool, ctx: JobContext) -> FeatureCache:
+    """The feature cache, or the run's own folder when the cache is off or cannot be written there."""
+    if use_cache:
+        root = ctx.cache_dir / "features"
+        problem = write_problem(root)
+        if problem is None:
+            return FeatureCache(root)
+        ctx.warn(
+            f"{root}: cannot keep the feature cache there ({problem}); the run goes on without it. Make it a "
+            "writable folder (GPUOPT_TUI_CACHE_DIR moves the cache) or set ablation.use_cache = false"
+        )
+    return FeatureCache(ctx.state_dir / "features")
 
 
 def _features(

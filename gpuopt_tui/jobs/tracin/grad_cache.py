@@ -5,14 +5,21 @@ them, so a run that reads the cache and one that fills it give identical scores.
 
 A run that reads the cache is bound by reading the blocks, so a block is read with one copy from the file into
 (page-locked, on a GPU) host memory, in a background thread while the block before it is in use, copied to the
-device in bf16 and widened there. Checkpoints are keyed by their content's SHA-256, remembered by (path, size,
-mtime) next to the entries, so a rerun does not read every checkpoint file twice.
+device in bf16 and widened there; its identity and checksum are checked there too (block_file.py). A block that
+fails is computed again and rewritten, with a warning naming its file.
+
+Checkpoints are known by the digest of their file's content, read by every run before its first block (about as
+long as loading the checkpoint once more, mostly from the page cache): a file replaced or rewritten in place, its
+size and mtime put back, gets its own entry. A checkpoint whose file changes during the run (its `stamp` differs
+when it is loaded) is scored without the cache. A cache that cannot be written (a file where its folder should be,
+a read-only folder, a full disk) leaves the run going without storing blocks, with one warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,73 +28,51 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_atomically, write_json
-from gpuopt_tui.core.feature_cache import remembered_sha256
-from gpuopt_tui.core.gradient_cache import CHECKPOINT_HASHES, MANIFEST, entry_key
+from gpuopt_tui.core.cache_files import file_digest, stamp
+from gpuopt_tui.core.gradient_cache import FORMAT, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.tracin.block_file import STORED, HostBlock, read_block, write_block
 from gpuopt_tui.jobs.tracin.grads import GradFeatures
 from gpuopt_tui.jobs.tracin.interface import TracInOptions
 
-STORED = torch.bfloat16
-_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
-
-HostBlock = dict[str, Tensor]
-
-
-def read_safetensors(path: Path, pin: bool) -> HostBlock:
-    """The tensors of a safetensors file, read with one copy into host memory (page-locked when `pin`, so that
-    copies to the GPU need no staging). Raises (OSError, ValueError, KeyError, RuntimeError) on a damaged file."""
-    with path.open("rb") as f:
-        header_size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_size))
-        header.pop("__metadata__", None)
-        size = max((v["data_offsets"][1] for v in header.values()), default=0)
-        data = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
-        if f.readinto(memoryview(data.numpy())) != size:
-            raise ValueError(f"{path}: shorter than its header says")
-    out = {}
-    for name, v in header.items():
-        begin, end = v["data_offsets"]
-        out[name] = data[begin:end].view(_DTYPES[v["dtype"]]).reshape(v["shape"])
-    return out
+Stored = tuple[HostBlock | None, str | None]  # a block read from the cache, or what was wrong with its file
 
 
 class CheckpointGradients:
     """The cached blocks of one (checkpoint, data, settings) key."""
 
     def __init__(self, root: Path, parts: Mapping[str, Any]) -> None:
-        self.folder = root / entry_key(parts)
+        self.key = entry_key(parts)
+        self.folder = root / self.key
         self.parts = dict(parts)
 
-    def _path(self, block: int) -> Path:
+    def path(self, block: int) -> Path:
         return self.folder / f"block_{block:05d}.safetensors"
 
-    def read(self, block: int, rows: Sequence[int], pin: bool) -> HostBlock | None:
-        """The block's stored tensors in host memory, or None when it is not stored (or was stored for other
-        rows, or is damaged: it is then computed and written again)."""
-        path = self._path(block)
-        if not path.is_file():
-            return None
-        try:
-            tensors = read_safetensors(path, pin)
-        except Exception:
-            return None
-        if "rows" not in tensors or tensors["rows"].tolist() != list(rows):
-            return None
-        return tensors
+    def identity(self, block: int) -> dict[str, str]:
+        """What a block file of this entry says it was computed from (block_file.py)."""
+        readable = {k: json.dumps(self.parts[k]) for k in ("checkpoint", "train", "projection") if k in self.parts}
+        return {"format": str(FORMAT), "entry": self.key, "block": str(block), **readable}
+
+    def read(self, block: int, rows: Sequence[int], pin: bool) -> Stored:
+        """The block's stored tensors in host memory, or None with what is wrong with its file (None when it
+        is simply not stored): see `read_block`."""
+        return read_block(self.path(block), self.identity(block), rows, pin)
 
     def save(self, block: int, rows: Sequence[int], feats: GradFeatures) -> None:
+        """Store the block (replacing a damaged file); raises OSError when the folder cannot be written."""
         self.folder.mkdir(parents=True, exist_ok=True)
         if not (self.folder / MANIFEST).is_file():
             write_json(self.folder / MANIFEST, self.parts)
         tensors = {"rows": torch.tensor(list(rows), dtype=torch.long), "dense": feats.dense.to(STORED).cpu()}
         for i, (g, a) in enumerate(feats.outer):
             tensors[f"g{i}"], tensors[f"a{i}"] = g.to(STORED).cpu(), a.to(STORED).cpu()
-        write_atomically(self._path(block), lambda tmp: save_file(tensors, str(tmp)))
+        identity = self.identity(block)
+        write_atomically(self.path(block), lambda tmp: write_block(tmp, identity, tensors))
 
 
 def to_features(tensors: HostBlock, device: torch.device, dtype: torch.dtype) -> GradFeatures:
@@ -119,8 +104,9 @@ def cache_key(
     """What cached training gradients depend on besides the checkpoint."""
     digest = hashlib.sha256()
     for key in sorted(train.tensors):
-        digest.update(key.encode())
-        digest.update(memoryview(train.tensors[key].contiguous().numpy()).cast("B"))  # no copy
+        t = train.tensors[key]
+        digest.update(f"{key} {t.dtype} {list(t.shape)}".encode())
+        digest.update(memoryview(t.contiguous().numpy()).cast("B"))  # no copy
     return {
         "model": adapter.name,
         "train": digest.hexdigest(),
@@ -135,25 +121,36 @@ def cache_key(
 class TrainGradientCache:
     """A run's training gradients in the cache under `root`, keyed by `parts` (`cache_key`) and the checkpoint in
     use: each block read from there, or computed, rounded as stored and saved there; counts both. The blocks
-    named by `expect` are read ahead in a background thread, one at a time. Use as a context manager."""
+    named by `expect` are read ahead in a background thread, one at a time. `warn(message)` hears of damaged
+    blocks and of a cache that cannot be written. Use as a context manager."""
 
-    def __init__(self, root: Path, parts: Mapping[str, Any], device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        root: Path,
+        parts: Mapping[str, Any],
+        device: torch.device,
+        dtype: torch.dtype,
+        warn: Callable[[str], None] = warnings.warn,
+    ) -> None:
         self.root = root
         self.parts = dict(parts)
         self.device, self.dtype = device, dtype
+        self.warn = warn
         self.pin = device.type == "cuda"
         self.read = self.computed = 0
-        self._entries: dict[Path, CheckpointGradients] = {}
-        self._current: tuple[Path, CheckpointGradients] | None = None
+        self.writable = True  # until a write fails
+        self._entries: dict[Path, tuple[tuple[int, ...], CheckpointGradients]] = {}
+        self._current: tuple[Path, CheckpointGradients | None] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracin-cache-read")
         self._plan: deque[tuple[Path, int, tuple[int, ...]]] = deque()
-        self._ahead: tuple[tuple[Path, int], Future[HostBlock | None]] | None = None
+        self._ahead: tuple[tuple[Path, int], Future[Stored]] | None = None
 
     def _entry(self, path: Path) -> CheckpointGradients:
         if path not in self._entries:
-            checkpoint = remembered_sha256(path, self.root / CHECKPOINT_HASHES)
-            self._entries[path] = CheckpointGradients(self.root, {**self.parts, "checkpoint": checkpoint})
-        return self._entries[path]
+            before = stamp(path)  # taken first: a change while the file is hashed shows when it is loaded
+            entry = CheckpointGradients(self.root, {**self.parts, "checkpoint": file_digest(path)})
+            self._entries[path] = (before, entry)
+        return self._entries[path][1]
 
     def expect(self, plan: Iterable[tuple[Path, int, Sequence[int]]]) -> None:
         """The (checkpoint file, block, rows) that `block` will be asked for, in this order."""
@@ -165,35 +162,58 @@ class TrainGradientCache:
     def _read_ahead(self) -> None:
         if self._ahead is None and self._plan:
             path, block, rows = self._plan.popleft()
-            self._ahead = ((path, block), self._pool.submit(self._read, self._entries[path], block, rows))
+            self._ahead = ((path, block), self._pool.submit(self._read, self._entries[path][1], block, rows))
 
-    def _read(self, entry: CheckpointGradients, block: int, rows: Sequence[int]) -> HostBlock | None:
+    def _read(self, entry: CheckpointGradients, block: int, rows: Sequence[int]) -> Stored:
         if not self.pin:
             return entry.read(block, rows, pin=False)
         with torch.cuda.device(self.device):  # memory is page-locked for the GPU current in the reading thread
             return entry.read(block, rows, pin=True)
 
     def checkpoint(self, path: Path) -> None:
-        """Use the entry of this checkpoint file (by its content) from now on."""
-        self._current = (path, self._entry(path))
+        """Use the entry of this checkpoint file (by its content) from now on; none if the file changed since
+        its content was hashed (call this once it is loaded)."""
+        entry = self._entry(path)
+        if stamp(path) != self._entries[path][0]:
+            self.warn(f"{path} changed during the run: its training gradients are computed without the cache")
+            entry = None
+        self._current = (path, entry)
 
     def block(self, block: int, rows: Sequence[int], compute: Callable[[], GradFeatures]) -> GradFeatures:
         if self._current is None:
             raise RuntimeError("TrainGradientCache.block before checkpoint")
         path, entry = self._current
-        if self._ahead is not None and self._ahead[0] == (path, block):
-            stored = self._ahead[1].result()
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == (path, block):
             self._ahead = None
+            found = ahead[1].result()
         else:  # not announced by `expect`
-            stored = self._read(entry, block, rows)
+            found = self._read(entry, block, rows) if entry is not None else (None, None)
         self._read_ahead()  # the next block is read while this one is in use
+        stored, problem = found if entry is not None else (None, None)
         if stored is not None:
             self.read += 1
             return to_features(stored, self.device, self.dtype)
+        if problem is not None and entry is not None:
+            self.warn(f"{entry.path(block)}: {problem}; not used: its gradients are computed again")
         feats = rounded(compute())
-        entry.save(block, rows, feats)
         self.computed += 1
+        if entry is not None:
+            self._save(entry, block, rows, feats)
         return feats
+
+    def _save(self, entry: CheckpointGradients, block: int, rows: Sequence[int], feats: GradFeatures) -> None:
+        if not self.writable:
+            return
+        try:
+            entry.save(block, rows, feats)
+        except OSError as e:
+            self.writable = False
+            self.warn(
+                f"{self.root}: cannot store TracIn training gradients there ({e.strerror or e}); the run goes on "
+                "without storing them. Make it a writable folder (GPUOPT_TUI_CACHE_DIR moves the cache) or set "
+                "tracin.train_cache = false"
+            )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -3,6 +3,7 @@ progress and asks whether to stop."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,7 +48,8 @@ class InfluenceResult:
 
 
 class Reporter:
-    """Where the engine reports progress and events and asks whether to stop; this one ignores it all."""
+    """Where the engine reports progress, events and warnings and asks whether to stop; this one ignores all but
+    the warnings."""
 
     def progress(self, done: int, total: int, stage: str) -> None:
         pass
@@ -57,6 +59,10 @@ class Reporter:
 
     def event(self, type: str, **fields: Any) -> None:
         pass
+
+    def warn(self, message: str) -> None:
+        """Something the user should know (a damaged cache block that was computed again): a Python warning."""
+        warnings.warn(message, stacklevel=2)
 
     def check_cancelled(self) -> None:
         pass
@@ -77,6 +83,9 @@ class PrefixedReporter(Reporter):
 
     def event(self, type: str, **fields: Any) -> None:
         self.inner.event(type, **fields)
+
+    def warn(self, message: str) -> None:
+        self.inner.warn(message)
 
     def check_cancelled(self) -> None:
         self.inner.check_cancelled()

@@ -59,6 +59,9 @@ class ContextReporter(Reporter):
     def event(self, type: str, **fields: Any) -> None:
         self.ctx.event(type, **fields)
 
+    def warn(self, message: str) -> None:
+        self.ctx.warn(message)
+
     def check_cancelled(self) -> None:
         self.ctx.check_cancelled()
 

@@ -211,7 +211,7 @@ class TracInRun:
             return None
         with record_function("tracin.cache_key"):
             parts = cache_key(self.adapter, self.train, self.params, computer.method, opts)
-            cache = TrainGradientCache(opts.train_cache, parts, self.adapter.device, dtype)
+            cache = TrainGradientCache(opts.train_cache, parts, self.adapter.device, dtype, self.reporter.warn)
             cache.expect((self.checkpoints[c].path, j, self.blocks[j]) for c, j in pending)
         return cache
 

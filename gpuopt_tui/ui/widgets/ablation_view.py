@@ -335,8 +335,8 @@ def read_listing() -> CacheListing:
 
 def clear_cache() -> tuple[int, int, CacheListing]:
     """Delete every entry: (entries removed, bytes freed, the cache as it is afterwards)."""
-    entries, freed = FeatureCache().clear()
-    return entries, freed, read_listing()
+    cleared = FeatureCache().clear()
+    return cleared.removed, cleared.freed, read_listing()
 
 
 def layer_span(layers: Sequence[str]) -> str:

@@ -1,0 +1,52 @@
+"""Listing and clearing TracIn's training-gradient cache (core, torch-free) and what `cache --clear` says."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gpuopt_tui.commands import cache as cache_command
+from gpuopt_tui.core import gradient_cache
+from gpuopt_tui.core.feature_cache import FeatureCache
+
+
+def _clear(capsys: pytest.CaptureFixture[str]) -> str:
+    parser = argparse.ArgumentParser()
+    cache_command.configure(parser)
+    assert cache_command.run(parser.parse_args(["--clear"])) == 0
+    return capsys.readouterr().out
+
+
+def test_clear_keeps_symlinked_entries_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "300")
+    root = gradient_cache.default_root()
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "block_00000.safetensors").write_bytes(b"x" * 10)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "block_00000.safetensors").write_bytes(b"y" * 1000)
+    (root / "b").symlink_to(outside)
+    features = FeatureCache().root
+    features.mkdir(parents=True)
+    (tmp_path / "user.npy").write_bytes(b"z" * 500)
+    (features / ("c" * 40 + ".npy")).symlink_to(tmp_path / "user.npy")
+
+    out = " ".join(_clear(capsys).split())
+    assert f"removed 0 entries (0 B) from {features}" in out
+    assert f"kept {features / ('c' * 40 + '.npy')}: a symbolic link" in out
+    assert f"removed 1 TracIn gradient entries (10 B) from {root}" in out
+    assert f"kept {root / 'b'}: a symbolic link" in out
+    assert (root / "b").is_symlink() and (outside / "block_00000.safetensors").exists()
+    assert (tmp_path / "user.npy").exists() and not (root / "a").exists()
+
+
+def test_a_cache_root_that_is_a_file_lists_as_empty_and_clears_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "tracin-gradients"
+    root.write_text("not a folder")
+    assert gradient_cache.entries(root) == []
+    assert gradient_cache.clear(root).removed == 0 and root.read_text() == "not a folder"
