@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
-# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-auto ig-auto-cli tracin tracin-projected planner
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
@@ -27,6 +27,9 @@ for step in "$@"; do
       python3 benchmarks/ig_bench.py --compile --out "$out/ig_${card}.md" 2>&1 | tail -60
       kill "$rec"; wait "$rec"
       python3 benchmarks/ig_variants.py --out "$out/ig_variants_${card}.md" 2>&1 | grep "samples/s" ;;
+    ig-conformance)  # IG_CONFORMANCE_ARGS: e.g. --families bert roberta
+      python3 benchmarks/ig_conformance.py --out "$out/ig_conformance_${card}.md" ${IG_CONFORMANCE_ARGS:-} 2>&1 \
+        | grep -v "^|" | tail -40 ;;
     ig-auto)
       python3 benchmarks/ig_auto_bench.py --out "$out/ig_auto_${card}.md" 2>&1 | tail -40 ;;
     ig-auto-cli)  # ig_auto_bench.py's fine-tuned model and texts through `gpuopt-tui run`, auto steps at 1e-2, in
