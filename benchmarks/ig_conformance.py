@@ -213,6 +213,9 @@ def measure(family: str, task: str, args: argparse.Namespace, device: torch.devi
     print(f"{family}/{task}: training ({time.strftime('%H:%M:%S')})", flush=True)
     model, trained = train(family, task, args, device)
     print(f"{family}/{task}: accuracy {trained['accuracy']:.3f} after {trained['steps']} steps", flush=True)
+    if trained["accuracy"] < args.min_accuracy:  # attributions of an untrained model are rounding noise
+        print(f"  not learned (below {args.min_accuracy}): skipped", flush=True)
+        return {"family": family, "task": task, "train": trained, "entries": []}
     vocab = vocabulary(args.vocab)
     tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
     adapter = SequenceClassifierAdapter(f"{family} ({task})", model, tokenizer, 2, device)
@@ -292,6 +295,9 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     ]
     for res in results:
         t = res["train"]
+        if not res["entries"]:
+            lines += [f"## {res['family']}, {res['task']}: not learned (held-out accuracy {t['accuracy']:.3f})", ""]
+            continue
         lines += [
             f"## {res['family']}, {res['task']} (held-out accuracy {t['accuracy']:.3f}, {t['steps']} training steps)",
             "",
@@ -334,6 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--target-accuracy", type=float, default=0.98)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--min-accuracy", type=float, default=0.9, help="models below it are reported as not learned")
     parser.add_argument("--reference-steps", type=int, default=2000)
     parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
     parser.add_argument("--captum-steps", type=int, default=50)
@@ -343,6 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.layers, args.hidden, args.heads, args.vocab, args.samples, args.batch = 2, 32, 2, 512, 8, 8
         args.min_words, args.max_words, args.max_length, args.train_seconds = 3, 12, 16, 5
         args.reference_steps, args.captum_steps, args.families = 200, 8, ["bert", "distilbert"]
+        args.min_accuracy = 0.0
         args.tasks = ["majority"]
     return args
 

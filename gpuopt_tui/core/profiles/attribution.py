@@ -91,11 +91,11 @@ class AttributionSection:
     )
     full_precision_fallback: bool = opt(
         True,
-        'With n_steps = "auto" and use_amp: a sample runs its steps in TF32 (fp32 below a tolerance of 1e-3) instead '
-        "of amp_dtype when its output moves too little between baseline and input for amp_dtype's rounding, when "
-        "the rounding measured on two of its first points would take half the tolerance, or when it has not "
-        "settled in 129 points; the summary counts them by reason and attributions.jsonl marks them "
-        "(`full_precision`, `full_precision_reason`)",
+        'With n_steps = "auto" on the GPU: the steps of a sample start over in a fuller precision (amp_dtype, then '
+        "TF32 -- fp32 below a tolerance of 1e-3 --, then fp32) when the rounding measured on two of its first points "
+        "against it would take half the tolerance, or, from amp_dtype, when its output moves too little between "
+        "baseline and input for amp_dtype's rounding or it has not settled in 129 points; the summary counts them "
+        "by reason and attributions.jsonl marks them (`full_precision`, `full_precision_reason`)",
     )
     tf32: bool = opt(True, "Allow TF32 matrix products when running in fp32 on the GPU")
     compile: str = opt(

@@ -27,11 +27,14 @@ feature narrower than a panel that falls between its 5 points is not seen; the 1
 and it is smooth or has jumps, not worse (noise of the steps' rounding is the rounding part's). The run's audit
 (audit.py) checks it on samples of every run.
 
-Precision is chosen per sample, from evidence: with bf16/fp16 steps and `full_precision_fallback`, a sample runs
-in full precision (TF32, or fp32 below a tolerance of 1e-3) from the start when its output moves too little for
-the low precision's rounding (`needs_full_precision`), or after its first pass when the rounding measured at two
-of its points (`probe_rounding`) would take half its tolerance, or once it has not settled within REDUCED_CAP
-points. A sample that cannot settle stops at `max_steps` (the cap) and is counted and flagged above the tolerance.
+Precision is chosen per sample, from evidence: with `full_precision_fallback` a sample moves along
+`precision_chain` (bf16/fp16, TF32 -- or fp32 below a tolerance of 1e-3 --, fp32), starting over in the next
+precision: from bf16/fp16 before its first pass when its output moves too little for their rounding
+(`needs_full_precision`), or once it has not settled within REDUCED_CAP points; from any precision but fp32 after
+its first pass when the rounding measured at two of its points against the next precision (`probe_rounding`)
+would take half its tolerance (TF32 samples at 1e-3 on a RoBERTa and an ALBERT classifier trained here stopped up
+to 1.6e-3 off before TF32 was probed: benchmarks/results/ig_conformance_H200.md). A sample that cannot settle
+stops at `max_steps` (the cap) and is counted and flagged above the tolerance.
 Every sample of a pass gets the same number of new points, at its own positions, so a pass is an ordinary pass of
 the engine over the unconverged samples only.
 """
@@ -48,7 +51,7 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attribution.deltas import MIN_DIFFERENCE, output_floor
 from gpuopt_tui.jobs.attribution.panels import MIN_STEPS, NEW_POINTS, SamplePanels
-from gpuopt_tui.jobs.attribution.precision import RELATIVE_ERROR
+from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR
 
 RULE = "adaptive_simpson"  # the `method` runs with "auto" steps report
 ROUNDING_FLOOR = 64  # in full precision: the rounding part in units of the accumulation dtype's eps
@@ -110,6 +113,14 @@ def full_precision(tolerance: float) -> str:
     """The precision samples move to from bf16/fp16: TF32 (fp32 storage, TF32 products; plain fp32 where there
     is no TF32) when the tolerance is within its resolution, else fp32."""
     return "tf32" if tolerance >= precision_floor("tf32") else "fp32"
+
+
+def precision_chain(precision: str, tolerance: float) -> list[str]:
+    """The precisions a sample of a run in `precision` may move through, the run's first: bf16/fp16, then
+    `full_precision`, then fp32; TF32, then fp32; fp32 alone."""
+    if precision in REDUCED:
+        return [precision, *dict.fromkeys([full_precision(tolerance), "fp32"])]
+    return ["tf32", "fp32"] if precision == "tf32" else [precision]
 
 
 def check_max_steps(max_steps: int) -> None:

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gpuopt_tui.jobs.attribution.adaptive import REDUCED_CAP, full_precision, needs_full_precision
+from gpuopt_tui.jobs.attribution.adaptive import REDUCED_CAP, needs_full_precision, precision_chain
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import (
     ForwardFn,
@@ -71,10 +71,11 @@ def integrated_gradients(
     delta and the relative error estimate of its token scores are within `tolerance`, or one more pass would take
     it over `max_steps` (see adaptive.py; `method` is not used); each refinement pass runs the unconverged samples
     only, each at its own new points. The result's `within` says, per sample, whether both figures it carries
-    (`relative_deltas`, `error`) are within the tolerance. With `full_precision_fallback` and bf16/fp16 steps, a
-    sample runs in TF32/fp32 (adaptive.full_precision) when its output moves too little for those steps, when
-    the rounding measured on its first pass would take half its tolerance, or when it has not settled within
-    adaptive.REDUCED_CAP points; the result's `fallback` says which (precision.FALLBACK_REASONS).
+    (`relative_deltas`, `error`) are within the tolerance. With `full_precision_fallback`, a sample moves along
+    adaptive.precision_chain (bf16/fp16 -> TF32 -> fp32): from bf16/fp16 when its output moves too little for
+    them, or when it has not settled within adaptive.REDUCED_CAP points; from any precision but fp32 when the
+    rounding measured on its first pass against the next precision would take half its tolerance; the result's
+    `fallback` says why (precision.FALLBACK_REASONS).
     Without `per_dimension` the attributions are summed over the embedding dimension ([B, *S, 1], the token
     scores): with "auto" steps the engine then keeps no gradient, only each token's integrand at each point
     (memory that does not grow with the embedding size); by default every gradient of a batch is kept until its
@@ -100,7 +101,7 @@ def integrated_gradients(
         target = resolve_target(target, out_x)
         rows = Rows(baselines, inputs - baselines, inputs.new_zeros(0), attention_mask, dict(context or {}), target)
         if n_steps == "auto":
-            fallback = full_precision_fallback and precision in REDUCED
+            fallback = full_precision_fallback and len(precision_chain(precision, tolerance)) > 1
             auto = _AutoSteps(forward, planner, compiler, on_chunk, tolerance, max_steps, per_dimension)
             total, steps, error, reason = auto.run(module, rows, (out_x, out_b), step, precision, fallback)
         else:
@@ -150,19 +151,23 @@ class _AutoSteps:
         steps = torch.zeros(batch, dtype=torch.long, device=device)
         error = rows.diff.new_zeros(batch)
         reason = torch.zeros(batch, dtype=torch.int8, device=device)
-        full = StepPrecision.of(full_precision(self.tolerance))
-        if fallback:
-            reason[needs_full_precision(*explained, self.tolerance, precision, rows.diff.dtype)] = OUTPUT_CHANGE
-        levels = (step, full) if fallback else (step,)
-        for part, level_step in enumerate(levels):
-            members = ((reason == 0) if part == 0 else (reason > 0)).nonzero().squeeze(1)
-            if len(members):
-                rows_here = rows.select(members)
-                ends_here = (explained[0][members], explained[1][members])
-                probe = full if fallback and part == 0 else None
-                level = self._level(module, rows_here, ends_here, level_step, probe, (part, len(levels)))
-                total[members], steps[members], error[members] = level.total, level.steps, level.error
-                reason[members] = torch.maximum(reason[members], level.escalate)
+        chain = precision_chain(precision, self.tolerance) if fallback else [precision]
+        level = torch.zeros(batch, dtype=torch.long, device=device)
+        if len(chain) > 1 and precision in REDUCED:
+            routed = needs_full_precision(*explained, self.tolerance, precision, rows.diff.dtype)
+            level[routed], reason[routed] = 1, OUTPUT_CHANGE
+        for k, name in enumerate(chain):
+            members = (level == k).nonzero().squeeze(1)
+            if not len(members):
+                continue
+            here = step if k == 0 else StepPrecision.of(name)
+            probe = StepPrecision.of(chain[k + 1]) if k + 1 < len(chain) else None
+            cap = min(REDUCED_CAP, self.max_steps) if probe is not None and name in REDUCED else None
+            ends_here = (explained[0][members], explained[1][members])
+            got = self._level(module, rows.select(members), ends_here, here, probe, cap, (k, len(chain)))
+            total[members], steps[members], error[members] = got.total, got.steps, got.error
+            moved = got.escalate > 0
+            level[members[moved]], reason[members[moved]] = k + 1, got.escalate[moved]
         return total, steps, error, reason
 
     def _level(
@@ -172,12 +177,12 @@ class _AutoSteps:
         ends: tuple[Tensor, Tensor],
         step: StepPrecision,
         probe: StepPrecision | None,
+        cap: int | None,
         share: tuple[int, int],
     ) -> Level:
-        """The samples of `rows` refined in `step`'s precision; with a `probe` (the full precision of a bf16/fp16
-        level) the samples it should run instead are handed back (`Level.escalate`). The compiled graph is the
-        first level's."""
-        cap = min(REDUCED_CAP, self.max_steps) if probe is not None else None
+        """The samples of `rows` refined in `step`'s precision; with a `probe` (the next precision of the chain)
+        the samples that should run in it instead, after their first pass or at `cap` points, are handed back
+        (`Level.escalate`). The compiled graph is the first level's."""
         compiler = self.compiler if share[0] == 0 else None
         passes = Passes(self.forward, step, self.planner, compiler, self.on_chunk, module)
         probing = None if probe is None else Passes(self.forward, probe, self.planner, None, None, module)

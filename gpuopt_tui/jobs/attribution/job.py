@@ -24,7 +24,7 @@ from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, full_precision, tolerance_warning
+from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, precision_chain, tolerance_warning
 from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_outcome, audit_warning, chosen_samples
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
@@ -335,13 +335,14 @@ def _write_results(
     if deltas["warning"]:
         ctx.warn(deltas["warning"])
     auto = settings.n_steps == "auto"
+    chain = precision_chain(settings.precision, settings.tolerance) if settings.full_precision_fallback else []
     steps = steps_summary(
         collected.steps,
         collected.within,
         tolerance=settings.tolerance if auto else None,
         max_steps=settings.max_steps,
         precision=settings.precision,
-        fallback=(collected.fallback, full_precision(settings.tolerance)) if settings.full_precision_fallback else None,
+        fallback=(collected.fallback, "/".join(chain[1:])) if len(chain) > 1 else None,
     )
     if steps["full_precision"]:
         ctx.log(steps["full_precision"]["note"])
