@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 FORMAT = 1
 FINGERPRINTS = "fingerprints.json"
 _CHUNK = 8 << 20
+RACY_NS = 2 * 10**9  # a file changed this recently is hashed again next time (see remembered_sha256)
 IN_PROGRESS_S = 600.0  # a temporary file younger than this belongs to a write still going on
 
 
@@ -291,11 +292,14 @@ class FeatureCache:
 
 
 def remembered_sha256(path: Path, memo_file: Path) -> str:
-    """SHA-256 of a file's bytes, remembered in `memo_file` by (path, size, mtime) so that reruns on unchanged
-    multi-GB inputs need not read them again; a file that changes gets a new size or mtime and is hashed anew."""
+    """SHA-256 of a file's bytes, remembered in `memo_file` so that reruns on unchanged multi-GB inputs need not
+    read them again. The memo is keyed by size, mtime, ctime and inode: a file rewritten (even with its old size
+    and mtime put back) or replaced gets a new ctime or inode, which no one can set back. A file changed less
+    than RACY_NS before it was hashed is not remembered, since a change within the same tick of the kernel's
+    coarse file clock could leave its ctime as it was."""
     path = Path(path).resolve()
     st = path.stat()
-    memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
     try:
         memo = json.loads(memo_file.read_text(encoding="utf-8"))
         if not isinstance(memo, dict):
@@ -306,6 +310,8 @@ def remembered_sha256(path: Path, memo_file: Path) -> str:
     if isinstance(known, str):
         return known
     digest = file_sha256(path)
+    if time.time_ns() - st.st_ctime_ns < RACY_NS:
+        return digest
     memo = {k: v for k, v in memo.items() if not k.startswith(f"{path}|")}
     memo[memo_key] = digest
     memo_file.parent.mkdir(parents=True, exist_ok=True)

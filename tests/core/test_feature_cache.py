@@ -116,11 +116,38 @@ def test_file_fingerprint_is_remembered_and_follows_changes(tmp_path: Path, monk
     calls: list[Path] = []
     real = feature_cache.file_sha256
     monkeypatch.setattr(feature_cache, "file_sha256", lambda p: calls.append(p) or real(p))
+    monkeypatch.setattr(feature_cache, "RACY_NS", 0)  # remembered though it was written just now
     first = cache.file_fingerprint(data)
     assert cache.file_fingerprint(data) == first and len(calls) == 1  # second call from the memo
     data.write_bytes(b"b" * 1000)
     os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
     assert cache.file_fingerprint(data) != first and len(calls) == 2
+
+
+def same_size_and_mtime(path: Path, content: bytes, *, replace: bool) -> None:
+    """Write `content` (of the old size) into `path`, or a new file moved over it, then put its mtime back."""
+    st = path.stat()
+    assert len(content) == st.st_size
+    target = path.with_suffix(".new") if replace else path
+    target.write_bytes(content)
+    if replace:
+        target.replace(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["rewritten", "replaced"])
+def test_a_file_changed_with_its_size_and_mtime_kept_is_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replace: bool
+) -> None:
+    memo, data = tmp_path / "memo.json", tmp_path / "weights.bin"
+    data.write_bytes(b"a" * 1000)
+    first = feature_cache.remembered_sha256(data, memo)
+    assert not memo.exists()  # just written: a change within the same tick of the file clock could keep its ctime
+    if replace:  # a new inode: told apart even when remembered
+        monkeypatch.setattr(feature_cache, "RACY_NS", 0)
+        assert feature_cache.remembered_sha256(data, memo) == first and memo.exists()
+    same_size_and_mtime(data, b"b" * 1000, replace=replace)
+    assert feature_cache.remembered_sha256(data, memo) == feature_cache.file_sha256(data) != first
 
 
 def test_default_root_follows_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,6 +83,7 @@ def test_checkpoint_hashes_are_remembered_until_the_file_changes(
     hashed: list[Path] = []
     real = feature_cache.file_sha256
     monkeypatch.setattr(feature_cache, "file_sha256", lambda p: hashed.append(p) or real(p))
+    monkeypatch.setattr(feature_cache, "RACY_NS", 0)  # remembered though it was written just now
 
     def folder() -> Path:
         cache = TrainGradientCache(tmp_path / "cache", {"model": "m"}, torch.device("cpu"), torch.float32)

@@ -11,7 +11,6 @@ mtime) next to the entries, so a rerun does not read every checkpoint file twice
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ from gpuopt_tui.core.atomic import write_atomically, write_json
 from gpuopt_tui.core.feature_cache import remembered_sha256
 from gpuopt_tui.core.gradient_cache import CHECKPOINT_HASHES, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
+from gpuopt_tui.jobs.digests import dataset_digest
 from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.tracin.grads import GradFeatures
 from gpuopt_tui.jobs.tracin.interface import TracInOptions
@@ -117,13 +117,9 @@ def cache_key(
     adapter: Adapter, train: TextDataset, params: Sequence[str], method: str, opts: TracInOptions
 ) -> dict[str, Any]:
     """What cached training gradients depend on besides the checkpoint."""
-    digest = hashlib.sha256()
-    for key in sorted(train.tensors):
-        digest.update(key.encode())
-        digest.update(memoryview(train.tensors[key].contiguous().numpy()).cast("B"))  # no copy
     return {
         "model": adapter.name,
-        "train": digest.hexdigest(),
+        "train": dataset_digest(train),
         "n_train": len(train),
         "parameters": list(params),
         "method": method,
