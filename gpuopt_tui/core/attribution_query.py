@@ -14,23 +14,27 @@ SORTS: dict[str, tuple[str, Callable[[SampleEntry], Any]]] = {
     "delta": ("largest relative delta first", lambda e: -e.relative_delta),
     "probability": ("least confident first", lambda e: e.probability),
 }
-QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong, lowmargin, fullprecision"
+QUERY_HELP = "words in the text, top:TOKEN, pred:N, target:N, label:N, wrong, lowmargin, fullprecision, abovetol"
+FLAGS: dict[str, Callable[[SampleEntry], bool]] = {  # a word of the query -> the samples it keeps
+    "wrong": lambda e: e.wrong,
+    "lowmargin": lambda e: e.low_margin,
+    "fullprecision": lambda e: e.full_precision,
+    "abovetol": lambda e: e.within_tolerance is False,
+}
 _CLASS_FILTERS = ("pred", "target", "label")
 
 
 @dataclass(frozen=True)
 class SampleQuery:
     """A search: every word must occur in the sample's text; `top:` tokens among its top tokens; `pred:`,
-    `target:`, `label:` classes must match; `wrong` keeps samples whose prediction differs from the label,
-    `lowmargin` those whose top two outputs are within the steps' precision error, `fullprecision` those whose
-    steps ran in full precision."""
+    `target:`, `label:` classes must match; each of FLAGS keeps the samples it names: `wrong` those whose
+    prediction differs from the label, `lowmargin` those whose top two outputs are within the steps' precision
+    error, `fullprecision` those whose steps ran in full precision, `abovetol` those above the tolerance."""
 
     words: tuple[str, ...] = ()
     top: tuple[str, ...] = ()
     classes: tuple[tuple[str, int], ...] = ()
-    wrong: bool = False
-    low_margin: bool = False
-    full_precision: bool = False
+    flags: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, text: str) -> SampleQuery:
@@ -38,34 +42,22 @@ class SampleQuery:
         words: list[str] = []
         top: list[str] = []
         classes: list[tuple[str, int]] = []
-        wrong = low_margin = full_precision = False
+        flags: set[str] = set()
         for part in text.split():
             key, sep, value = part.partition(":")
             key = key.lower()
             if not sep:
-                if part.lower() == "wrong":
-                    wrong = True
-                elif part.lower() == "lowmargin":
-                    low_margin = True
-                elif part.lower() == "fullprecision":
-                    full_precision = True
-                else:
-                    words.append(part.lower())
+                (flags.add if key in FLAGS else words.append)(key)
             elif key == "top" and value:
                 top.append(value.lower())
             elif key in _CLASS_FILTERS and value.isdigit():
                 classes.append((key, int(value)))
             else:
                 raise UserError(f'"{part}": expected {QUERY_HELP}')
-        return cls(tuple(words), tuple(top), tuple(classes), wrong, low_margin, full_precision)
+        return cls(tuple(words), tuple(top), tuple(classes), frozenset(flags))
 
     def matches(self, entry: SampleEntry) -> bool:
-        flags = (
-            (self.wrong, entry.wrong),
-            (self.low_margin, entry.low_margin),
-            (self.full_precision, entry.full_precision),
-        )
-        if any(wanted and not has for wanted, has in flags):
+        if not all(FLAGS[flag](entry) for flag in self.flags):
             return False
         if any(word not in entry.search_text for word in self.words):
             return False

@@ -24,6 +24,7 @@ from gpuopt_tui.core.attribution_summary import (
     CheckResult,
     load_check,
     load_summary,
+    optional_bool,
     optional_float,
     optional_int,
 )
@@ -84,6 +85,8 @@ class SampleEntry:
     low_margin: bool = False  # that margin is within the error of the steps' precision
     steps: int | None = None  # interpolation steps the sample used (None: not recorded)
     full_precision: bool = False  # its steps ran in full precision (the full_precision_fallback setting)
+    within_tolerance: bool | None = None  # "auto" steps: its relative delta and error estimate are within it
+    error_estimate: float | None = None  # "auto" steps: the relative error estimate of its token scores
 
     @property
     def top_token(self) -> str:
@@ -135,6 +138,8 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         low_margin=bool(record.get("low_margin", False)),
         steps=optional_int(record.get("steps")),
         full_precision=bool(record.get("full_precision", False)),
+        within_tolerance=optional_bool(record.get("within_tolerance")),
+        error_estimate=optional_float(record.get("error_estimate")),
     )
 
 

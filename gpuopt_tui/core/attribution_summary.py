@@ -49,9 +49,10 @@ class StepStats:
     total: int
     mean: float
     histogram: tuple[tuple[int, int], ...]  # (steps, samples), fewest steps first
-    above_tolerance: int | None  # "auto": samples that stopped at the cap above the tolerance
+    above_tolerance: int | None  # "auto": samples above the tolerance (their relative delta or error estimate)
     warning: str | None
     full_precision: str | None = None  # "auto": how many samples ran their steps in full precision, and why
+    above_tolerance_samples: tuple[int, ...] = ()  # "auto": the first of them, by index
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,25 @@ class LowMargin:
     count: int
     precision: str
     relative_error: float
+
+
+@dataclass(frozen=True)
+class AuditedSample:
+    index: int
+    error: float  # max |run - reference| / max |reference| over its token scores
+    within: bool | None  # within the run's tolerance (None: the run had fixed steps)
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Samples of the run attributed again with a strict fp32 reference, and their error against it."""
+
+    samples: tuple[AuditedSample, ...]
+    max_error: float
+    tolerance: float | None  # the run's (None: fixed steps)
+    above: int | None
+    reference: str  # how the reference ran, in words
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class AttributionSummary:
     timing: dict[str, Any]
     low_margin: LowMargin | None = None  # None in results written before it was recorded
     steps: StepStats | None = None  # likewise
+    audit: Audit | None = None  # None: the audit was off (or the results predate it)
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def optional_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def optional_float(value: Any) -> float | None:
@@ -149,6 +174,7 @@ def load_summary(results_dir: Path) -> AttributionSummary | None:
             timing=dict(data.get("timing") or {}),
             low_margin=_low_margin(data.get("low_margin")),
             steps=_steps(data.get("steps")),
+            audit=_audit(data.get("audit")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not an attribution summary ({type(e).__name__}: {e})") from None
@@ -174,6 +200,24 @@ def _steps(data: Any) -> StepStats | None:
         above_tolerance=optional_int(data.get("above_tolerance")),
         warning=data.get("warning") or None,
         full_precision=(data.get("full_precision") or {}).get("note"),
+        above_tolerance_samples=tuple(int(i) for i in data.get("above_tolerance_samples") or ()),
+    )
+
+
+def _audit(data: Any) -> Audit | None:
+    if data is None:
+        return None
+    samples = tuple(
+        AuditedSample(int(s["index"]), float(s["error"]), None if s["within"] is None else bool(s["within"]))
+        for s in data["samples"]
+    )
+    return Audit(
+        samples=samples,
+        max_error=float(data["max_error"]),
+        tolerance=optional_float(data.get("tolerance")),
+        above=optional_int(data.get("above")),
+        reference=str(data.get("reference", "")),
+        seconds=float(data["seconds"]),
     )
 
 

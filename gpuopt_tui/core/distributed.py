@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpuopt_tui.core.run_processes import job_env
+from gpuopt_tui.core.run_processes import WORKER_MODULE, job_env
 
 Failure = Callable[[str, str], NoReturn]  # as in profiles.schema: (key, message), raises
 
-WORKER_MODULE = "gpuopt_tui.jobs.worker"
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 

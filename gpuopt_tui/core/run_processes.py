@@ -3,23 +3,28 @@
 A pid read from a run directory (`pid.json`, a worker's `rank_started` event) is only a claim: the file may be
 stale (the pid since reused by another process), damaged or planted. A process is signalled only when it is
 verified to be the run's: a real pid (above 1: never 0, -1 or init), alive, owned by this user, started at the
-recorded time (when one was recorded), and running with the run directory as an argument (the run's process is
-`python -m gpuopt_tui.jobs RUN_DIR`; torchrun and its workers `... -m gpuopt_tui.jobs.worker RUN_DIR`). The run's
-own process must also lead its process group, which is what it is signalled through (the group holds torchrun).
+recorded time (when one was recorded), and running the run's command line: the job module with the run directory
+(the run's process is `python -m gpuopt_tui.jobs RUN_DIR`; torchrun and its workers `... -m gpuopt_tui.jobs.worker
+RUN_DIR`), not merely any command that names the directory. The run's own process must also lead its process
+group, which is what it is signalled through (the group holds torchrun).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuopt_tui.core.proc_files import ProcStat, proc_mounted, read_cmdline, read_cwd, read_stat, read_uid
 
 PID_LIMIT = 2**31  # os.kill takes a C int
+JOB_MODULE = "gpuopt_tui.jobs"  # `python -m JOB_MODULE RUN_DIR`: a run's own process
+WORKER_MODULE = "gpuopt_tui.jobs.worker"  # `torchrun ... -m WORKER_MODULE RUN_DIR`: torchrun and its workers
+RUN_MODULES = (JOB_MODULE, WORKER_MODULE)
 # Where the run's processes start. `python -m` puts its working directory first on sys.path (Python 3.10 has no
 # -P / PYTHONSAFEPATH), so it must be one that only root can write to: never the run directory.
 NEUTRAL_CWD = os.sep
@@ -30,6 +35,18 @@ def job_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a run's processes: unbuffered output, and no working directory on sys.path (Python
     3.11+; PYTHONPATH keeps working)."""
     return dict(os.environ if base is None else base, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")
+
+
+@contextlib.contextmanager
+def stop_signal_held() -> Iterator[None]:
+    """Hold SIGTERM back in this thread while a run's process is started. The process inherits the blocked signal
+    and takes it once its handler is in place (jobs.runner.on_stop_signals), so that a cancel sent while it starts
+    cancels it cleanly instead of killing it without a word."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def adopt(proc: subprocess.Popen[bytes]) -> None:
@@ -82,22 +99,24 @@ def pid_alive(pid: object, start_time: object = None) -> bool:
 
 
 def _works_on(pid: int, run_dir: Path) -> bool:
-    """Whether the process was started with `run_dir` as an argument (a relative one read from its cwd)."""
+    """Whether the process's command line is one of the run's: `-m`, the job or worker module, then `run_dir`
+    (a relative one read from its cwd). A process that merely names the directory (`du`, `tar`) is not."""
     cmdline = read_cmdline(pid)
     if cmdline is None:
         return False
-    args = cmdline.split(b"\0")[1:]
-    target = os.path.realpath(run_dir)
-    for raw in args:
-        arg = os.fsdecode(raw)
-        if not arg or os.path.basename(arg.rstrip(os.sep)) != run_dir.name:
-            continue
-        cwd = "" if os.path.isabs(arg) else read_cwd(pid)
-        if cwd is None:
-            continue
-        if os.path.realpath(os.path.join(cwd, arg)) == target:
-            return True
-    return False
+    args = [os.fsdecode(raw) for raw in cmdline.split(b"\0")]
+    return any(
+        args[i] == "-m" and args[i + 1] in RUN_MODULES and _names(pid, args[i + 2], run_dir)
+        for i in range(1, len(args) - 2)
+    )
+
+
+def _names(pid: int, arg: str, run_dir: Path) -> bool:
+    """Whether the process's argument `arg` is the path of `run_dir`."""
+    if not arg or os.path.basename(arg.rstrip(os.sep)) != run_dir.name:
+        return False
+    cwd = "" if os.path.isabs(arg) else read_cwd(pid)
+    return cwd is not None and os.path.realpath(os.path.join(cwd, arg)) == os.path.realpath(run_dir)
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,7 @@ def unverified(claim: Claim, run_dir: Path) -> str:
     if read_uid(pid) != os.getuid():
         return f"process {pid} belongs to another user"
     if not _works_on(pid, run_dir):
-        return f"process {pid} is not one of this run's (it was not started on {run_dir})"
+        return f"process {pid} is not one of this run's (its command line is not `-m {JOB_MODULE} {run_dir}`)"
     if claim.leader and stat.pgrp != pid:
         return f"process {pid} does not lead its process group"
     return ""

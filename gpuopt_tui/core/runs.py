@@ -7,7 +7,6 @@ imported where a run is created or resumed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 import shutil
@@ -33,12 +32,14 @@ from gpuopt_tui.core.run_files import (
     run_lock,
 )
 from gpuopt_tui.core.run_processes import (
+    JOB_MODULE,
     NEUTRAL_CWD,
     Claim,
     adopt,
     job_env,
     proc_start_time,
     send,
+    stop_signal_held,
     unverified,
     verified,
 )
@@ -99,8 +100,12 @@ def create_run(profile: ProfileBase, source: Path | None = None, root: Path | No
         "created": time.time(),
         "source": str(source) if source else "",
     }
-    atomic_write_text(RunDir(run_dir).profile, profile_to_toml(profile))
-    atomic_write_text(RunDir(run_dir).meta, json.dumps(meta, indent=2))
+    try:
+        atomic_write_text(RunDir(run_dir).profile, profile_to_toml(profile))
+        atomic_write_text(RunDir(run_dir).meta, json.dumps(meta, indent=2))  # last: a run is listed once it is whole
+    except UserError:
+        shutil.rmtree(run_dir, ignore_errors=True)  # no directory that no listing shows is left behind
+        raise
     return run_dir
 
 
@@ -115,9 +120,9 @@ def launch(run_dir: Path) -> int:
     env = job_env()
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     try:
-        with files.log.open("ab") as log:
+        with files.log.open("ab") as log, stop_signal_held():
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuopt_tui.jobs", str(run_dir.resolve())],
+                [sys.executable, "-m", JOB_MODULE, str(run_dir.resolve())],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -138,8 +143,16 @@ def launch(run_dir: Path) -> int:
 
 
 def start_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
+    """Create a run and start it. A run that could not start (a full disk) is recorded as failed, so that it can
+    be resumed at once; one whose failure cannot even be recorded is removed."""
     run_dir = create_run(profile, source, root)
-    launch(run_dir)
+    try:
+        launch(run_dir)
+    except UserError as e:
+        if not _record_end(run_dir, "failed", f"could not start: {e}"):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise UserError(f"{e} (the run was not kept: start it again)") from None
+        raise
     return run_dir
 
 
@@ -147,12 +160,18 @@ def _worker_claims(info: RunInfo) -> list[Claim]:
     return [Claim(w.pid, w.start_time) for w in info.local_workers()]
 
 
-def _record_end(run_dir: Path, message: str) -> None:
-    """Write the `cancelled` event the run's own process can no longer write (killed, or already dead)."""
-    with contextlib.suppress(OSError):
+def _record_end(run_dir: Path, end: str, message: str) -> bool:
+    """Write the end event (`cancelled`, `failed`) that the run's own process can no longer write (killed, dead,
+    or never started); False if it could not be written."""
+    try:
         events = EventWriter(RunDir(run_dir).events)
-        events.emit("cancelled", message=message)
-        events.close()
+        try:
+            events.emit(end, message=message)
+        finally:
+            events.close()
+    except OSError:
+        return False
+    return True
 
 
 def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
@@ -166,7 +185,8 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
         if not stopped:
             raise UserError(f"run {info.id} is not running (it is {info.status})")
         if info.status == "crashed":
-            _record_end(run_dir, f"the run's process had ended; {len(stopped)} worker process(es) left were stopped")
+            message = f"the run's process had ended; {len(stopped)} worker process(es) left were stopped"
+            _record_end(run_dir, "cancelled", message)
         return info
     if info.remote:
         raise UserError(f"run {info.id} runs on {info.host}; cancel it there: gpuopt-tui cancel {info.id}")
@@ -178,7 +198,7 @@ def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
         raise UserError(f"run {info.id} was not signalled: its {RunDir.PID} names pid {info.pid}, but {reason}")
     send([leader, *_worker_claims(info)], run_dir, sig)
     if force:
-        _record_end(run_dir, "killed (SIGKILL); shards finished before were kept")
+        _record_end(run_dir, "cancelled", "killed (SIGKILL); shards finished before were kept")
     return info
 
 

@@ -7,20 +7,28 @@ GPU memory figures to progress events.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gpuopt_tui.core.atomic import write_atomically
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.feature_cache import file_sha256
 from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.run_files import shown
 
 RESUME_RECORD = "resume.json"
+CHECKSUMS = "checksums"  # in the state directory: a file per shard, written once the shard is whole (`_checksum`)
+_MISSING = object()
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.]{1,40}")
 T = TypeVar("T")
 
 # Stages that several kinds of run go through (see JobContext.stage); each engine names its own others.
@@ -38,6 +46,16 @@ class StageFn(Protocol):
 
 def no_stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
     """A StageFn that tells no one (for callers outside a run)."""
+
+
+@dataclass(frozen=True)
+class ResumePart:
+    """One thing a run's shards depend on: its `value` as the resume record keeps it, `what` it is and `where`
+    the profile names it ("" for settings, whose changed keys a refusal lists), for the refusal's message."""
+
+    value: Any
+    what: str
+    where: str = ""
 
 
 class JobCancelled(Exception):
@@ -87,6 +105,8 @@ class JobContext:
         self._stage = ""
         self._last_of_stage: dict[str, dict[str, Any]] = {}  # stage -> the fields of its last progress
         self.dist = dist or Collective()
+        self._record_digest = ""  # of the resume record: each shard's checksum file names it
+        self._intact: set[str] = set()  # shards whose checksum was checked
 
     @property
     def rank(self) -> int:
@@ -177,29 +197,107 @@ class JobContext:
         return self.state_dir / name
 
     def shard_done(self, name: str) -> bool:
-        return self.shard_path(name).exists()
+        """Whether the shard was saved whole, under this name and this run's resume record (see `_checksum`;
+        checked once per process). A shard that is damaged, renamed, saved under another record or whose save did
+        not end is not done, and is made again."""
+        if name not in self._intact:
+            try:
+                check = json.loads(self._checksum_path(name).read_text(encoding="utf-8"))
+                intact = check == self._checksum(name, file_sha256(self.shard_path(name)))
+            except (OSError, ValueError, RecursionError):
+                intact = False
+            if not intact:
+                return False
+            self._intact.add(name)
+        return True
 
     def finished_shards(self) -> list[str]:
-        return sorted(p.name for p in self.state_dir.iterdir() if not p.name.endswith(".tmp"))
+        return sorted(p.name for p in self.state_dir.iterdir() if p.is_file() and self.shard_done(p.name))
 
     def save_shard(self, name: str, write: Callable[[Path], None]) -> Path:
-        """Call `write(tmp_path)`, then move the file into place atomically: a shard exists whole or not at all."""
+        """Call `write(tmp_path)`, then move the file into place atomically and write its checksum file: a shard
+        exists whole or not at all."""
         final = self.shard_path(name)
-        write_atomically(final, write)
+        digest: list[str] = []
+
+        def write_and_hash(tmp: Path) -> None:
+            write(tmp)
+            digest.append(file_sha256(tmp))
+
+        write_atomically(final, write_and_hash)
+        check = json.dumps(self._checksum(name, digest[0]))
+        self._checksum_path(name).parent.mkdir(exist_ok=True)
+        write_atomically(self._checksum_path(name), lambda tmp: tmp.write_text(check, encoding="utf-8"))
+        self._intact.add(name)
         return final
 
-    def check_resume_record(self, record: dict[str, Any]) -> None:
-        """Keep what shaped this run's shards (settings, data digest); a resume with anything else is refused,
-        since mixing shards made under different settings would give wrong results. Over several processes,
-        rank 0 checks and the others wait for it."""
+    def delete_shard(self, name: str) -> None:
+        self._intact.discard(name)
+        self._checksum_path(name).unlink(missing_ok=True)
+        self.shard_path(name).unlink(missing_ok=True)
+
+    def _checksum_path(self, name: str) -> Path:
+        return self.state_dir / CHECKSUMS / f"{name}.json"
+
+    def _checksum(self, name: str, sha256: str) -> dict[str, str]:
+        """What a shard's checksum file holds: the shard's name (a shard renamed is not the one named), the
+        resume record it was saved under and its bytes' SHA-256."""
+        return {"name": name, "record": self._record_digest, "sha256": sha256}
+
+    def check_resume_record(self, parts: Mapping[str, ResumePart]) -> None:
+        """Keep what shaped this run's shards (settings, digests of the data, weights and tokenizer); a resume
+        with anything else is refused, naming what changed, since mixing shards made from different inputs would
+        give wrong results. Shards are saved under the record (see shard_done). Over several processes, rank 0
+        checks and the others wait for it."""
+        record = json.loads(json.dumps({key: part.value for key, part in parts.items()}, default=str))
+        self._record_digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+        self._intact.clear()
         if self.rank == 0:
-            self._check_record(json.loads(json.dumps(record, default=str)))
+            self._check_record(record, parts)
         self.dist.barrier()
 
-    def _check_record(self, record: dict[str, Any]) -> None:
+    def _check_record(self, record: dict[str, Any], parts: Mapping[str, ResumePart]) -> None:
         path = self.shard_path(RESUME_RECORD)
-        if path.exists():
-            if json.loads(path.read_text(encoding="utf-8")) != record:
-                raise UserError(f"{self.state_dir}: the saved shards were made with other settings or data")
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            write_atomically(path, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
             return
-        self.save_shard(RESUME_RECORD, lambda tmp: tmp.write_text(json.dumps(record), encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise UserError(f"resume refused: the resume record {path} cannot be read ({e}): start a new run") from None
+        if not isinstance(saved, dict):
+            raise UserError(f"resume refused: the resume record {path} is damaged: start a new run")
+        if saved != record:
+            raise UserError(refusal(saved, record, parts))
+
+
+def refusal(saved: dict[str, Any], record: dict[str, Any], parts: Mapping[str, ResumePart]) -> str:
+    """Why a resume is refused: what changed since the run started, and where (the profile key, or the
+    settings' old and new values)."""
+    if missing := [key for key in record if key not in saved]:
+        without = _few([parts[key].what for key in missing], ", ")
+        return f"resume refused: an older gpuopt-tui wrote the resume record (without {without}): start a new run"
+    changed = [key for key in record if saved[key] != record[key]]
+    whats = [parts[key].what for key in changed] + [f"the {_key(key)}" for key in saved if key not in record]
+    details = [parts[key].where or _difference(saved.get(key), record[key]) for key in changed]
+    where = "; ".join(d for d in details if d)
+    return f"resume refused: {_few(whats, ' and ')} changed since the run started" + (
+        f" ({where}): start a new run" if where else ": start a new run"
+    )
+
+
+def _difference(old: Any, new: Any) -> str:
+    """The keys whose values differ, "key: old -> new", where both are JSON objects."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ""
+    keys = [k for k in dict.fromkeys([*new, *old]) if old.get(k, _MISSING) != new.get(k, _MISSING)]
+    return _few([f"{_key(k)}: {shown(old.get(k))} -> {shown(new.get(k))}" for k in keys], ", ")
+
+
+def _key(key: str) -> str:
+    """A key of the saved record (which may have been damaged), as a message names it."""
+    return key if _PLAIN_KEY.fullmatch(key) else shown(key)
+
+
+def _few(items: list[str], joiner: str, limit: int = 3) -> str:
+    return joiner.join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")

@@ -59,11 +59,15 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # launch() starts the process with SIGTERM held back (core.run_processes.stop_signal_held): one sent while it
+    # started is taken now, by the handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def execute(profile: ProfileBase, ctx: JobContext) -> Outcome:
     """Run the profile's engine; expected problems become a message, unexpected ones a traceback in the log."""
     try:
+        ctx.check_cancelled()  # cancelled while it started
         ctx.stage(LIBRARIES_STAGE)
         engine = _engine(profile.kind)
         ctx._memory_fields = _memory_fields()

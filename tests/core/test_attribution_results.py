@@ -278,7 +278,10 @@ def test_full_precision_samples_are_read_searched_and_summarised(tmp_path: Path)
     results = RunDir(engine_run(tmp_path, "demo-attribution", *(f"attribution.{s}" for s in settings))).results
     lines = records(results.parent)
     assert all(r["full_precision"] is False for r in lines)  # written for every sample, false on the CPU
+    assert all(isinstance(r["within_tolerance"], bool) and r["error_estimate"] >= 0 for r in lines)
     lines[1]["full_precision"] = lines[3]["full_precision"] = True
+    for i, line in enumerate(lines):
+        line["within_tolerance"] = i != 0
     (results / JSONL_NAME).write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
     raw = json.loads((results / SUMMARY_NAME).read_text())
     assert raw["steps"]["full_precision"] is None
@@ -287,6 +290,9 @@ def test_full_precision_samples_are_read_searched_and_summarised(tmp_path: Path)
     index = SampleIndex.build(results / JSONL_NAME)
     assert index is not None and [e.full_precision for e in index.entries] == [False, True, False, True]
     assert [e.index for e in select(index.entries, SampleQuery.parse("fullprecision"))] == [1, 3]
+    assert [e.index for e in select(index.entries, SampleQuery.parse("abovetol"))] == [0]
     summary = load_summary(results)
     assert summary is not None and summary.steps is not None
     assert summary.steps.full_precision == "2 of 4 samples ran in tf32"
+    assert summary.audit is not None and len(summary.audit.samples) == 2  # audit_samples = "auto": 2 on the CPU
+    assert summary.audit.tolerance == 1e-2 and summary.audit.above == sum(not s.within for s in summary.audit.samples)

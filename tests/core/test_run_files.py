@@ -20,7 +20,7 @@ from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import remove_stale_partial_writes
 from gpuopt_tui.core.run_status import RunWatcher
-from gpuopt_tui.core.runs import create_run, find_run, launch
+from gpuopt_tui.core.runs import cancel_run, create_run, find_run, launch, resume_run, start_run
 
 NO_PROCESS = 2**22 + 1  # a valid pid above Linux's pid_max: no process has it
 
@@ -257,6 +257,34 @@ def test_a_crash_with_an_empty_log_says_what_may_have_happened(
     assert json.loads(RunDir(run_dir).pid.read_text())["pid"] == NO_PROCESS  # nothing was started
     RunDir(run_dir).log.write_text("Traceback ...\n")
     assert watcher.info(run_dir).message.endswith("; see its log")
+
+
+def test_a_run_that_could_not_start_can_be_resumed_at_once(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as full:
+        full.setattr("gpuopt_tui.core.run_files.shutil.disk_usage", lambda path: DiskUsage(10**9, 10**9, 512))
+        with pytest.raises(UserError, match=r"is full \(512 B free\): free some space, then resume"):
+            start_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
+    [run_dir] = RunWatcher(runs_root).run_dirs()
+    info = RunWatcher(runs_root).info(run_dir)
+    assert info.status == "failed" and "could not start: the disk of" in info.message
+    with pytest.raises(UserError, match="is not running \\(it is failed\\)"):
+        cancel_run(run_dir)
+    launched: list[Path] = []
+    monkeypatch.setattr("gpuopt_tui.core.runs.launch", lambda path: launched.append(path) or 1)
+    resume_run(run_dir)
+    assert launched == [run_dir]
+
+
+def test_a_run_directory_that_could_not_be_made_whole_is_removed(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(path: Path, text: str) -> None:
+        raise UserError(f"{path}: cannot write it (No space left on device); nothing was written")
+
+    monkeypatch.setattr("gpuopt_tui.core.runs.atomic_write_text", full)
+    with pytest.raises(UserError, match="No space left on device"):
+        start_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
+    assert list(runs_root.iterdir()) == []
 
 
 def test_a_huge_events_file_is_read_in_bounded_memory(runs_root: Path) -> None:

@@ -18,9 +18,9 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventTail, EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import pid_alive, proc_start_time
+from gpuopt_tui.core.run_processes import JOB_MODULE, WORKER_MODULE, pid_alive, proc_start_time
 from gpuopt_tui.core.run_status import RunWatcher, this_host
-from gpuopt_tui.core.runs import cancel_run, create_run, resume_run
+from gpuopt_tui.core.runs import cancel_run, create_run, resume_run, start_run, wait_stopped
 
 DEAD_START = 1  # a start time no live process has (clock ticks since boot)
 
@@ -40,10 +40,14 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait()
 
 
-def sleeper(procs: list[subprocess.Popen[bytes]], *args: Path) -> subprocess.Popen[bytes]:
-    """A process in its own session; started with a run directory as its argument it is that run's process,
-    as the run's own process and torchrun's workers are."""
-    cmd = [sys.executable, "-c", "import time; time.sleep(60)", *map(str, args)]
+def sleeper(
+    procs: list[subprocess.Popen[bytes]], run_dir: Path | None = None, module: str | None = JOB_MODULE
+) -> subprocess.Popen[bytes]:
+    """A process in its own session; started with a run directory after `-m` and the job `module` it is that
+    run's process, as the run's own process and torchrun's workers are. `module` None: it only names the
+    directory, as `du RUN_DIR` does."""
+    args = [] if run_dir is None else [str(run_dir)] if module is None else ["-m", module, str(run_dir)]
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)", *args]
     proc = subprocess.Popen(cmd, start_new_session=True)
     procs.append(proc)
     deadline = time.monotonic() + 30
@@ -85,7 +89,8 @@ class Signals:
 def test_cancel_signals_no_process_that_is_not_verified_as_the_runs(
     run_dir: Path, procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    leader, worker, stranger = sleeper(procs, run_dir), sleeper(procs, run_dir), sleeper(procs)
+    leader, worker = sleeper(procs, run_dir), sleeper(procs, run_dir, WORKER_MODULE)
+    stranger = sleeper(procs)
     reused = sleeper(procs, run_dir)  # the run's directory in its arguments, but not the recorded start time
     gone = dead_pid(procs)
     own = os.getpid()
@@ -106,7 +111,7 @@ def test_cancel_signals_no_process_that_is_not_verified_as_the_runs(
     assert signals.sent == [("killpg", leader.pid, signal.SIGTERM), ("kill", worker.pid, signal.SIGTERM)]
 
 
-@pytest.mark.parametrize("claim", ["-1", "0", "1", "own", "dead", "stranger", "reused"])
+@pytest.mark.parametrize("claim", ["-1", "0", "1", "own", "dead", "stranger", "reused", "du", "other-module"])
 def test_a_pid_file_naming_another_process_gets_nothing_signalled(
     claim: str, run_dir: Path, procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -119,8 +124,11 @@ def test_a_pid_file_naming_another_process_gets_nothing_signalled(
     elif claim == "stranger":
         pid = sleeper(procs).pid
         start = proc_start_time(pid)
-    else:
+    elif claim == "reused":
         pid, start = sleeper(procs, run_dir).pid, DEAD_START
+    else:  # a live process that names the run directory without being the run's (du RUN_DIR, tar cf x RUN_DIR)
+        pid = sleeper(procs, run_dir, module=None if claim == "du" else "gpuopt_tui.jobsx").pid
+        start = proc_start_time(pid)
     write_pid(run_dir, pid, start)
     workers(run_dir)
     signals = Signals(monkeypatch)
@@ -167,6 +175,18 @@ def test_two_resumes_at_once_launch_once(run_dir: Path, monkeypatch: pytest.Monk
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(UserError, match="is being resumed by another process"):
             resume_run(run_dir)
+
+
+def test_a_run_cancelled_while_its_process_starts_ends_cancelled(tmp_path: Path) -> None:
+    """A cancel sent at once after a start or a resume reaches the process before Python has set its handler: the
+    process holds the signal until then, and ends cancelled, not crashed."""
+    run_dir = start_run(profile_from_data({"kind": "attribution", "run": {"device": "cpu"}}, "p.toml"), root=tmp_path)
+    for attempt in (1, 2):
+        if attempt == 2:
+            resume_run(run_dir)
+        cancel_run(run_dir)
+        info = wait_stopped(run_dir, 120)
+        assert (info.status, info.attempt) == ("cancelled", attempt), info.message
 
 
 @pytest.mark.parametrize("safe_path", [True, False], ids=["PYTHONSAFEPATH", "working-directory-only"])

@@ -18,7 +18,7 @@ from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
 from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import pid_alive
+from gpuopt_tui.core.run_processes import JOB_MODULE, pid_alive
 from gpuopt_tui.core.runs import (
     RunWatcher,
     cancel_run,
@@ -41,8 +41,8 @@ def make_run(runs_root: Path, **data: object) -> Path:
 
 
 def sleeper(run_dir: Path | None = None) -> subprocess.Popen[bytes]:
-    """A process in its own session; started with `run_dir` as its argument, it passes as that run's process."""
-    args = [str(run_dir)] if run_dir else []
+    """A process in its own session; started with the job module and `run_dir`, it passes as that run's process."""
+    args = ["-m", JOB_MODULE, str(run_dir)] if run_dir else []
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], start_new_session=True)
 
 

@@ -26,7 +26,7 @@ from gpuopt_tui.jobs.ablation.inputs import LayerSource, synthetic_source
 from gpuopt_tui.jobs.ablation.job import run_job
 from gpuopt_tui.jobs.ablation.representations import FeatureSettings
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec
-from gpuopt_tui.jobs.context import Collective, JobContext
+from gpuopt_tui.jobs.context import CHECKSUMS, Collective, JobContext
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")
@@ -232,8 +232,10 @@ def test_two_processes_resume_and_match_one_process(tmp_path: Path, monkeypatch:
     _run_here(_profile(representations=["svd_topk"], max_epochs=1), tmp_path / "warm", tmp_path / "cache")
     run_dir = create_run(_profile(devices="2"), root=tmp_path / "home" / "runs")
     earlier = sorted((tmp_path / "alone" / "state").glob("probe-mean_pool-*.json"))[:3]
-    for shard in earlier:
+    (RunDir(run_dir).state / CHECKSUMS).mkdir()
+    for shard in earlier:  # as an earlier attempt left them: each with its checksum file
         shutil.copy2(shard, RunDir(run_dir).state / shard.name)
+        shutil.copy2(shard.parent / CHECKSUMS / f"{shard.name}.json", RunDir(run_dir).state / CHECKSUMS)
     launch(run_dir)
     info = wait_for(run_dir, frozenset({"finished", "failed", "cancelled", "crashed"}), timeout=120)
     assert info.status == "finished", RunDir(run_dir).log.read_text()[-3000:]

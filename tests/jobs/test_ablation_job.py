@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 from run_stages import stages
+from safetensors.torch import save_file
 
 from gpuopt_tui.core.ablation_results import ALL_LAYERS, TABLE_HEADER, AblationResults, load_results
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.paths import cache_dir
@@ -244,6 +246,69 @@ def test_cancelled_run_resumes_from_finished_probes(tmp_path: Path) -> None:
     assert all((tmp_path / "run" / "state" / name).read_text() == text for name, text in before.items())
     _run(profile, tmp_path / "straight", tmp_path / "cache")
     assert _accuracies(load_results(tmp_path / "run")) == _accuracies(load_results(tmp_path / "straight"))
+
+
+TWO_WIDTHS = ["mean_pool", "svd_topk"]  # probes of two feature widths train in two groups, cancelled in between
+
+
+def _model_profile(model: Path, data: Path) -> AblationProfile:
+    return profile_from_data(
+        {
+            "kind": "ablation",
+            "run": {"device": "cpu"},
+            "model": {"adapter": "hf", "path": str(model)},
+            "data": {"source": "jsonl", "path": str(data)},
+            "ablation": {"source": "model", "representations": TWO_WIDTHS, "hidden_dim": 8, "max_epochs": 2},
+        },
+        "test",
+    )
+
+
+def _files_profile(features: Path) -> AblationProfile:
+    settings = {"source": "files", "features_path": str(features), "representations": TWO_WIDTHS}
+    return profile_from_data(
+        {"kind": "ablation", "run": {"device": "cpu"}, "ablation": settings | {"max_epochs": 2}}, "t"
+    )
+
+
+def _write_layers(path: Path, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    layers = {f"layer.{i}": torch.randn(40, 3, 4, generator=gen) for i in range(3)}
+    save_file({**layers, "labels": torch.arange(40) % 2}, str(path))
+
+
+def test_resume_refuses_probes_made_from_other_layers_or_data(
+    tmp_path: Path, tiny_bert_dir: Path, tiny_words: list[str]
+) -> None:
+    """The probes finished before a cancel are not reused once the inputs they came from changed."""
+    features = tmp_path / "layers.safetensors"
+    _write_layers(features, seed=0)
+    data = tmp_path / "data.jsonl"
+    texts = [" ".join(tiny_words[i % 7 : i % 7 + 3]) for i in range(40)]
+    data.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts)))
+    for name, profile, change, refusal in [
+        ("files", _files_profile(features), lambda: _write_layers(features, seed=1), "the layers or labels"),
+        (
+            "model",
+            _model_profile(tiny_bert_dir, data),
+            lambda: data.write_text(data.read_text().replace('"text": "', '"text": "the ')),
+            "the data",
+        ),
+    ]:
+        run_dir = tmp_path / name
+        with pytest.raises(JobCancelled):
+            _run(profile, run_dir, tmp_path / "cache", _CancelAfterFirstProbe)
+        change()
+        with pytest.raises(UserError, match=rf"^resume refused: {refusal} changed since the run started \(.+\)"):
+            _run(profile, run_dir, tmp_path / "cache")
+        assert not (run_dir / "results" / "results.json").exists()
+
+
+class _CancelAfterFirstProbe(JobContext):
+    def save_shard(self, name: str, write: Any) -> Path:
+        path = super().save_shard(name, write)
+        self.request_cancel()
+        return path
 
 
 def test_layer_sampling_probes_only_the_chosen_layers(tmp_path: Path) -> None:

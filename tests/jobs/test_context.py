@@ -8,7 +8,7 @@ import pytest
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
-from gpuopt_tui.jobs.context import JobCancelled, JobContext
+from gpuopt_tui.jobs.context import CHECKSUMS, RESUME_RECORD, JobCancelled, JobContext, ResumePart
 
 
 @pytest.fixture
@@ -29,11 +29,64 @@ def test_shards_appear_whole_or_not_at_all(ctx: JobContext) -> None:
     assert "batch_0" in ctx.finished_shards()
 
 
-def test_resume_record_refuses_other_settings(ctx: JobContext) -> None:
-    ctx.check_resume_record({"n_steps": 50, "data": "abc"})
-    ctx.check_resume_record({"n_steps": 50, "data": "abc"})  # same settings: resuming is fine
-    with pytest.raises(UserError, match="other settings or data"):
-        ctx.check_resume_record({"n_steps": 64, "data": "abc"})
+def record(n_steps: int = 50, data: str = "abc") -> dict[str, ResumePart]:
+    return {
+        "data": ResumePart(data, "the data", "data.path d.jsonl"),
+        "settings": ResumePart({"n_steps": n_steps, "method": "riemann"}, "the settings"),
+    }
+
+
+def test_resume_record_refuses_other_settings_or_data_naming_what_changed(ctx: JobContext) -> None:
+    ctx.check_resume_record(record())
+    ctx.check_resume_record(record())  # same settings and data: resuming is fine
+    with pytest.raises(UserError) as refused:
+        ctx.check_resume_record(record(n_steps=64))
+    assert str(refused.value) == (
+        "resume refused: the settings changed since the run started (n_steps: 50 -> 64): start a new run"
+    )
+    with pytest.raises(UserError) as refused:
+        ctx.check_resume_record(record(n_steps=64, data="abd"))
+    assert str(refused.value) == (
+        "resume refused: the data and the settings changed since the run started "
+        "(data.path d.jsonl; n_steps: 50 -> 64): start a new run"
+    )
+
+
+def test_a_resume_record_of_an_older_version_is_refused_as_such(ctx: JobContext) -> None:
+    ctx.check_resume_record({"settings": record()["settings"]})  # written before the data was recorded
+    with pytest.raises(UserError) as refused:
+        ctx.check_resume_record(record())
+    assert str(refused.value) == (
+        "resume refused: an older gpuopt-tui wrote the resume record (without the data): start a new run"
+    )
+
+
+@pytest.mark.parametrize("saved", [b"", b"{", b"[1]", b"\xff\xfe", b"null"])
+def test_a_damaged_resume_record_refuses_with_a_message(ctx: JobContext, saved: bytes) -> None:
+    ctx.shard_path(RESUME_RECORD).write_bytes(saved)
+    with pytest.raises(UserError, match=r"^resume refused: the resume record .*resume.json .*: start a new run$"):
+        ctx.check_resume_record(record())
+
+
+def test_shards_count_only_whole_and_under_the_same_record(ctx: JobContext, tmp_path: Path) -> None:
+    ctx.check_resume_record(record())
+    for name in ("a", "b", "c"):
+        ctx.save_shard(name, lambda tmp, name=name: tmp.write_text(name * 100))
+    assert ctx.finished_shards() == ["a", "b", "c"]  # neither the record nor the checksums count
+    ctx.shard_path("a").write_text("b" * 100)  # damaged (same size)
+    ctx.shard_path("b").unlink()
+    later = JobContext(ctx.run_dir, ctx.events, tmp_path / "cache")  # a resumed attempt
+    later.check_resume_record(record())
+    assert later.finished_shards() == ["c"]
+    other = JobContext(tmp_path / "other", ctx.events, tmp_path / "cache")
+    other.check_resume_record(record(data="xyz"))
+    other.save_shard("c", lambda tmp: tmp.write_text("c" * 100))  # the same bytes, made from other inputs
+    (other.state_dir / CHECKSUMS / "c.json").replace(later.state_dir / CHECKSUMS / "c.json")
+    again = JobContext(ctx.run_dir, ctx.events, tmp_path / "cache")
+    again.check_resume_record(record())
+    assert again.finished_shards() == []
+    later.delete_shard("c")
+    assert not later.shard_done("c") and not (later.state_dir / CHECKSUMS / "c.json").exists()
 
 
 def test_cancel_is_raised_only_when_checked(ctx: JobContext) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,8 +226,56 @@ def test_cancel_then_resume_gives_the_uninterrupted_results(workdir: Path, finis
     got, expected = results(run_dir), results(finished)
     assert got[0] == expected[0]
     assert torch.equal(got[2]["scores"], expected[2]["scores"])
-    with pytest.raises(UserError, match="other settings"):
+    with pytest.raises(UserError, match=r"the settings changed since the run started \(n_steps: 8 -> 9\)"):
         run_job(profile(workdir, n_steps=9), context(run_dir))
+
+
+def prefix_texts(folder: Path) -> None:
+    """The same number of texts, each with three more words first."""
+    path = folder / "data.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "text": "w1 w1 w1 " + r["text"]}) + "\n" for r in rows))
+
+
+def rewrite_weights_keeping_size_and_mtime(folder: Path) -> None:
+    path = folder / "model" / "model.safetensors"
+    st = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[-4:] = bytes(b ^ 0x5A for b in raw[-4:])  # the last weight's value
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def swap_two_words(folder: Path) -> None:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    vocab[-1], vocab[-2] = vocab[-2], vocab[-1]  # words the texts never use: the same token ids
+    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(folder / "model")
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (prefix_texts, r"the data changed since the run started \(/.*data.jsonl\)"),
+        (rewrite_weights_keeping_size_and_mtime, r"the model weights changed since the run started \(model.path /.*\)"),
+        (swap_two_words, r"the tokenizer changed since the run started \(model.path /.*\)"),
+    ],
+)
+def test_resume_refuses_shards_made_from_other_inputs(
+    workdir: Path, tmp_path: Path, change: Callable[[Path], None], refusal: str
+) -> None:
+    shutil.copytree(workdir / "model", tmp_path / "model")
+    shutil.copy(workdir / "data.jsonl", tmp_path)
+    run_dir = tmp_path / "run"
+    unsorted = profile(tmp_path, length_bucketing=False)  # the same batches whatever the texts' lengths
+    with pytest.raises(JobCancelled):
+        run_job(unsorted, context(run_dir, CancelAfterFirstBatch))
+    shard = RunDir(run_dir).state / "batch_00000.safetensors"
+    before = shard.read_bytes()
+    change(tmp_path)
+    with pytest.raises(UserError, match=rf"^resume refused: {refusal}: start a new run$"):
+        run_job(unsorted, context(run_dir))
+    assert shard.read_bytes() == before and not (RunDir(run_dir).results / "attributions.jsonl").exists()
 
 
 def test_user_errors(workdir: Path, tmp_path: Path) -> None:
@@ -289,7 +340,7 @@ def test_auto_steps_are_recorded_per_sample_and_resume(workdir: Path) -> None:
     uninterrupted = workdir / "runs" / "auto-whole"
     run_job(profile(workdir, **auto, check_samples=2), context(uninterrupted))  # the check: fixed steps
     assert results(uninterrupted)[0] == records
-    with pytest.raises(UserError, match="other settings"):
+    with pytest.raises(UserError, match=r"the settings changed .* \(tolerance: 0.001 -> 0.01\)"):
         run_job(profile(workdir, **{**auto, "tolerance": 1e-2}), context(run_dir))
     with pytest.raises(UserError, match="use_optimized"):
         profile(workdir, **auto, use_optimized=False)

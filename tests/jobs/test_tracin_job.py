@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +28,7 @@ from gpuopt_tui.jobs.models.hf import load_hf_adapter
 from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores
 from gpuopt_tui.jobs.tracin.faithfulness import AGREEMENT_EXACT, AGREEMENT_RUN
 from gpuopt_tui.jobs.tracin.job import run_job
+from gpuopt_tui.jobs.tracin.scores import TracInRun
 
 WORDS = [f"w{i}" for i in range(30)]
 PREDICTING = "predicting the test examples (last checkpoint)"
@@ -210,7 +214,7 @@ def test_resumed_run_reuses_finished_shards(project: Path, tmp_path: Path, monke
     assert (RunDir(run_dir).results / "influence.jsonl").read_text() == first
 
     changed = load_profile(write_profile(project, tmp_path, "projection_dim = 8"))
-    with pytest.raises(UserError, match="made with other settings or data"):
+    with pytest.raises(UserError, match=r"the settings changed since the run started \(projection_dim: 0 -> 8\)"):
         run_job(changed, context(run_dir, tmp_path))
 
 
@@ -229,6 +233,62 @@ def test_a_cache_folder_that_is_a_file_leaves_the_run_going_without_it(
     warnings = [e["message"] for e in events if e["type"] == "warning"]
     assert len(warnings) == 1 and warnings[0].startswith(f"{cache / 'tracin-gradients'}: cannot store")
     assert "train_cache = false" in warnings[0]
+
+
+def _rewrite_last_checkpoint(root: Path) -> None:
+    """Other weights in ckpt2.pt, at the same path."""
+    state = torch.load(root / "ckpt2.pt")
+    torch.save({k: v + 0.01 for k, v in state.items()}, root / "ckpt2.pt")
+
+
+def _change_training_texts(root: Path) -> None:
+    rows = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines()]
+    (root / "train.jsonl").write_text("".join(json.dumps({**r, "text": "w1 " + r["text"]}) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (_rewrite_last_checkpoint, r"the checkpoints changed since the run started \(tracin.checkpoints\)"),
+        (_change_training_texts, r"the data changed since the run started \(.*train.jsonl, .*test.jsonl\)"),
+    ],
+)
+def test_resume_refuses_shards_made_from_other_checkpoints_or_data(
+    project: Path, tmp_path: Path, change: Callable[[Path], None], refusal: str
+) -> None:
+    root = tmp_path / "project"
+    shutil.copytree(project, root)
+    profile = load_profile(write_profile(root, tmp_path))
+    run_dir = tmp_path / "run"
+    run_job(profile, context(run_dir, tmp_path))
+    change(root)
+    with pytest.raises(UserError, match=rf"^resume refused: {refusal}: start a new run$"):
+        run_job(profile, context(run_dir, tmp_path))
+
+
+def test_a_run_stopped_in_its_final_merge_resumes_with_its_batch_size_and_rate(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profile = load_profile(write_profile(project, tmp_path))
+    run_dir = tmp_path / "run"
+    merge = TracInRun.gather
+
+    def killed(self: TracInRun, rank_stats: Any) -> Any:
+        raise KeyboardInterrupt  # as a kill while every block's shard is saved and the merge goes on
+
+    monkeypatch.setattr(TracInRun, "gather", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(profile, context(run_dir, tmp_path))
+    monkeypatch.setattr(TracInRun, "gather", merge)
+    summary = run_job(profile, context(run_dir, tmp_path))
+    saved = json.loads((RunDir(run_dir).results / "summary.json").read_text())
+    assert saved["final_batch_size"] > 0 and saved["timing"]["train_examples_per_s"] > 0
+    assert summary["train_examples_per_s"] == saved["timing"]["train_examples_per_s"]
+    assert "no training gradient was computed by this attempt" in saved["timing"]["note"]
+
+    fresh = run_job(profile, context(tmp_path / "fresh", tmp_path))  # an attempt that computes: no note
+    assert "note" not in json.loads((tmp_path / "fresh" / "results" / "summary.json").read_text())["timing"]
+    assert fresh["train_examples_per_s"] > 0
 
 
 def test_matrix_is_left_out_above_save_matrix_max(project: Path, tmp_path: Path) -> None:

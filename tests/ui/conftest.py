@@ -21,6 +21,7 @@ from textual.widgets import Tabs
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
+from gpuopt_tui.core.run_processes import JOB_MODULE
 from gpuopt_tui.core.runs import create_run
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 
@@ -81,10 +82,11 @@ def frozen_run(kind: str, runs_root: Path) -> Path:
 @pytest.fixture
 def live_run(runs_root: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
     """A run directory whose recorded process is alive: a sleeping process in its own session, started with the
-    run directory as its argument as the job is (so that it passes as the run's), stands in for the job, so
-    signals sent by the app can be observed without an engine."""
+    job module and the run directory as its arguments as the job is (so that it passes as the run's), stands in for
+    the job, so signals sent by the app can be observed without an engine."""
     run_dir = make_run(runs_root)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir)], start_new_session=True)
+    args = ["-m", JOB_MODULE, str(run_dir)]
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], start_new_session=True)
     EventWriter(run_dir / "events.jsonl").emit("started", pid=proc.pid, attempt=1)
     atomic_write_text(run_dir / "pid.json", f'{{"pid": {proc.pid}, "attempt": 1}}')
     yield run_dir, proc

@@ -1,10 +1,12 @@
-"""The attribution texts that say which samples ran their steps in full precision (the full_precision_fallback)."""
+"""The attribution texts about a sample's precision and tolerance, and the run's audit."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuopt_tui.core.attribution_results import Sample, SampleEntry
-from gpuopt_tui.core.attribution_summary import StepStats
-from gpuopt_tui.ui.widgets.attribution_text import sample_heading, step_report
+from gpuopt_tui.core.attribution_summary import Audit, AuditedSample, StepStats
+from gpuopt_tui.ui.widgets.attribution_text import audit_report, sample_heading, step_report
 
 
 def entry(full_precision: bool) -> SampleEntry:
@@ -25,3 +27,19 @@ def test_the_steps_report_carries_the_summary_note() -> None:
     assert any(note in line.plain for line in step_report(stats))
     plain = StepStats("auto", 1e-2, 1025, 200, 25.0, ((9, 5), (33, 3)), 0, None)
     assert not any("tf32" in line.plain for line in step_report(plain))
+
+
+def test_a_sample_above_its_tolerance_says_so_in_its_heading() -> None:
+    above = dataclasses.replace(entry(False), within_tolerance=False, error_estimate=0.03)
+    assert "above the tolerance" in sample_heading(Sample(above, (), (), False)).plain
+    within = dataclasses.replace(above, within_tolerance=True)
+    assert "above the tolerance" not in sample_heading(Sample(within, (), (), False)).plain
+
+
+def test_the_audit_report_names_each_sample_and_the_verdict() -> None:
+    samples = (AuditedSample(3, 2e-3, False), AuditedSample(8, 1e-4, True))
+    audit = Audit(samples, 2e-3, 1e-3, 1, "strict fp32, the model's own forward, adaptive panels to 0.0001", 1.2)
+    text = "\n".join(line.plain for line in audit_report(audit))
+    assert "#3 2.0e-03 ⚠" in text and "#8 1.0e-04" in text and "1 of 2 audited samples are above" in text
+    clean = dataclasses.replace(audit, samples=samples[1:], above=0, max_error=1e-4)
+    assert "every audited sample is within the tolerance 0.001" in "\n".join(x.plain for x in audit_report(clean))

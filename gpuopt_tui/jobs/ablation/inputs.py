@@ -34,12 +34,14 @@ from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, MatrixBatch
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec, generate
 from gpuopt_tui.jobs.attention import padded_batch_kernels
-from gpuopt_tui.jobs.context import StageFn, no_stage
+from gpuopt_tui.jobs.context import ResumePart, StageFn, no_stage
 from gpuopt_tui.jobs.data import trim_batch
+from gpuopt_tui.jobs.digests import input_parts, tensor_digest
 from gpuopt_tui.jobs.models.base import to_device
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.ablation import AblationProfile
+    from gpuopt_tui.core.profiles.common import ModelSection
     from gpuopt_tui.jobs.data import TextDataset
     from gpuopt_tui.jobs.models.base import Adapter
 
@@ -51,7 +53,7 @@ _LORA_KEY = re.compile(r"^(?P<layer>.+)\.lora_(?P<part>[AB])(?P<adapter>\.[^.]+)
 class LayerSource(ABC):
     def __init__(self, layers: list[str], labels: Tensor, where: str, description: str) -> None:
         self.layers = layers
-        self.description = description
+        self.where, self.description = where, description
         self.class_values, self.labels = _class_indices(labels, where)
 
     @property
@@ -65,6 +67,10 @@ class LayerSource(ABC):
     @abstractmethod
     def fingerprint(self, layer: str) -> str:
         """A hash of everything the layer's matrices are computed from (for the feature cache key)."""
+
+    @abstractmethod
+    def resume_parts(self, model: ModelSection, cache_dir: Path) -> dict[str, ResumePart]:
+        """The resume record's parts that say what the layers and labels come from (see digests.py)."""
 
     def batch_bounds(self, batch_size: int) -> list[tuple[int, int]]:
         """(start, stop) sample indices of every batch."""
@@ -102,6 +108,10 @@ class SlicedSource(LayerSource):
 
     def fingerprint(self, layer: str) -> str:
         return self._fingerprints[layer]
+
+    def resume_parts(self, model: ModelSection, cache_dir: Path) -> dict[str, ResumePart]:
+        value = {"layers": self._fingerprints, "labels": tensor_digest(self.labels), "classes": self.class_values}
+        return {"data": ResumePart(value, "the layers or labels", self.where)}
 
     def _read(self, layers: Sequence[str], start: int, stop: int, device: torch.device) -> dict[str, MatrixBatch]:
         return {layer: self._readers[layer](start, stop, device) for layer in layers}
@@ -239,14 +249,6 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
-def _tensor_digest(*tensors: Tensor) -> str:
-    digest = hashlib.sha256()
-    for t in tensors:
-        digest.update(str((tuple(t.shape), t.dtype)).encode())
-        digest.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _dense_reader(t: StoredTensor) -> Reader:
     return lambda a, b, device: DenseBatch(t.read(a, b).to(device))
 
@@ -358,7 +360,7 @@ def _lora_reader(a: StoredTensor, b: StoredTensor, part: str) -> Reader:
 
 def synthetic_source(spec: SyntheticSpec) -> SlicedSource:
     layers, labels = generate(spec)
-    fingerprints = {name: _tensor_digest(t) for name, t in layers.items()}
+    fingerprints = {name: tensor_digest(t) for name, t in layers.items()}
     readers: dict[str, Reader] = {name: _dense_reader(_in_memory(name, t)) for name, t in layers.items()}
     description = (
         f"synthetic LoRA-like matrices: {spec.layers} layers of {spec.rank}x{spec.dim}, {spec.samples} samples, "
@@ -389,8 +391,11 @@ class ModelSource(LayerSource):
         if not self._fingerprint:  # weights and token ids: hashed once, only when the cache asks
             weights = list(self.adapter.model.state_dict().values())
             tokens = [self.dataset.tensors["input_ids"], self.dataset.tensors["attention_mask"]]
-            self._fingerprint = _tensor_digest(*weights, *tokens)
+            self._fingerprint = tensor_digest(*weights, *tokens)
         return _digest(self._fingerprint, layer)
+
+    def resume_parts(self, model: ModelSection, cache_dir: Path) -> dict[str, ResumePart]:
+        return input_parts(model, self.adapter, [self.dataset], cache_dir)
 
     def batch_costs(self, batch_size: int) -> list[float]:
         """Tokens of each batch, padded to its longest sample (batches are trimmed to that length)."""

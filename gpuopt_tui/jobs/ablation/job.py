@@ -44,7 +44,7 @@ from gpuopt_tui.jobs.ablation.probe import (
     train_probes,
 )
 from gpuopt_tui.jobs.ablation.representations import FeatureSettings
-from gpuopt_tui.jobs.context import WRITE_STAGE, JobContext
+from gpuopt_tui.jobs.context import WRITE_STAGE, JobContext, ResumePart
 from gpuopt_tui.jobs.device import amp_dtype_supported, resolve_device
 from gpuopt_tui.jobs.sharding import mine
 
@@ -105,8 +105,10 @@ def run_job(profile: AblationProfile, ctx: JobContext) -> dict[str, Any]:
 
     split = stratified_split(source.labels, cfg.val_fraction, cfg.test_fraction, profile.run.seed)
     _check_split(split, source)
-    features = _features(source, bases, layers, cfg, profile.run.seed, store, device, ctx)
     settings = _probe_settings(cfg, profile.run.seed, device, ctx)
+    extraction = FeatureSettings(cfg.top_k, cfg.svd_oversample, cfg.svd_niter, cfg.projection_dim, profile.run.seed)
+    _check_plan(ctx, profile, source, layers, settings, extraction)
+    features = _features(source, bases, layers, extraction, cfg, store, device, ctx)
     trained = _probe_pending(tasks, features, source, split, settings, device, ctx)
     reports = ctx.dist.gather(store.stats)  # returns once every process's probe shards are written
     if reports is None:  # processes other than rank 0 are done: rank 0 writes the results
@@ -175,17 +177,38 @@ def _feature_store(use_cache: bool, ctx: JobContext) -> FeatureCache:
     return FeatureCache(ctx.state_dir / "features")
 
 
+def _check_plan(
+    ctx: JobContext,
+    profile: AblationProfile,
+    source: LayerSource,
+    layers: list[str],
+    probes: ProbeSettings,
+    extraction: FeatureSettings,
+) -> None:
+    """Probe shards of an earlier attempt are reused only if they were made from the same layers and labels
+    (the model, data and tokenizer they come from) with the same settings."""
+    cfg = profile.ablation
+    settings = {
+        **asdict(probes),
+        "features": asdict(extraction),
+        "split": [cfg.val_fraction, cfg.test_fraction],
+        "representations": list(cfg.representations),
+        "layers": layers,
+    }
+    parts = source.resume_parts(profile.model, ctx.cache_dir)
+    ctx.check_resume_record({**parts, "settings": ResumePart(settings, "the settings")})
+
+
 def _features(
     source: LayerSource,
     bases: list[str],
     layers: list[str],
+    settings: FeatureSettings,
     cfg: AblationSection,
-    seed: int,
     store: FeatureCache,
     device: torch.device,
     ctx: JobContext,
 ) -> dict[tuple[str, str], LayerFeatures]:
-    settings = FeatureSettings(cfg.top_k, cfg.svd_oversample, cfg.svd_niter, cfg.projection_dim, seed)
     ctx.stage("looking up cached features")
 
     def on_batch(done: int, total: int) -> None:

@@ -38,9 +38,10 @@ from gpuopt_tui.jobs.attribution.outputs import (
 )
 from gpuopt_tui.jobs.attribution.panels import step_counts
 from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
-from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext
+from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
+from gpuopt_tui.jobs.digests import input_parts
 from gpuopt_tui.jobs.models import Adapter, Batch, load_adapter, select_rows, to_device
 from gpuopt_tui.jobs.sharding import mine
 
@@ -68,7 +69,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     ctx.stage(PREPARE_STAGE)
     settings = Settings.resolve(section, adapter, device, len(ds))
     plan = plan_batches(ds, section.batch_size, section.length_bucketing)
-    _check_plan(ctx, settings, plan)
+    _check_plan(ctx, settings, plan, input_parts(profile.model, adapter, [ds], ctx.cache_dir))
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         pass
     ctx.log(
@@ -169,9 +170,10 @@ def shard_name(j: int) -> str:
     return f"batch_{j:05d}.safetensors"
 
 
-def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> None:
-    """Shards of an earlier attempt are reused only if they were made with the same batches and the same
-    settings that shape the results (chunk sizes, memory fraction and compilation may change on resume)."""
+def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]], inputs: dict[str, ResumePart]) -> None:
+    """Shards of an earlier attempt are reused only if they were made from the same data, model and tokenizer
+    (`inputs`), with the same batches and the same settings that shape the results (chunk sizes, memory
+    fraction and compilation may change on resume)."""
     settings_record = {k: getattr(settings, k) for k in RESULT_SETTINGS}
     if settings.n_steps == "auto":
         settings_record |= {
@@ -179,7 +181,14 @@ def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]]) -> N
             "max_steps": settings.max_steps,
             "full_precision_fallback": settings.full_precision_fallback,
         }
-    ctx.check_resume_record({"settings": settings_record, "batches": plan, "values": list(RESULT_KEYS)})
+    ctx.check_resume_record(
+        {
+            **inputs,
+            "settings": ResumePart(settings_record, "the settings"),
+            "batches": ResumePart(plan, "the batches", "attribution.batch_size, length_bucketing, n_samples"),
+            "values": ResumePart(list(RESULT_KEYS), "the values a shard holds", "another version of gpuopt-tui"),
+        }
+    )
 
 
 def _attribute_pending(

@@ -168,6 +168,9 @@ class Adapter:
         #: Token-aligned batch keys -> the mask key giving their real positions (see module docstring).
         self.token_fields: dict[str, str] = {"input_ids": "attention_mask"}
         self.special_ids = SpecialIds.of(tokenizer)
+        #: The directory the weights were read from (hf, demo), whose files digests.py hashes; None: the weights
+        #: are known only in memory.
+        self.weights_dir: Path | None = None
 
     # -- tokens ---------------------------------------------------------------------------------------------
     def word_embeddings(self) -> nn.Embedding:

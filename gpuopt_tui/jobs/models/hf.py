@@ -88,7 +88,9 @@ def load_hf_adapter(path: Path, device: torch.device) -> SequenceClassifierAdapt
     check_tokenizer(path, tokenizer, model.get_input_embeddings().num_embeddings)
     labels = model.config.id2label
     names = [labels[i] for i in range(model.config.num_labels)] if labels else None
-    return SequenceClassifierAdapter(path.name, model, tokenizer, model.config.num_labels, device, label_names=names)
+    adapter = SequenceClassifierAdapter(path.name, model, tokenizer, model.config.num_labels, device, label_names=names)
+    adapter.weights_dir = path
+    return adapter
 
 
 def check_tokenizer(path: Path, tokenizer: Any, embedding_rows: int) -> None:

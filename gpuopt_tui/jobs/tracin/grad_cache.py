@@ -17,7 +17,6 @@ a read-only folder, a full disk) leaves the run going without storing blocks, wi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from collections import deque
@@ -34,6 +33,7 @@ from gpuopt_tui.core.atomic import write_atomically, write_json
 from gpuopt_tui.core.cache_files import file_digest, stamp
 from gpuopt_tui.core.gradient_cache import FORMAT, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
+from gpuopt_tui.jobs.digests import dataset_digest
 from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.tracin.block_file import STORED, HostBlock, read_block, write_block
 from gpuopt_tui.jobs.tracin.grads import GradFeatures
@@ -102,14 +102,9 @@ def cache_key(
     adapter: Adapter, train: TextDataset, params: Sequence[str], method: str, opts: TracInOptions
 ) -> dict[str, Any]:
     """What cached training gradients depend on besides the checkpoint."""
-    digest = hashlib.sha256()
-    for key in sorted(train.tensors):
-        t = train.tensors[key]
-        digest.update(f"{key} {t.dtype} {list(t.shape)}".encode())
-        digest.update(memoryview(t.contiguous().numpy()).cast("B"))  # no copy
     return {
         "model": adapter.name,
-        "train": digest.hexdigest(),
+        "train": dataset_digest(train),
         "n_train": len(train),
         "parameters": list(params),
         "method": method,

@@ -15,7 +15,7 @@ Result files (in results/):
 from __future__ import annotations
 
 import csv
-import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,10 @@ from gpuopt_tui.core.gradient_cache import default_root
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
 from gpuopt_tui.core.tracin_results import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
-from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, StageFn
+from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
+from gpuopt_tui.jobs.digests import file_digest, input_parts, model_origin
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
 from gpuopt_tui.jobs.tracin.factored import module_uses
@@ -39,9 +40,10 @@ from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advic
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
 from gpuopt_tui.jobs.tracin.params import select_parameters
-from gpuopt_tui.jobs.tracin.scores import TracInRun
+from gpuopt_tui.jobs.tracin.scores import TracInRun, attempt_figures
 
 PREDICTIONS_SHARD = "test_predictions"
+SCORING_SHARD = "scoring.json"  # the batch size and rate of the last attempt that computed gradients
 
 
 class ContextReporter(Reporter):
@@ -82,7 +84,7 @@ class ContextStore:
         self.ctx.save_shard(name, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp)))
 
     def delete(self, name: str) -> None:
-        self.ctx.shard_path(name).unlink(missing_ok=True)
+        self.ctx.delete_shard(name)
 
 
 def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
@@ -112,7 +114,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         top_k=section.top_k,
         keep_matrix=len(test) * len(train) <= section.save_matrix_max,
     )
-    _check_plan(ctx, options, names, checkpoints, train, test, section.filter)
+    inputs = input_parts(profile.model, adapter, [train, test], ctx.cache_dir)
+    _check_plan(ctx, profile, options, names, checkpoints, inputs)
     saved = [name for name in ctx.finished_shards() if name.startswith("tracin_c")]
     if saved and ctx.rank == 0:
         ctx.log(f"resuming: {len(saved)} finished (checkpoint, block) shards found")
@@ -143,6 +146,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     rank_stats = ctx.dist.gather(run.compute(ctx.rank, ctx.world_size))  # returns once every rank is done
     if rank_stats is None:  # ranks other than 0 are done: rank 0 merges
         return {}
+    scoring = _scoring(ctx, attempt_figures(rank_stats), len(checkpoints))  # kept before the merge
     ctx.stage("merging the blocks' scores")
     result = run.gather(rank_stats)
     if section.agreement_train:
@@ -152,7 +156,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
         if advice := precision_advice(result.stats["agreement"]):
             ctx.warn(advice)
-    summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result)
+    summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result, scoring)
     ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
     return summary
 
@@ -192,32 +196,32 @@ def _precision(ctx: JobContext, device: torch.device, use_amp: bool, amp_dtype: 
 
 def _check_plan(
     ctx: JobContext,
+    profile: TracInProfile,
     options: TracInOptions,
     names: list[str],
     checkpoints: list[Checkpoint],
-    train: TextDataset,
-    test: TextDataset,
-    filter_name: str,
+    inputs: dict[str, ResumePart],
 ) -> None:
-    """Shards of an earlier attempt are reused only if they were made with the same settings and data."""
-    digest = hashlib.sha256()
-    for ds in (train, test):
-        for key in sorted(ds.tensors):
-            digest.update(key.encode())
-            digest.update(ds.tensors[key].contiguous().numpy().tobytes())
+    """Shards of an earlier attempt are reused only if they were made with the same settings, data, model,
+    tokenizer (`inputs`) and checkpoints."""
+    settings = {
+        "method": options.method,
+        "precision": options.precision,
+        "projection_dim": options.projection_dim,
+        "projection": [options.projection_in, options.projection_out],
+        "seed": options.seed,
+        "shard_size": options.shard_size,
+        "filter": profile.tracin.filter,
+        "processes": ctx.world_size,  # the blocks of training examples depend on it
+        "parameters": names,
+    }
+    weights = [[file_digest(c.path, ctx.cache_dir), c.lr] for c in checkpoints]
+    where = "tracin.checkpoints" if profile.tracin.checkpoints else model_origin(profile.model)
     ctx.check_resume_record(
         {
-            "method": options.method,
-            "precision": options.precision,
-            "projection_dim": options.projection_dim,
-            "projection": [options.projection_in, options.projection_out],
-            "seed": options.seed,
-            "shard_size": options.shard_size,
-            "filter": filter_name,
-            "processes": ctx.world_size,  # the blocks of training examples depend on it
-            "parameters": names,
-            "checkpoints": [[str(c.path), c.lr] for c in checkpoints],
-            "data": digest.hexdigest(),
+            **inputs,
+            "checkpoints": ResumePart(weights, "the checkpoints", where),
+            "settings": ResumePart(settings, "the settings"),
         }
     )
 
@@ -231,7 +235,9 @@ def _write_results(
     test: TextDataset,
     checkpoints: list[Checkpoint],
     result: InfluenceResult,
+    scoring: dict[str, Any],
 ) -> dict[str, Any]:
+    """The result files; `scoring`: the batch size and rate of the scoring (see `_scoring`)."""
     section = profile.tracin
     files = {
         "influence": ctx.results_dir / INFLUENCE_NAME,
@@ -260,9 +266,8 @@ def _write_results(
         write_atomically(files["matrix"], lambda tmp: save_file(tensors, str(tmp)))
         ctx.artifact(files["matrix"], "full score matrix [n_test, n_scored] with the scored training indices")
     stats = result.stats
-    seconds = stats["seconds"]
-    computed = stats["n_scored"] * stats["checkpoints_loaded"] / len(checkpoints)
-    rate = computed / seconds if seconds > 0 and computed else None
+    timing = {k: v for k, v in scoring.items() if k != "final_batch_size"}
+    rate = scoring["train_examples_per_s"]
     auc = flipped_auc(result.self_influence, result.train_rows, flipped) if flipped is not None else None
     summary = {
         "model": adapter.describe(),
@@ -284,9 +289,9 @@ def _write_results(
         "excluded_parameters": stats["excluded_parameters"],
         "train_cache": stats["cache_blocks"],
         "agreement": stats.get("agreement"),
-        "timing": {"compute_seconds": seconds, "train_examples_per_s": rate, "processes": stats["processes"]},
+        "timing": {**timing, "processes": stats["processes"]},
         "oom_retries": stats["oom_retries"],
-        "final_batch_size": stats["final_batch_size"],
+        "final_batch_size": scoring["final_batch_size"],
         "flipped_label_auc": auc,
         "top_self_influence": [entry["index"] for entry in ranked[:10]],
         "files": {k: p.name for k, p in files.items()},
@@ -297,6 +302,26 @@ def _write_results(
     if auc is not None:
         ctx.metric("flipped_label_auc", auc)
     return {"n_scored": stats["n_scored"], "train_examples_per_s": rate, "flipped_label_auc": auc}
+
+
+def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> dict[str, Any]:
+    """The micro-batch size and the rate of the scoring (`figures`: see scores.attempt_figures): this attempt's
+    (kept as a shard), or where this attempt computed no gradient (an earlier one had scored every block, then
+    stopped) the last attempt's that did, with a note that says so."""
+    if figures["computed"]:
+        seconds = figures["seconds"]
+        scoring = {
+            "final_batch_size": figures["final_batch_size"],
+            "compute_seconds": seconds,
+            "train_examples_per_s": figures["computed"] / n_checkpoints / seconds if seconds > 0 else None,
+        }
+        ctx.save_shard(SCORING_SHARD, lambda tmp: tmp.write_text(json.dumps(scoring), encoding="utf-8"))
+        return scoring
+    note = "no training gradient was computed by this attempt: every block's scores were saved by an earlier one"
+    if ctx.shard_done(SCORING_SHARD):
+        earlier = json.loads(ctx.shard_path(SCORING_SHARD).read_text(encoding="utf-8"))
+        return {**earlier, "note": f"{note}, whose batch size and rate these are"}
+    return {"final_batch_size": None, "compute_seconds": 0.0, "train_examples_per_s": None, "note": note}
 
 
 def _projection(section: Any, seed: int) -> dict[str, Any] | None:

@@ -109,7 +109,7 @@ class TracInRun:
         done = sum((done_through[j] + 1) * len(self.blocks[j]) for j in mine)
         batcher = MicroBatcher(opts.batch_size, reporter)
         cleanup = Cleanup(opts.cleanup_every, device)
-        loaded = final_batch = 0
+        loaded = final_batch = computed = 0
         start = time.perf_counter()
         # the checkpoints with a block left to score, each read from disk while the one before is scored
         needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
@@ -159,6 +159,7 @@ class TracInRun:
                                 scores[:, part] += ckpt.lr * test_feats.inner(feats)
                             selfinf[part] += ckpt.lr * feats.sqnorm()
                         done += len(feats)
+                        computed += len(feats)
                         final_batch = len(feats)
                         cleanup.step(len(feats))
                         del feats  # not held while the next micro-batch is computed
@@ -175,7 +176,8 @@ class TracInRun:
             "excluded_parameters": computer.factored.excluded if computer.factored else [],
             "checkpoints_loaded": loaded,
             "seconds": time.perf_counter() - start,
-            "final_batch_size": final_batch,
+            "computed": computed,  # training gradients (examples x checkpoints) computed here, none for shards found
+            "final_batch_size": final_batch or None,  # None: no micro-batch ran
             "oom_retries": batcher.ooms,
             "cleanups": cleanup.runs,
             "cache_blocks": {"read": cache.read, "computed": cache.computed} if cache else None,
@@ -230,12 +232,21 @@ class TracInRun:
             "projection_dim": self.opts.projection_dim,
             "checkpoints_loaded": max(s["checkpoints_loaded"] for s in rank_stats),
             "n_scored": len(self.scored),
-            "seconds": max(s["seconds"] for s in rank_stats),  # the slowest rank's
+            **attempt_figures(rank_stats),
             "oom_retries": sum(s["oom_retries"] for s in rank_stats),
             "cleanups": sum(s["cleanups"] for s in rank_stats),
             "processes": len(rank_stats),
         }
         return result
+
+
+def attempt_figures(rank_stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' `compute` statistics that say how fast the scoring went, merged."""
+    return {
+        "seconds": max(s["seconds"] for s in rank_stats),  # the slowest rank's
+        "computed": sum(s["computed"] for s in rank_stats),
+        "final_batch_size": next((s["final_batch_size"] for s in rank_stats if s["final_batch_size"]), None),
+    }
 
 
 def self_influence(

@@ -8,7 +8,7 @@ from typing import Any
 from textual.content import Content
 
 from gpuopt_tui.core.attribution_results import Sample
-from gpuopt_tui.core.attribution_summary import AttributionSummary, CheckResult, StepStats
+from gpuopt_tui.core.attribution_summary import AttributionSummary, Audit, CheckResult, StepStats
 
 CHECK_TOLERANCE = 1e-2  # relative difference within which the optimized path counts as agreeing
 
@@ -33,9 +33,15 @@ def sample_heading(sample: Sample) -> Content:
         else ""
     )
     steps = "" if e.steps is None else f" · {e.steps} steps" + (" in full precision" if e.full_precision else "")
+    above = (
+        f"\n⚠ above the tolerance: its relative delta or its error estimate ({figure(e.error_estimate or 0.0)}) "
+        "exceeds it"
+        if e.within_tolerance is False
+        else ""
+    )
     return Content(
         f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}\n"
-        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{close}"
+        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{above}{close}"
     )
 
 
@@ -73,6 +79,8 @@ def delta_report(summary: AttributionSummary | None) -> Content:
         lines.append(Content.from_markup("[$warning]⚠ $close[/]", close=close))
     if summary.steps is not None and summary.steps.mode == "auto":
         lines += step_report(summary.steps)
+    if summary.audit is not None:
+        lines += audit_report(summary.audit)
     lines += [Content(""), Content.from_markup("[b]Settings[/]"), Content("  " + settings_line(s))]
     rate, seconds = summary.timing.get("samples_per_s"), summary.timing.get("compute_seconds")
     if isinstance(rate, (int, float)) and isinstance(seconds, (int, float)):
@@ -103,6 +111,27 @@ def step_report(steps: StepStats) -> list[Content]:
         lines.append(Content(f"  {steps.full_precision}"))
     if steps.warning:
         lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=steps.warning))
+    return lines
+
+
+def audit_report(audit: Audit) -> list[Content]:
+    """The run's audit: each audited sample's error against the strict reference, and the verdict."""
+    samples = " · ".join(f"#{s.index} {s.error:.1e}" + (" ⚠" if s.within is False else "") for s in audit.samples)
+    lines = [
+        Content(""),
+        Content.from_markup("[b]Audit[/] ($how; $seconds s)", how=audit.reference, seconds=f"{audit.seconds:.3g}"),
+        Content(f"  {samples}"),
+    ]
+    if audit.tolerance is None:
+        lines.append(Content(f"  max error {audit.max_error:.1e} (fixed steps: no tolerance to hold them to)"))
+    elif audit.above:
+        warning = (
+            f"{audit.above} of {len(audit.samples)} audited samples are above the tolerance {audit.tolerance:g}: "
+            "lower attribution.tolerance or run the steps in full precision (use_amp = false)"
+        )
+        lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=warning))
+    else:
+        lines.append(Content(f"  every audited sample is within the tolerance {audit.tolerance:g}"))
     return lines
 
 

@@ -165,6 +165,7 @@ class DemoAdapter(SequenceClassifierAdapter):
             info={k: bundle.manifest[k] for k in keep} | {"model_dir": str(bundle.model_dir)},
         )
         self.bundle = bundle
+        self.weights_dir = bundle.model_dir
 
     def builtin_dataset(self, split: str) -> TextDataset:
         return self.bundle.dataset(split, self.token_fields)

@@ -353,6 +353,7 @@ class DemoAdapter(TwoTowerAdapter):
         )
         self.load_weights(bundle.model_dir / "model.safetensors")
         self.bundle = bundle
+        self.weights_dir = bundle.model_dir
 
     def builtin_dataset(self, split: str) -> TextDataset:
         return self.bundle.dataset(split, self.token_fields)
