@@ -216,7 +216,9 @@ def engine_row(
     section = AttributionSection(batch_size=batch, compile="off", **attribution)
     settings = Settings.resolve(section, adapter, adapter.device, len(texts))
     print(f"  {name}: {len(texts)} texts, {settings.precision} steps ...", flush=True)
-    if section.n_steps == "auto" and (warning := tolerance_warning(section.tolerance, settings.precision)):
+    if section.n_steps == "auto" and (
+        warning := tolerance_warning(section.tolerance, settings.precision, settings.full_precision_fallback)
+    ):
         print(f"    note: {warning}", flush=True)
     planner = settings.planner()
     scores = torch.zeros(len(texts), args.max_length)
@@ -232,7 +234,7 @@ def engine_row(
         rows = slice(i, i + out["token_scores"].shape[0])
         scores[rows, : out["token_scores"].shape[1]] = out["token_scores"]
         steps[rows] = out["steps"]
-        full[rows] = out["full_precision"]
+        full[rows] = out["fallback"] > 0
     sync(adapter.device)
     row = Row(name, len(texts), time.perf_counter() - start, scores, steps, full=full)
     print(f"    {row.rate:9.2f} samples/s, {int(steps.sum()):,} sample-steps in {row.seconds:.0f} s", flush=True)
