@@ -149,12 +149,7 @@ def fine_tune(adapter: SequenceClassifierAdapter, args: argparse.Namespace) -> d
     while step < args.train_steps:
         model.train()
         ids, labels = planted_ids(args.train_batch, args.min_words, args.max_words, filler, gen)
-        with amp:
-            loss = model(**id_batch(ids, args.max_length, device), labels=labels.to(device)).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss = train_step(model, optimizer, amp, id_batch(ids, args.max_length, device), labels.to(device))
         schedule.step()
         step += 1
         if step % args.eval_every and step < args.train_steps:
@@ -177,6 +172,19 @@ def fine_tune(adapter: SequenceClassifierAdapter, args: argparse.Namespace) -> d
         "seconds": time.perf_counter() - start,
         "final_loss": float(loss.detach()),
     }
+
+
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, amp: Any, batch: dict[str, Tensor], labels: Tensor
+) -> Tensor:
+    """One optimizer step (gradients clipped to norm 1) on `batch`; its loss."""
+    with amp:
+        loss = model(**batch, labels=labels).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
 
 
 def held_out_accuracy(

@@ -40,7 +40,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ig_auto_bench import SIGNAL, SPECIAL, id_batch, planted_ids, vocabulary
+from benchmarks.ig_auto_bench import SIGNAL, SPECIAL, id_batch, planted_ids, train_step, vocabulary
 from benchmarks.ig_bench import _version, device_name, sync
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attribution.check import relative_difference
@@ -112,12 +112,7 @@ def train(family: str, task: str, args: argparse.Namespace, device: torch.device
     while time.perf_counter() - start < args.train_seconds:
         model.train()
         ids, labels = task_ids(task, args.train_batch, args, gen)
-        with amp:
-            loss = model(**id_batch(ids, args.max_length, device), labels=labels.to(device)).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        train_step(model, optimizer, amp, id_batch(ids, args.max_length, device), labels.to(device))
         step += 1
         if step % args.eval_every == 0:
             accuracy = accuracy_of(model, held, held_labels, args.max_length, device)

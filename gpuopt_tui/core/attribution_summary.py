@@ -81,6 +81,7 @@ class Audit:
     above: int | None
     reference: str  # how the reference ran, in words
     seconds: float
+    silent_misses: int | None = None  # audited samples the run reported within the tolerance that are above it
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ def _audit(data: Any) -> Audit | None:
         above=optional_int(data.get("above")),
         reference=str(data.get("reference", "")),
         seconds=float(data["seconds"]),
+        silent_misses=optional_int(data.get("silent_misses")),
     )
 
 

@@ -105,8 +105,11 @@ def test_the_audit_names_its_samples_and_says_when_they_miss() -> None:
     assert chosen_samples(100, 4) == chosen_samples(100, 4) == sorted(chosen_samples(100, 4))
     assert chosen_samples(3, 4) == [0, 1, 2]
     samples = [{"index": 7, "error": 3e-3, "within": False}, {"index": 9, "error": 1e-4, "within": True}]
-    result = {"samples": samples, "max_error": 3e-3, "tolerance": 1e-3, "above": 1, "seconds": 1.5}
+    result = {"samples": samples, "max_error": 3e-3, "tolerance": 1e-3, "above": 1, "silent_misses": 1, "seconds": 1.5}
     warning = audit_warning(result)
     assert warning is not None and "1 of 2 audited samples" in warning and "#7 (3.0e-03)" in warning
+    assert "the run reported within it" in warning and "use_amp = false" in warning
+    flagged = audit_warning({**result, "silent_misses": 0})
+    assert flagged is not None and "flags each of them" in flagged
     assert audit_outcome(result).startswith("1 of 2 samples within 0.001 (max error 3.0e-03")
     assert audit_warning({**result, "above": 0}) is None

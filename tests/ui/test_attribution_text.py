@@ -38,8 +38,10 @@ def test_a_sample_above_its_tolerance_says_so_in_its_heading() -> None:
 
 def test_the_audit_report_names_each_sample_and_the_verdict() -> None:
     samples = (AuditedSample(3, 2e-3, False), AuditedSample(8, 1e-4, True))
-    audit = Audit(samples, 2e-3, 1e-3, 1, "strict fp32, the model's own forward, adaptive panels to 0.0001", 1.2)
+    audit = Audit(samples, 2e-3, 1e-3, 1, "strict fp32, the model's own forward, adaptive panels to 0.0001", 1.2, 1)
     text = "\n".join(line.plain for line in audit_report(audit))
-    assert "#3 2.0e-03 ⚠" in text and "#8 1.0e-04" in text and "1 of 2 audited samples are above" in text
-    clean = dataclasses.replace(audit, samples=samples[1:], above=0, max_error=1e-4)
+    assert "#3 2.0e-03 ⚠" in text and "#8 1.0e-04" in text and "1 of 2 audited samples were reported within" in text
+    flagged = "\n".join(line.plain for line in audit_report(dataclasses.replace(audit, silent_misses=0)))
+    assert "as the run flags them too" in flagged
+    clean = dataclasses.replace(audit, samples=samples[1:], above=0, max_error=1e-4, silent_misses=0)
     assert "every audited sample is within the tolerance 0.001" in "\n".join(x.plain for x in audit_report(clean))

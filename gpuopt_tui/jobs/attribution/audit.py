@@ -68,11 +68,13 @@ def audit(
     indices: list[int],
     run_scores: Tensor,
     run_target: Tensor,
+    run_within: Tensor | None,
     settings: Settings,
     stage: StageFn = no_stage,
 ) -> dict[str, Any]:
     """The audit of the samples `indices` of `ds`, whose token scores the run gave as `run_scores` [N, *S] (dataset
-    order, zero on padding) for the outputs `run_target` [N]."""
+    order, zero on padding) for the outputs `run_target` [N], with its verdicts `run_within` [N] (None: fixed
+    steps). A silent miss is an audited sample the run reported within the tolerance that is above it."""
     reference = reference_settings(settings)
     batch = to_device(trim_batch(ds.batch(indices), ds.token_fields), adapter.device)
     stage(STAGE, 0, len(indices), "samples")
@@ -91,6 +93,7 @@ def audit(
             "index": i,
             "error": error,
             "within": None if tolerance is None else error <= tolerance,
+            "reported_within": None if run_within is None else bool(run_within[i]),
             "reference_steps": int(steps),
             "reference_settled": bool(within),
         }
@@ -101,6 +104,7 @@ def audit(
         "max_error": max(errors, default=0.0),
         "tolerance": tolerance,
         "above": None if tolerance is None else sum(not s["within"] for s in samples),
+        "silent_misses": None if tolerance is None else sum(not s["within"] and s["reported_within"] for s in samples),
         "reference": f"strict fp32, the model's own forward, adaptive panels to {reference.tolerance:g}",
         "seconds": seconds,
     }
@@ -112,10 +116,16 @@ def audit_warning(result: dict[str, Any]) -> str | None:
         return None
     above = [s for s in result["samples"] if not s["within"]]
     named = ", ".join(f"#{s['index']} ({s['error']:.1e})" for s in above)
-    return (
+    lead = (
         f"audit: {len(above)} of {len(result['samples'])} audited samples are above the tolerance "
-        f"{result['tolerance']:g} against a strict fp32 reference: {named}; lower attribution.tolerance, or run the "
-        "steps in full precision (use_amp = false), and see the audit in summary.json"
+        f"{result['tolerance']:g} against a strict fp32 reference: {named}"
+    )
+    if not result["silent_misses"]:
+        return f"{lead}; the run flags each of them above the tolerance too (see its steps warning)"
+    return (
+        f"{lead}; {result['silent_misses']} of them the run reported within it (its error estimate missed): lower "
+        "attribution.tolerance, or run the steps in full precision (use_amp = false), and see the audit in "
+        "summary.json"
     )
 
 

@@ -121,7 +121,7 @@ def _audit(
         ctx.check_cancelled()
         ctx.stage(name, done, total, unit)
 
-    result = audit(adapter, ds, indices, collected.token_scores, collected.target, settings, stage)
+    result = audit(adapter, ds, indices, collected.token_scores, collected.target, collected.within, settings, stage)
     if warning := audit_warning(result):
         ctx.warn(warning)
     return result

@@ -124,12 +124,20 @@ def audit_report(audit: Audit) -> list[Content]:
     ]
     if audit.tolerance is None:
         lines.append(Content(f"  max error {audit.max_error:.1e} (fixed steps: no tolerance to hold them to)"))
-    elif audit.above:
+    elif audit.silent_misses:
         warning = (
-            f"{audit.above} of {len(audit.samples)} audited samples are above the tolerance {audit.tolerance:g}: "
-            "lower attribution.tolerance or run the steps in full precision (use_amp = false)"
+            f"{audit.silent_misses} of {len(audit.samples)} audited samples were reported within the tolerance "
+            f"{audit.tolerance:g} but are above it: lower attribution.tolerance or run the steps in full precision "
+            "(use_amp = false)"
         )
         lines.append(Content.from_markup("[$warning]⚠ $warning[/]", warning=warning))
+    elif audit.above:
+        lines.append(
+            Content(
+                f"  {audit.above} of {len(audit.samples)} audited samples are above the tolerance {audit.tolerance:g}, "
+                "as the run flags them too; none it reported within is above it"
+            )
+        )
     else:
         lines.append(Content(f"  every audited sample is within the tolerance {audit.tolerance:g}"))
     return lines
