@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -49,12 +50,18 @@ def _memory_fields() -> Any:
     return cuda_memory_fields
 
 
+_importing = threading.Event()  # set while the engine's libraries load: a stop request then ends the run at once
+
+
 def on_stop_signals(stop: Callable[[], None]) -> None:
-    """SIGTERM and SIGINT ask to stop after the current chunk; SIGHUP (the terminal went away) is ignored."""
+    """SIGTERM and SIGINT ask to stop after the current chunk (at once while the libraries load: their import
+    takes half a minute on a loaded machine, with nothing to save); SIGHUP (the terminal went away) is ignored."""
 
     def handler(signum: int, frame: object) -> None:
         print(f"[info] received signal {signum}: stopping after the current chunk", flush=True)
         stop()
+        if _importing.is_set():
+            raise JobCancelled
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -69,8 +76,12 @@ def execute(profile: ProfileBase, ctx: JobContext) -> Outcome:
     try:
         ctx.check_cancelled()  # cancelled while it started
         ctx.stage(LIBRARIES_STAGE)
-        engine = _engine(profile.kind)
-        ctx._memory_fields = _memory_fields()
+        _importing.set()
+        try:
+            engine = _engine(profile.kind)
+            ctx._memory_fields = _memory_fields()
+        finally:
+            _importing.clear()
         return "finished", {"summary": engine(profile, ctx) or {}}
     except JobCancelled:
         return "cancelled", {"message": CANCELLED}

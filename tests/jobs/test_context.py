@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.events import EventWriter, read_events
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.jobs import runner
 from gpuopt_tui.jobs.context import CHECKSUMS, RESUME_RECORD, JobCancelled, JobContext, ResumePart
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
 @pytest.fixture
@@ -109,3 +116,27 @@ def test_progress_reports_rate_eta_and_final_step(ctx: JobContext, tmp_path: Pat
     assert [e["done"] for e in progress] == [0, 40]
     assert progress[-1]["rate"] == pytest.approx(20.0)  # 40 items in 2 s
     assert progress[-1]["eta"] == 0
+
+
+def test_a_stop_request_while_the_libraries_load_ends_the_run_at_once(
+    ctx: JobContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's imports are interrupted (on a loaded machine they take half a minute, with nothing to save)."""
+    loaded: list[str] = []
+
+    def engine_import(kind: str) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)  # the cancel arrives while the libraries load
+        for _ in range(10_000):  # Python code runs on: the handler gets its turn between its steps
+            time.sleep(0.001)
+        loaded.append(kind)
+        return lambda profile, ctx: {}
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    monkeypatch.setattr(runner, "_engine", engine_import)
+    try:
+        runner.on_stop_signals(ctx.request_cancel)
+        outcome, fields = runner.execute(load_profile(PROFILES / "demo-attribution.toml"), ctx)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    assert (outcome, loaded) == ("cancelled", []) and fields["message"] == runner.CANCELLED
