@@ -45,6 +45,7 @@ def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier
         "preparing the engine",
         "attribution [samples]",
         "collecting the batches [batches]",
+        "audit: strict fp32 reference [samples]",
         "writing results",
         "attribution [samples]",
     ]

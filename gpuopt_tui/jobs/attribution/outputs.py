@@ -12,8 +12,7 @@
   written at full fp32 precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
   [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
-  `low_margin`, `steps`, `full_precision`, `error_estimate` (NaN with fixed steps) and, with "auto" steps,
-  `within_tolerance`.
+  `low_margin`, `steps`, `full_precision` and, with "auto" steps, `error_estimate` and `within_tolerance`.
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -77,10 +76,9 @@ def write_tensors(path: Path, collected: Collected) -> None:
         "low_margin": collected.low_margin.bool(),
         "steps": collected.steps.long(),
         "full_precision": (collected.fallback > 0).bool(),
-        "error_estimate": collected.error.float(),
     }
     if collected.within is not None:
-        tensors["within_tolerance"] = collected.within.bool()
+        tensors |= {"error_estimate": collected.error.float(), "within_tolerance": collected.within.bool()}
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
 
