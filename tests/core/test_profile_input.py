@@ -45,6 +45,8 @@ def test_a_bad_set_value_blames_the_set_not_the_file(tmp_path: Path) -> None:
     assert str(error.value).startswith(f"{path}: key 'attribution.n_steps': ")
     with pytest.raises(ProfileError, match=r"^--set nonsense=1: key 'nonsense': no such key"):
         load_profile(path, ["nonsense=1"])
+    with pytest.raises(ProfileError, match=r"no such key; did you mean attribution\.n_steps"):  # typed without section
+        load_profile(path, ["n_step=64"])
     with pytest.raises(ProfileError, match=r"^--set run\.device=tpu: key 'run\.device': expected auto, cpu"):
         load_profile(path, ["n_steps=5", "run.device=tpu"])
 

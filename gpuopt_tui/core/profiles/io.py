@@ -98,6 +98,13 @@ def apply_overrides(data: dict[str, Any], items: Iterable[str], source: str = "-
     return data
 
 
+def _close_keys(key: str, keys: list[str]) -> list[str]:
+    """Full keys close to `key`, typed with its section or without (n_step -> attribution.n_steps)."""
+    by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+    close = difflib.get_close_matches(key, [*keys, *by_leaf], n=3)
+    return list(dict.fromkeys(by_leaf.get(c, c) for c in close))
+
+
 def _apply_overrides(data: dict[str, Any], items: Iterable[str], source: str) -> dict[str, str]:
     """apply_overrides; returns each full key set -> its `--set key=value`, to blame for a bad value."""
     cls = profile_class(data, source)
@@ -110,7 +117,7 @@ def _apply_overrides(data: dict[str, Any], items: Iterable[str], source: str) ->
         if key not in keys and key != "kind":
             matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
             if len(matches) != 1:
-                close = difflib.get_close_matches(key, keys, n=3)
+                close = _close_keys(key, keys)
                 why = f"ambiguous ({', '.join(matches)})" if matches else "no such key"
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ProfileError(blame, key, f"{why}{hint}")
