@@ -66,7 +66,7 @@ class HelpScreen(AppScreen):
                 "Runs screen",
                 [
                     *self._binding_rows(RunsScreen.BINDINGS),
-                    *self._rows([("enter", "Select a run (dashboard: open it)")]),
+                    *self._rows([("enter", "Open the run's results (as on the dashboard)")]),
                 ],
             ),
             (
