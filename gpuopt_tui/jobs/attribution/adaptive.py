@@ -47,14 +47,23 @@ def precision_floor(precision: str, dtype: torch.dtype = torch.float32) -> float
     return max(RELATIVE_ERROR[precision], ROUNDING_FLOOR * torch.finfo(dtype).eps)
 
 
+# the switch to finer steps, by the precision the steps run in (fp32 steps have none: their floor is rounding)
+FINER_STEPS = {
+    "fp16": "run the steps in fp32 (use_amp = false)",
+    "bf16": "run the steps in fp32 (use_amp = false)",
+    "tf32": "run the steps in plain fp32 (tf32 = false)",
+}
+
+
 def tolerance_warning(tolerance: float, precision: str, dtype: torch.dtype = torch.float32) -> str | None:
     """What a run to `tolerance` with steps in `precision` should say up front, if anything."""
     floor = precision_floor(precision, dtype)
     if tolerance >= floor:
         return None
+    finer = FINER_STEPS.get(precision)
     return (
         f"tolerance {tolerance:g} is below what {precision} steps can resolve (about {floor:.0e} relative): "
-        f"samples stop once within {floor:.0e}; for a tighter result run the steps in fp32 (use_amp = false)"
+        f"samples stop once within {floor:.0e}" + (f"; for a tighter result {finer}" if finer else "")
     )
 
 
