@@ -42,6 +42,7 @@ from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan, measure_se
 from gpuopt_tui.core.planner.resolve import Origins
 from gpuopt_tui.core.planner.search import Recommendation
 from gpuopt_tui.core.planner.train_setup import LOOPS
+from gpuopt_tui.core.planner.yamledit import MAX_CONFIG_BYTES
 from gpuopt_tui.core.profiles.io import (
     apply_overrides,
     find_profile,
@@ -53,7 +54,7 @@ from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import to_plain
 
 NAME = "plan"
-LARGE_YAML = 1024**2  # bytes from which reading a config is announced
+LARGE_YAML = 256 * 1024  # bytes from which reading a config is announced
 HELP = "training memory: estimate or measure, find the micro-batch/accumulation that fits, write the YAML config"
 
 # command-line flag -> plan profile key
@@ -333,7 +334,7 @@ def _note_large_files(out: Console, profile: PlanProfile) -> None:
             size = Path(name).expanduser().stat().st_size
         except OSError:
             continue  # reading it says what is wrong
-        if size >= LARGE_YAML:
+        if LARGE_YAML <= size <= MAX_CONFIG_BYTES:
             out.print(Text(f"reading {name} ({human_bytes(size)}): a YAML file this large takes a while"))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -224,3 +225,46 @@ def test_planner_core_imports_neither_torch_nor_ruamel() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def _plan_error(config: Path) -> str:
+    """The message a plan of `config` stops with."""
+    profile = build(PlanProfile, {"name": "p", "plan": {"config": str(config), "gpu_memory_gb": 24.0}}, "test")
+    with pytest.raises(UserError) as e:
+        session.prepare(profile)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifo behind a .yaml link", "device", "directory"])
+def test_a_config_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
+    """A FIFO would block the read until a writer came, /dev/zero would fill the memory."""
+    config = tmp_path / "config.yaml"
+    if kind == "directory":
+        config.mkdir()
+    elif kind == "device":
+        config.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(tmp_path / "pipe")
+        if kind == "fifo":
+            config = tmp_path / "pipe"
+        else:
+            config.symlink_to(tmp_path / "pipe")
+    assert f"{config}: not a regular file" in _plan_error(config)
+
+
+def test_a_config_over_the_size_limit_is_refused_naming_its_size(tmp_path: Path) -> None:
+    config = tmp_path / "huge.yaml"
+    config.write_text("batch_size: 8\n" + "# padding\n" * (1024**2 // 10))
+    message = _plan_error(config)
+    assert f"{config}: 1.0 MiB, larger than the 1.0 MiB a training config may have" in message
+
+
+@pytest.mark.parametrize("entry", ["../../outside/victim", "/etc/hostname"])
+def test_a_defaults_entry_leading_outside_the_config_tree_is_refused(conf: Path, entry: str) -> None:
+    outside = conf.parent / "outside"
+    outside.mkdir()
+    (outside / "victim.yaml").write_text("batch_size: 8\n")
+    text = (conf / "config.yaml").read_text()
+    (conf / "config.yaml").write_text(text.replace("defaults:\n", f"defaults:\n  - data_loader: {entry}\n", 1))
+    with pytest.raises(UserError, match=r"config\.yaml: the defaults list names data_loader/.*outside the config"):
+        compose(conf / "config.yaml")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -155,6 +156,28 @@ def test_each_framework_is_read_without_keys_with_every_source_printed(
     for label, value, line in expected:
         assert table[label][0].startswith(value), (label, table[label])
         assert table[label][1] == f"{name}:{line}", (label, table[label])
+
+
+BATCH_KEYS = {  # the key each config sets its micro-batch with
+    "hf_trainer.yaml": "per_device_train_batch_size",
+    "axolotl.yaml": "micro_batch_size",
+    "llama_factory.yaml": "per_device_train_batch_size",
+    "torchtune.yaml": "batch_size",
+    "curriculum.yaml": "batch_size",
+}
+
+
+@pytest.mark.parametrize("value", ["1000000000", "1" + "0" * 30])
+@pytest.mark.parametrize("name", sorted(BATCH_KEYS))
+def test_a_micro_batch_no_gpu_could_hold_is_refused_naming_its_key(
+    name: str, value: str, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = BATCH_KEYS[name]
+    text = re.sub(rf"^(\s*{key}:) *\d+", rf"\g<1> {value}", (work / name).read_text(), count=1, flags=re.M)
+    (work / "huge.yaml").write_text(text)
+    code, _, err = plan(capsys, "--config", "huge.yaml", "--gpu-memory", "80", "--auto")
+    assert code == 1
+    assert "huge.yaml:" in err and f"{key}' = {value}, expected at most 1,048,576" in err
 
 
 def test_a_framework_default_is_named_and_a_missing_memory_value_warns(

@@ -202,3 +202,45 @@ def test_the_largest_batch_is_found_at_the_accumulation_it_gets() -> None:
     tight = recommend(peak, setup, Budget(5_000, 1.0), target=64, mode="approx")
     assert (tight.b_max, tight.b_max_accumulate) == (30, 2)
     assert (tight.chosen.micro_batch, tight.chosen.accumulate, tight.chosen.peak) == (30, 2, 5_000)
+
+
+def _counted(peak):
+    """`peak`, counting its calls in `calls[0]`."""
+    calls = [0]
+
+    def counted(setup: TrainSetup) -> int:
+        calls[0] += 1
+        return peak(setup)
+
+    return counted, calls
+
+
+@pytest.mark.parametrize("target", [64, 10**7, 10**9, 10**30])
+def test_the_search_costs_a_few_dozen_peaks_whatever_the_target(target: int) -> None:
+    """A config's huge batch makes a huge target: the search bisects instead of trying every accumulation."""
+    peak, calls = _counted(_peak_model(1_000, 100, 1_000))
+    setup = TrainSetup(micro_batch=4, accumulate=max(1, target // 4))
+    rec = recommend(peak, setup, Budget(10_000, 1.0), target=target, mode="approx")
+    assert calls[0] < 200
+    assert rec.b_max == (90 if target <= 90 * 1.5 else 80)  # 9000 / 100 at accumulation 1, 8000 / 100 above
+    exact = recommend(peak, setup, Budget(10_000, 1.0), target=target, mode="exact")
+    assert exact.chosen.effective_batch == target and exact.chosen.fits
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    base=st.integers(0, 2_000),
+    per_sequence=st.integers(1, 60),
+    kept=st.integers(0, 3_000),
+    limit=st.integers(1_000, 60_000),
+    target=st.integers(1, 3_000),
+    n_gpus=st.sampled_from([1, 2, 3, 4]),
+    upper=st.integers(1, 400),
+)
+def test_the_largest_batch_for_a_target_matches_brute_force(
+    base: int, per_sequence: int, kept: int, limit: int, target: int, n_gpus: int, upper: int
+) -> None:
+    peak = _peak_model(base, per_sequence, kept)
+    setup = TrainSetup(n_gpus=n_gpus)
+    fits = [b for b in range(1, upper + 1) if peak(setup.with_batch(b, accumulate_for(b, target, n_gpus))) <= limit]
+    assert largest_batch_for(peak, setup, limit, target, upper) == max(fits, default=0)

@@ -199,6 +199,16 @@ def test_a_tolerance_below_the_steps_precision_gets_a_warning_naming_what_happen
     assert tolerance_warning(1e-2, "fp16", True) is None and tolerance_warning(1e-4, "fp32", False) is None
 
 
+def test_the_tolerance_warning_advises_fp32_only_to_steps_that_are_not_fp32() -> None:
+    """fp32 steps (a CPU run) have no finer precision to switch to; tf32 steps switch with tf32, not use_amp."""
+    fp32 = tolerance_warning(1e-7, "fp32", fallback=True)
+    assert fp32 is not None and "fp32 steps resolve" in fp32
+    assert "use_amp" not in fp32 and "run the steps in fp32" not in fp32
+    tf32 = tolerance_warning(1e-4, "tf32", fallback=False)
+    assert tf32 is not None and "tf32 = false" in tf32 and "use_amp" not in tf32
+    assert "use_amp = false" in (tolerance_warning(1e-3, "bf16", fallback=False) or "")
+
+
 def test_small_gpu_batches_get_a_note_naming_the_setting() -> None:
     assert "batch_size = 32" in batch_size_note(32, 40_000, "cuda")
     assert batch_size_note(128, 40_000, "cuda") is None

@@ -11,6 +11,7 @@ that is the file to edit.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -183,6 +184,12 @@ class _Walk:
 
     def include(self, path: Path, group: str, name: str, package: str, optional: bool, stack: tuple[Path, ...]) -> None:
         target = self.root / group / f"{name}.yaml" if group else self.root / f"{name}.yaml"
+        inside = os.path.normpath(target).startswith(os.path.join(os.path.normpath(self.root), ""))
+        if not inside:  # `..` or an absolute name: a plan must never edit a file outside the config tree
+            raise UserError(
+                f"{path}: the defaults list names {group + '/' if group else ''}{name}, which leads to {target}, "
+                f"outside the config directory {self.root}; name configs inside it"
+            )
         if not target.is_file():
             yml = target.with_suffix(".yml")
             if yml.is_file():

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.estimate import Overheads, estimate
 from gpuopt_tui.core.planner.model_spec import ModelSpec
-from gpuopt_tui.core.planner.train_setup import TrainSetup
+from gpuopt_tui.core.planner.train_setup import MAX_BATCH, TrainSetup
 
 PeakModel = Callable[[TrainSetup], int]
-MAX_BATCH = 1 << 20
 ACCUMULATION_MODES = ("exact", "approx")
 # The share of the budget a search on the closed form keeps back for the estimate's own error, so that its
 # recommendation fits by construction. Against H200 measurements of recommendation-sized BERT-base batches
@@ -76,22 +75,19 @@ def accumulate_for(micro: int, target: int, n_gpus: int = 1) -> int:
 
 def largest_batch_for(peak: PeakModel, setup: TrainSetup, limit: int, target: int, upper: int = MAX_BATCH) -> int:
     """The largest micro-batch whose peak stays within `limit` at the accumulation it gets for `target`
-    (`accumulate_for`), 0 if none. The peak may depend on the accumulation (gradients kept between micro-batches),
-    so the micro-batches are searched in runs of equal accumulation, the largest micro-batches first."""
+    (`accumulate_for`), 0 if none. The peak may depend on the accumulation only through whether gradients are kept
+    between micro-batches (accumulation above 1), so two bisections cover every micro-batch, whatever the target:
+    those that get accumulation 1, tried first, and the smaller ones, which accumulate."""
     n = setup.n_gpus
-    hi = upper
-    while hi >= 1:
-        acc = accumulate_for(hi, target, n)
-        # the smallest micro-batch with this accumulation: target / (b n) < acc + 1/2
-        lo = min(hi, (2 * target) // (n * (2 * acc + 1)) + 1)
+    single = (2 * target) // (3 * n) + 1  # the smallest micro-batch with accumulation 1: target / (b n) < 3/2
 
-        def fits(b: int, acc: int = acc) -> bool:
-            return peak(setup.with_batch(b, acc)) <= limit
+    def fits(b: int) -> bool:
+        return peak(setup.with_batch(b, accumulate_for(b, target, n))) <= limit
 
-        if fits(lo):
-            return _largest(fits, lo, hi)
-        hi = lo - 1
-    return 0
+    if single <= upper and fits(single):
+        return _largest(fits, single, upper)
+    below = min(upper, single - 1)
+    return _largest(fits, 1, below) if below >= 1 and fits(1) else 0
 
 
 @dataclass(frozen=True)
@@ -134,18 +130,15 @@ def accumulation(
                 "use approx mode or another target"
             )
         per_gpu = target // n_gpus
-        micro = max((d for d in _divisors(per_gpu) if d <= b_max and fits(d, per_gpu // d)), default=0)
+        # the largest divisor first: at most b_max remainders, whatever the target
+        divisors = (d for d in range(min(b_max, per_gpu), 0, -1) if per_gpu % d == 0)
+        micro = next((d for d in divisors if fits(d, per_gpu // d)), 0)
         if micro == 0:
             raise UserError(f"no micro-batch dividing {per_gpu} fits with the accumulation it needs; use approx mode")
         return Accumulation(micro, per_gpu // micro, target, target)
     micro = min(b_max, -(-target // n_gpus))
     accumulate = accumulate_for(micro, target, n_gpus)
     return Accumulation(micro, accumulate, micro * accumulate * n_gpus, target)
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 @dataclass(frozen=True)

@@ -292,12 +292,11 @@ def model_warning(model: Resolved) -> list[str]:
 
 def _stage(path: Path, keys: list[str]) -> StageFile:
     config = trainconfig.read(path, trainconfig.parse_keys(keys))
-    pos = config.require("n_positives").value
-    neg = config.require("n_negatives").value
-    for role, value in (("n_positives", pos), ("n_negatives", neg)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"{path}: {role} = {value!r}, expected 0 or a positive integer")
-    return StageFile(Stage(str(path), pos, neg), config)
+    counts = []
+    for role in ("n_positives", "n_negatives"):
+        config.require(role)  # a stage file must set both
+        counts.append(config.typed(role)[0])
+    return StageFile(Stage(str(path), *counts), config)
 
 
 def estimate_current(inputs: PlanInputs) -> Estimate:

@@ -21,6 +21,22 @@ OPTIMIZER_STATE = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 2 * 4 / 2048}
 # bytes of temporaries per trainable parameter while the optimizer steps: the foreach AdamW builds one fp32
 # list (sqrt of the second moment); SGD momentum and bitsandbytes update in place
 OPTIMIZER_TEMP = {"adamw": 4.0, "sgd": 0.0, "adam8bit": 0.0}
+MAX_BATCH = 1 << 20  # the largest micro-batch a search tries
+# The most of each count that any GPU could hold, whatever the model (a larger value is a slip of the keyboard):
+# sequences in a micro-batch or per anchor, tokens in a sequence, LoRA's rank
+MAXIMA = {
+    "micro_batch": MAX_BATCH,
+    "n_positives": MAX_BATCH,
+    "n_negatives": MAX_BATCH,
+    "seq_len": 1 << 24,
+    "lora_rank": 1 << 16,
+}
+
+
+def out_of_range(name: str, value: int) -> str:
+    """What a TrainSetup count `name` must be when `value` is above its maximum, else ""."""
+    most = MAXIMA.get(name)
+    return f"expected at most {most:,}: no GPU holds more" if most is not None and value > most else ""
 
 
 @dataclass(frozen=True)
@@ -80,5 +96,9 @@ class TrainSetup:
         for key in ("n_positives", "n_negatives"):
             if getattr(self, key) < 0:
                 raise UserError(f"{key} = {getattr(self, key)}: expected 0 or more")
+        for key in MAXIMA:
+            expected = out_of_range(key, getattr(self, key))
+            if expected:
+                raise UserError(f"{key} = {getattr(self, key)}: {expected}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"zero_stage = {self.zero_stage}: expected 0, 1, 2 or 3")

@@ -13,7 +13,7 @@ from typing import Any
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import layouts, yamledit
 from gpuopt_tui.core.planner.compose import Composition, Source, compose
-from gpuopt_tui.core.planner.train_setup import PRECISIONS, TRAINABLE
+from gpuopt_tui.core.planner.train_setup import PRECISIONS, TRAINABLE, out_of_range
 
 ROLES = (
     "model",
@@ -165,6 +165,9 @@ def _count(s: Setting, v: Any, minimum: int, what: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         what = what or ("a positive integer" if minimum else "0 or a positive integer")
         raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected {what}")
+    too_large = out_of_range("micro_batch" if s.role == "batch_size" else s.role, v)
+    if too_large:
+        raise UserError(f"{s.where}: '{s.file_key}' = {v}, {too_large}")
     return int(v)
 
 

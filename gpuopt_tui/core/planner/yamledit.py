@@ -15,6 +15,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -23,9 +25,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.format import human_bytes
 
 Scalar = bool | int | float | str
 Leaves = dict[tuple[str, ...], tuple[str, Any]]
+# The largest config read: ruamel's round trip reads about 150 KB/s, and a plan reads a file again to check its edit
+MAX_CONFIG_BYTES = 1024**2
 _CACHED_TEXTS = 8  # parsed documents kept: a composed config, its stage files and the edit being checked
 
 
@@ -77,13 +82,30 @@ def _parser() -> Any:
 
 
 def read_text(path: Path) -> tuple[bytes, str]:
-    """The file's bytes and its text (UTF-8); UserError when it cannot be read."""
+    """The file's bytes and its text (UTF-8); UserError when it cannot be read, is not a regular file (a FIFO
+    would block, a device never end) or is larger than MAX_CONFIG_BYTES."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO does not wait for a writer
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{path}: not a regular file (a FIFO, a device or a directory); expected a YAML file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_CONFIG_BYTES:
+        size = max(len(raw), info.st_size)
+        raise UserError(
+            f"{path}: {human_bytes(size)}, larger than the {human_bytes(MAX_CONFIG_BYTES)} a training config may "
+            "have; the planner reads configs, not data"
+        )
     try:
         return raw, raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -67,6 +67,14 @@ def precision_floor(precision: str, dtype: torch.dtype = torch.float32) -> float
     return max(RELATIVE_ERROR[precision], ROUNDING_FLOOR * torch.finfo(dtype).eps)
 
 
+# the switch to finer steps, by the precision the steps run in (fp32 steps have none: their floor is rounding)
+FINER_STEPS = {
+    "fp16": "run the steps in fp32 (use_amp = false)",
+    "bf16": "run the steps in fp32 (use_amp = false)",
+    "tf32": "run the steps in plain fp32 (tf32 = false)",
+}
+
+
 def tolerance_warning(tolerance: float, precision: str, fallback: bool) -> str | None:
     """What a run to `tolerance` with steps in `precision` should say up front, if anything."""
     floor = precision_floor(precision)
@@ -75,12 +83,13 @@ def tolerance_warning(tolerance: float, precision: str, fallback: bool) -> str |
     if fallback and precision != "fp32":
         return (
             f"tolerance {tolerance:g} is below what {precision} steps resolve (about {floor:.0e} relative): most "
-            f"samples will run their steps in {full_precision(tolerance)} (full_precision_fallback)"
+            f"samples will run their steps in {precision_chain(precision, tolerance)[1]} (full_precision_fallback)"
         )
+    finer = FINER_STEPS.get(precision)
     return (
         f"tolerance {tolerance:g} is below what {precision} steps resolve (about {floor:.0e} relative): samples "
-        "that cannot reach it stop at max_steps and are flagged above it; run the steps in fp32 (use_amp = false, "
-        "tf32 = false) for a tighter result"
+        "that cannot reach it stop at max_steps and are flagged above it"
+        + (f"; for a tighter result {finer}" if finer else "")
     )
 
 
