@@ -4,6 +4,9 @@
   is a few hundred MB) and keeps, per line, its byte offset and the few fields a sample list shows; the
   tokens and scores of a sample are read again from its offset when the sample is opened. Unreadable lines
   are skipped and counted (a line damaged only inside its tokens or scores is noticed when it is opened).
+  Whatever the file holds, time and memory stay bounded: a line over MAX_LINE_BYTES is left out (counted), and
+  an opened sample keeps only its first SHOWN_TOKENS tokens, parsed from the start of its arrays, with the
+  count of the others.
 - summary.json and check.json: read by attribution_summary.py.
 - attributions.safetensors is listed (for export) but not read here.
 """
@@ -12,10 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from gpuopt_tui.core.attribution_summary import (
     CHECK_NAME,
@@ -42,7 +46,16 @@ EXPORTS = (
 )
 CANCEL_CHECK_LINES = 512  # how often indexing looks at its cancel flag
 TOKENS_KEY = b', "tokens": '  # the keys around the bulk of a line (tokens, scores), as the engine writes them
+SCORES_KEY = b', "scores": '
 TARGET_KEY = b', "target": '
+MAX_LINE_BYTES = 64 * 1024**2  # a longer line (some 2.5 million tokens) is left out of the index
+SHOWN_TOKENS = 2_000  # tokens of a sample kept for its heatmap; the others are counted
+TOKEN_CHARS = 80  # characters of a token kept (a longer one is cut, with "…")
+SHOWN_TOP = 100  # top tokens of a sample kept
+WHOLE_LINE_BYTES = 4 * 1024**2  # a line not in the engine's layout is parsed whole only up to this size
+_WINDOW_BYTES = 1024**2  # bytes from the start of an array that its kept items are parsed from
+_DECODER = json.JSONDecoder()
+_BLANK = re.compile(r"[ \t\n\r]*")
 
 
 # --- per-sample lines -----------------------------------------------------------------------------------------
@@ -100,15 +113,18 @@ class SampleEntry:
 
 @dataclass(frozen=True)
 class Sample:
-    """A whole line: its entry, its token sequences with their scores, and its top tokens."""
+    """A whole line: its entry, its token sequences with their scores (the first SHOWN_TOKENS of them, and the
+    count of the others), and its top tokens."""
 
     entry: SampleEntry
     segments: tuple[Segment, ...]
     top: tuple[TopToken, ...]
     two_tower: bool
+    hidden: int = 0  # tokens of the line not kept in `segments`
 
     @property
     def max_abs(self) -> float:
+        """The largest |score| of the tokens kept."""
         return max((abs(s) for seg in self.segments for s in seg.scores), default=0.0)
 
 
@@ -132,7 +148,7 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         probability=float(record["probability"]),
         delta=float(record["delta"]),
         relative_delta=float(record["relative_delta"]),
-        top_tokens=tuple(str(item[1]) for item in record.get("top") or ()),
+        top_tokens=tuple(str(item[1]) for item in (record.get("top") or ())[:SHOWN_TOP]),
         search_text=(" | ".join(map(str, text)) if isinstance(text, list) else str(text)).lower(),
         margin=optional_float(record.get("margin")),
         low_margin=bool(record.get("low_margin", False)),
@@ -144,21 +160,126 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
 
 
 def parse_sample(line: bytes, offset: int) -> Sample:
-    """One line of attributions.jsonl; ValueError (or KeyError/TypeError) when it is not a sample record."""
-    record = _record(line)
-    texts, tokens, scores = record["text"], record["tokens"], record["scores"]
-    two_tower = bool(tokens) and isinstance(tokens[0], list)
+    """One line of attributions.jsonl with its first SHOWN_TOKENS tokens; ValueError (or KeyError/TypeError) when
+    it is not a sample record. In the engine's layout only the start of the tokens and scores is parsed (their
+    count comes from the scores' commas), so a sample of millions of tokens costs little more than a short one."""
+    record, tokens, scores, total = _bulk(line)
+    texts = record["text"]
+    two_tower = isinstance(tokens, list) and bool(tokens) and isinstance(tokens[0], list)
     if not two_tower:
         texts, tokens, scores = [texts], [tokens], [scores]
-    if not (isinstance(texts, list) and len(texts) == len(tokens) == len(scores)):
+    whole = total is None
+    if (
+        not isinstance(texts, list)
+        or len(tokens) > len(texts)
+        or (whole and not len(texts) == len(scores) == len(tokens))
+    ):
         raise ValueError("text, tokens and scores do not have one entry per candidate")
+    segments = _segments(texts, tokens, scores, complete=whole)
+    shown = sum(len(seg.tokens) for seg in segments)
+    hidden = (total if total is not None else sum(len(t) for t in tokens)) - shown
+    top = tuple(_top_token(item) for item in (record.get("top") or ())[:SHOWN_TOP])
+    return Sample(_entry(record, offset), segments, top, two_tower, max(0, hidden))
+
+
+def _bulk(line: bytes) -> tuple[dict[str, Any], Any, Any, int | None]:
+    """A line's record, its tokens and scores (their first SHOWN_TOKENS in the engine's layout), and how many
+    scores it holds (None: the arrays are whole)."""
+    spans = _bulk_spans(line)
+    if spans is None:
+        if len(line) > WHOLE_LINE_BYTES:
+            raise ValueError(f"not in the engine's layout, and over {WHOLE_LINE_BYTES // 1024**2} MiB to parse whole")
+        record = _record(line)
+        return record, record["tokens"], record["scores"], None
+    tokens_at, scores_at, end = spans
+    return (
+        _list_fields(line),
+        _array_start(line, tokens_at),
+        _array_start(line, scores_at),
+        _leaves(line, scores_at, end),
+    )
+
+
+def _segments(texts: list[Any], tokens: list[Any], scores: list[Any], complete: bool) -> tuple[Segment, ...]:
+    """One segment per candidate with the sample's first SHOWN_TOKENS tokens. Arrays parsed whole (`complete`)
+    must pair every token with a score; arrays parsed from their start may stop at different places."""
     segments = []
-    for text, toks, vals in zip(texts, tokens, scores):
-        if not isinstance(toks, list) or not isinstance(vals, list) or len(toks) != len(vals):
+    room = SHOWN_TOKENS
+    for i, text in enumerate(texts):
+        toks = tokens[i] if i < len(tokens) else []
+        vals = scores[i] if i < len(scores) else []
+        if not isinstance(toks, list) or not isinstance(vals, list) or (complete and len(toks) != len(vals)):
             raise ValueError("tokens and scores differ in length")
-        segments.append(Segment(str(text), tuple(str(t) for t in toks), tuple(float(v) for v in vals)))
-    top = tuple(_top_token(item) for item in record.get("top") or ())
-    return Sample(_entry(record, offset), tuple(segments), top, two_tower)
+        n = min(len(toks), len(vals), room)
+        room -= n
+        segments.append(Segment(str(text), tuple(_token(t) for t in toks[:n]), tuple(float(v) for v in vals[:n])))
+    return tuple(segments)
+
+
+def _token(token: Any) -> str:
+    text = str(token)
+    return text if len(text) <= TOKEN_CHARS else text[: TOKEN_CHARS - 1] + "…"
+
+
+def _bulk_spans(line: bytes) -> tuple[int, int, int] | None:
+    """Where the tokens array starts, where the scores array starts and where it ends (at the next key) in a line
+    of the engine's layout (see _list_fields); None for another layout."""
+    start = line.find(TOKENS_KEY)
+    scores = line.find(SCORES_KEY, start + 1) if start >= 0 else -1
+    end = line.find(TARGET_KEY, scores + 1) if scores >= 0 else -1
+    if end < 0:
+        return None
+    return start + len(TOKENS_KEY), scores + len(SCORES_KEY), end
+
+
+def _array_start(line: bytes, at: int) -> list[Any]:
+    """The JSON array at byte `at` of `line` as far as its first SHOWN_TOKENS leaves (an array of arrays keeps its
+    nesting), parsed from at most _WINDOW_BYTES."""
+    window = line[at : at + _WINDOW_BYTES].decode("utf-8", errors="replace")
+    if not window.startswith("["):
+        raise ValueError("tokens and scores must be lists")
+    return _items(window, 0, [SHOWN_TOKENS], cut=len(line) - at > _WINDOW_BYTES)[0]
+
+
+def _items(text: str, at: int, room: list[int], cut: bool) -> tuple[list[Any], int]:
+    """The items of the array at `text[at]` while `room[0]` (leaves left) lasts, and where parsing stopped. Bad
+    JSON raises ValueError, unless it is a value cut off by the end of a `cut` window: then the array ends there."""
+    items: list[Any] = []
+    at = _skip_blank(text, at + 1)
+    while at < len(text) and text[at] != "]":
+        try:
+            if text[at] == "[":
+                inner, at = _items(text, at, room, cut)
+                items.append(inner)
+            else:
+                value, at = _DECODER.raw_decode(text, at)
+                if cut and at == len(text):  # a number the window's end may have cut short
+                    return items, at
+                items.append(value)
+                room[0] -= 1
+        except ValueError:
+            if cut:  # the rest of the window is not parsed
+                return items, len(text)
+            raise
+        if room[0] == 0:  # the leaves wanted are parsed: the rest is left alone
+            return items, at
+        at = _skip_blank(text, at)
+        if text.startswith(",", at):
+            at = _skip_blank(text, at + 1)
+        elif at < len(text) and text[at] != "]":
+            raise ValueError("expected , or ] in an array")
+    return items, at + 1
+
+
+def _skip_blank(text: str, at: int) -> int:
+    return _BLANK.match(text, at).end()  # type: ignore[union-attr]
+
+
+def _leaves(line: bytes, start: int, end: int) -> int:
+    """How many numbers the scores array `line[start:end]` holds (flat, or one array per candidate), counted from
+    its commas and brackets without parsing it (numbers hold neither)."""
+    lists = max(1, line.count(b"[", start, end) - 1)
+    return line.count(b",", start, end) - (lists - 1) + lists - line.count(b"[]", start, end)
 
 
 def _top_token(item: Any) -> TopToken:
@@ -182,6 +303,19 @@ def _list_fields(line: bytes) -> dict[str, Any]:
     return {**_record(line[:start] + b"}"), **_record(b"{" + line[end + 2 :])}
 
 
+def _lines(f: BinaryIO) -> Iterator[tuple[bytes, int]]:
+    """Each line of `f` with its length; a line over MAX_LINE_BYTES comes cut (its length says so), the rest of it
+    read in pieces and dropped, so that no line is ever held whole."""
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        length = len(line)
+        while length > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            line = f.readline(MAX_LINE_BYTES)
+            if not line:
+                break
+            length += len(line)
+        yield line if length <= MAX_LINE_BYTES else b"", length
+
+
 def _stamp(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return st.st_ino, st.st_size, st.st_mtime_ns
@@ -190,10 +324,13 @@ def _stamp(path: Path) -> tuple[int, int, int]:
 class SampleIndex:
     """The lines of an attributions.jsonl: entries in file order, the samples read on demand."""
 
-    def __init__(self, path: Path, entries: Sequence[SampleEntry], corrupt: int, stamp: tuple[int, int, int]) -> None:
+    def __init__(
+        self, path: Path, entries: Sequence[SampleEntry], corrupt: int, stamp: tuple[int, int, int], too_long: int = 0
+    ) -> None:
         self.path = path
         self.entries = tuple(entries)
         self.corrupt = corrupt  # unreadable lines that were skipped
+        self.too_long = too_long  # lines over MAX_LINE_BYTES that were left out
         self._stamp = stamp
 
     @classmethod
@@ -201,23 +338,25 @@ class SampleIndex:
         """Read the file once, keeping each line's offset and list fields; None when `cancelled()` turned true.
         Raises UserError when the file cannot be read."""
         entries: list[SampleEntry] = []
-        corrupt = 0
+        corrupt = too_long = 0
         try:
             with path.open("rb") as f:
                 stamp = os.fstat(f.fileno())
                 offset = 0
-                for number, line in enumerate(f):
+                for number, (line, length) in enumerate(_lines(f)):
                     if number % CANCEL_CHECK_LINES == 0 and cancelled():
                         return None
-                    if line.strip():
+                    if length > MAX_LINE_BYTES:
+                        too_long += 1
+                    elif line.strip():
                         try:
                             entries.append(_entry(_list_fields(line), offset))
                         except (ValueError, KeyError, TypeError, IndexError):
                             corrupt += 1
-                    offset += len(line)
+                    offset += length
         except OSError as e:
             raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
-        return cls(path, entries, corrupt, (stamp.st_ino, stamp.st_size, stamp.st_mtime_ns))
+        return cls(path, entries, corrupt, (stamp.st_ino, stamp.st_size, stamp.st_mtime_ns), too_long)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -237,7 +376,7 @@ class SampleIndex:
         try:
             with self.path.open("rb") as f:
                 f.seek(entry.offset)
-                line = f.readline()
+                line = f.readline(MAX_LINE_BYTES + 1)  # an indexed line is no longer
             return parse_sample(line, entry.offset)
         except OSError as e:
             raise UserError(f"{self.path}: cannot read it ({e.strerror or e})") from None

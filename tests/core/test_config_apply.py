@@ -155,6 +155,7 @@ def test_without_hard_links_backups_are_still_numbered_and_verified(
 
 def test_an_empty_backup_is_never_restored(config: Path) -> None:
     """A 0-byte backup (an interrupted copy) would empty the config: undo refuses it."""
+    write(config, 64)
     (config.parent / "config.yaml.backup.1").write_bytes(b"")
     original = config.read_bytes()
     with pytest.raises(UserError, match=r"config\.yaml\.backup\.1: the backup is empty"):
@@ -273,3 +274,34 @@ def test_a_name_taken_by_another_write_moves_the_number_on(config: Path, monkeyp
     assert written.backup.name == "config.yaml.backup.2"
     assert (config.parent / "config.yaml.backup.1").read_bytes() == b"another process's backup\n"
     assert backups.read_backup(written.backup) == original
+
+
+def test_a_foreign_ten_digit_neighbour_is_never_restored_nor_removed(config: Path) -> None:
+    """A NAME.backup.999999999 the planner did not write makes the next number 1000000000: undo restores the
+    planner's own backup, and the foreign file stays."""
+    foreign = config.with_name("config.yaml.backup.999999999")
+    foreign.write_bytes(b"batch_size: 1\n# not the planner's\n")
+    original = config.read_bytes()
+    (written,) = write(config, 64)
+    assert written.backup.name == "config.yaml.backup.1000000000"
+    assert [r.backup for r in undo(config)] == [written.backup]
+    assert config.read_bytes() == original and not written.backup.exists()
+    assert foreign.read_bytes() == b"batch_size: 1\n# not the planner's\n"
+
+
+def test_a_users_own_backup_is_never_restored(config: Path) -> None:
+    own = config.with_name("config.yaml.backup.5")
+    own.write_bytes(b"batch_size: 2\n")
+    before = config.read_bytes()
+    with pytest.raises(UserError, match="no backups the planner wrote .* nothing to undo"):
+        apply.undo_preview([config])
+    assert config.read_bytes() == before and own.read_bytes() == b"batch_size: 2\n"
+
+
+def test_a_backup_changed_since_the_planner_wrote_it_is_refused(config: Path) -> None:
+    (written,) = write(config, 64)
+    written.backup.write_bytes(b"batch_size: 3\n")
+    edited = config.read_bytes()
+    with pytest.raises(UserError, match=r"config\.yaml\.backup\.1: changed since the planner wrote it"):
+        apply.undo_preview([config])
+    assert config.read_bytes() == edited and written.backup.read_bytes() == b"batch_size: 3\n"

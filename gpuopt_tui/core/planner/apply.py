@@ -6,10 +6,11 @@ backup (backups.py) of the very bytes the preview read; only then is each replac
 puts the files already written back and removes this write's backups, so the configs and the backups there were
 before stay byte-identical.
 
-undo: restores the newest write, file by file (NAME.backup.N of the highest N among the config's files), after a
-preview of its own; it is refused when a file or its backup changed since that preview. The backup is removed
-once its file is restored, so repeated undos walk back to NAME.backup.1, the file before the planner first wrote
-it. Symlinked configs are read, written and restored at their target; the link stays a link.
+undo: restores the newest write, file by file (NAME.backup.N of the highest N among the config's files that the
+planner recorded, its bytes as recorded), after a preview of its own; it is refused when a file or its backup
+changed since that preview. The backup is removed once its file is restored, so repeated undos walk back to
+NAME.backup.1, the file before the planner first wrote it. Symlinked configs are read, written and restored at
+their target; the link stays a link.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from gpuopt_tui.core.atomic import replace_file
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.planner import backups
+from gpuopt_tui.core.planner import backup_records, backups
 from gpuopt_tui.core.planner.yamledit import FilePatch, unified_diff
 
 
@@ -157,6 +158,11 @@ def undo_preview(files: Iterable[Path]) -> list[Restore]:
     restores = []
     for file, backup in _newest(files):
         saved = backups.read_backup(backup)
+        if not backup_records.matches(backup, saved):
+            raise UserError(
+                f"{backup}: changed since the planner wrote it; nothing was restored (restore it by hand, or remove "
+                "it to undo an older write)"
+            )
         current = _current(file)
         text = (current or b"").decode("utf-8", errors="replace")
         diff = unified_diff(named[file], text, saved.decode("utf-8", errors="replace"))
@@ -164,7 +170,7 @@ def undo_preview(files: Iterable[Path]) -> list[Restore]:
         restores.append(Restore(named[file], file, backup, digest, saved, diff))
     if not restores:
         names = ", ".join(str(f) for f in files)
-        raise UserError(f"no backups (NAME{backups.SUFFIX}N) next to {names}: nothing to undo")
+        raise UserError(f"no backups the planner wrote (NAME{backups.SUFFIX}N) next to {names}: nothing to undo")
     return restores
 
 

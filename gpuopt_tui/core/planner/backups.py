@@ -5,8 +5,9 @@ newest write changed.
 
 A backup is written to a temporary file, fsynced and read back before it gets its name, and it gets it through a
 hard link, which never replaces or follows anything already there: an existing name, a symlink among them, only
-moves the number on. Only regular files count as backups. A symlinked config is backed up, written and restored
-at its target, next to which its backups lie; the link stays a link.
+moves the number on. Only backups the planner recorded (backup_records: path and digest), still regular files,
+count as backups. A symlinked config is backed up, written and restored at its target, next to which its backups
+lie; the link stays a link.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import errno
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuopt_tui.core.atomic import fsync_dir, write_all
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.planner import backup_records
 
 SUFFIX = ".backup."
 _NUMBER = re.compile(r"[1-9][0-9]{0,8}")
@@ -38,8 +41,9 @@ def backup_path(file: Path, number: int) -> Path:
     return file.with_name(f"{file.name}{SUFFIX}{number}")
 
 
-def _numbers(file: Path, regular_only: bool) -> dict[int, Path]:
-    """The backup numbers next to `file` (a config's target), with their paths."""
+def _numbers(file: Path) -> dict[int, Path]:
+    """The numbers of the backup names next to `file` (a config's target), whatever wrote them, with their
+    paths."""
     prefix = file.name + SUFFIX
     found = {}
     try:
@@ -48,15 +52,22 @@ def _numbers(file: Path, regular_only: bool) -> dict[int, Path]:
         raise UserError(f"{file.parent}: cannot list the directory ({e.strerror or e})") from None
     for entry in entries:
         number = entry.name[len(prefix) :]
-        regular = not regular_only or entry.is_file(follow_symlinks=False)
-        if entry.name.startswith(prefix) and _NUMBER.fullmatch(number) and regular:
+        if entry.name.startswith(prefix) and _NUMBER.fullmatch(number):
             found[int(number)] = Path(entry.path)
     return found
 
 
 def backups(file: Path) -> dict[int, Path]:
-    """The backups of `file` (a config's target) by number: regular files only, never a symlink."""
-    return _numbers(file, regular_only=True)
+    """The backups the planner wrote of `file` (a config's target) by number, recorded and still there as regular
+    files (never a symlink); a file that only has a backup's name is not one."""
+    return {n: path for n, path in backup_records.numbered(file, SUFFIX).items() if _regular(path)}
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def read_backup(path: Path) -> bytes:
@@ -82,14 +93,27 @@ def save(contents: Sequence[tuple[Path, bytes]], family: Iterable[Path] = ()) ->
     try:
         for file, data in contents:
             tmps.append(_verified_copy(file, data))
-        above = max((max(_numbers(f, regular_only=False), default=0) for f in {*files, *family}), default=0)
-        return _link_all(files, tmps, above + 1)
+        taken = [n for f in {*files, *family} for n in (*_numbers(f), *backup_records.numbered(f, SUFFIX))]
+        made = _link_all(files, tmps, max(taken, default=0) + 1)
+        try:
+            backup_records.add({path: data for path, (_, data) in zip(made, contents)})
+        except UserError as e:
+            _unlink(made)
+            raise UserError(f"{e}; nothing was written") from None
+        return made
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
 
 
 def remove(paths: Iterable[Path]) -> None:
+    """Remove backups the planner wrote, and their records."""
+    paths = list(paths)
+    _unlink(paths)
+    backup_records.drop(paths)
+
+
+def _unlink(paths: Iterable[Path]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
             path.unlink()
@@ -126,11 +150,11 @@ def _link_all(files: list[Path], tmps: list[Path], number: int) -> list[Path]:
                 made.append(backup_path(file, number))
                 _link(tmp, made[-1])
         except FileExistsError:
-            remove(made[:-1])
+            _unlink(made[:-1])
             number += 1
             continue
         except OSError as e:
-            remove(made[:-1])
+            _unlink(made[:-1])
             raise UserError(f"{made[-1]}: cannot write the backup ({e.strerror or e}); nothing was written") from None
         for directory in {f.parent for f in files}:
             fsync_dir(directory)

@@ -164,11 +164,17 @@ def _typed(s: Setting) -> Any:
 def _count(s: Setting, v: Any, minimum: int, what: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         what = what or ("a positive integer" if minimum else "0 or a positive integer")
-        raise UserError(f"{s.where}: '{s.file_key}' = {v!r}, expected {what}")
+        raise UserError(f"{s.where}: '{s.file_key}' = {_brief(v)}, expected {what}")
     too_large = out_of_range("micro_batch" if s.role == "batch_size" else s.role, v)
     if too_large:
-        raise UserError(f"{s.where}: '{s.file_key}' = {v}, {too_large}")
+        raise UserError(f"{s.where}: '{s.file_key}' = {_brief(v)}, {too_large}")
     return int(v)
+
+
+def _brief(v: Any) -> str:
+    """A value as a message shows it: its start when it is long (a number of thousands of digits)."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:12]}… ({len(text)} characters)"
 
 
 def read(path: Path, keys: Mapping[str, str] | None = None, overrides: Sequence[str] = ()) -> TrainingConfig:

@@ -162,6 +162,8 @@ def _load(text: str, source: Path | str) -> Any:
         raise UserError(f"{source}: not valid YAML: {e}") from None
     except RecursionError:
         raise UserError(f"{source}: nested too deeply to read") from None
+    except ValueError as e:  # an integer of thousands of digits: Python will not convert it
+        raise UserError(f"{source}: not a value the planner can read ({e})") from None
 
 
 def load(path: Path) -> Any:

@@ -23,7 +23,7 @@ from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
-from gpuopt_tui.core.attribution_results import RunFiles, load_run_files
+from gpuopt_tui.core.attribution_results import MAX_LINE_BYTES, RunFiles, load_run_files
 from gpuopt_tui.core.attribution_summary import AttributionSummary, CheckResult, load_check
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.run_dir import RunDir
@@ -151,6 +151,12 @@ class AttributionRunResults(RunResults):
             parts.append(Content.from_markup("[$text-muted]still running: results so far[/]"))
         if samples is not None and samples.corrupt:
             message = f"{samples.corrupt} unreadable line(s) of {samples.path.name} were skipped"
+            parts.append(Content.from_markup("[$warning]$message[/]", message=message))
+        if samples is not None and samples.too_long:
+            message = (
+                f"{samples.too_long} sample(s) of {samples.path.name} over {human_bytes(MAX_LINE_BYTES)} a line were "
+                "left out: see the file itself"
+            )
             parts.append(Content.from_markup("[$warning]$message[/]", message=message))
         parts.extend(Content.from_markup("[$error]$error[/]", error=error) for error in files.errors)
         return Content("\n").join(parts)

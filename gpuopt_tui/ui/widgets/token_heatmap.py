@@ -11,7 +11,7 @@ import re
 
 from textual.content import Content
 
-from gpuopt_tui.core.attribution_results import Sample, Segment
+from gpuopt_tui.core.attribution_results import JSONL_NAME, Sample, Segment
 
 # lightest to strongest, with a text colour that stays readable on each
 POSITIVE = (("#ffd7d7", "#000000"), ("#ffafaf", "#000000"), ("#ff8787", "#000000"), ("#ff5f5f", "#000000"),
@@ -63,7 +63,15 @@ def segment_content(segment: Segment, max_abs: float) -> Content:
 
 def heatmap(sample: Sample) -> Content:
     """The sample's tokens, shaded; a two-tower sample shows every candidate's title on its own line, the
-    explained (target), predicted and labelled candidates marked."""
+    explained (target), predicted and labelled candidates marked; a note counts the tokens past those kept."""
+    shown = _shaded(sample)
+    if not sample.hidden:
+        return shown
+    more = f"… {sample.hidden:,} more token{'s' if sample.hidden > 1 else ''}: see {JSONL_NAME}"
+    return Content.assemble(shown, "\n", (more, "dim italic"))
+
+
+def _shaded(sample: Sample) -> Content:
     max_abs = sample.max_abs
     if not sample.two_tower:
         return segment_content(sample.segments[0], max_abs)
