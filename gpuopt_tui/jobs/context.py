@@ -182,6 +182,14 @@ class JobContext:
             self._stage = name
             self.events.progress(force=True, stage=name, **self._memory_fields())
 
+    def cancellable_stage(
+        self, name: str, done: int | None = None, total: int | None = None, unit: str = "steps"
+    ) -> None:
+        """`stage`, first raising JobCancelled if a cancel has arrived: the StageFn for work after the main count
+        (the check, the audit), so that a cancel stops it too."""
+        self.check_cancelled()
+        self.stage(name, done, total, unit)
+
     def repeat_progress(self, stage: str) -> None:
         """Write the last progress of `stage` again, as it was (rate included)."""
         if stage in self._last_of_stage:

@@ -94,12 +94,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     audited = _audit(ctx, adapter, ds, collected, settings, audit_count(section.audit_samples, device))
     summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage, audited)
     if section.check_samples > 0:
-
-        def check_stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
-            ctx.check_cancelled()
-            ctx.stage(name, done, total, unit)
-
-        check = compare_paths(adapter, ds, settings, section.check_samples, check_stage)
+        check = compare_paths(adapter, ds, settings, section.check_samples, ctx.cancellable_stage)
         write_json(ctx.results_dir / CHECK_NAME, check)
         ctx.artifact(ctx.results_dir / CHECK_NAME, "optimized vs original: relative difference of the scores")
         ctx.metric("check_max_rel_diff", check["max_rel_diff"])
@@ -116,12 +111,8 @@ def _audit(
         return None
     indices = chosen_samples(len(ds), count)
     ctx.log(f"audit: samples {', '.join(map(str, indices))} against a strict fp32 reference")
-
-    def stage(name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
-        ctx.check_cancelled()
-        ctx.stage(name, done, total, unit)
-
-    result = audit(adapter, ds, indices, collected.token_scores, collected.target, collected.within, settings, stage)
+    scores, target, within = collected.token_scores, collected.target, collected.within
+    result = audit(adapter, ds, indices, scores, target, within, settings, ctx.cancellable_stage)
     if warning := audit_warning(result):
         ctx.warn(warning)
     return result
