@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
-# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-auto ig-auto-cli tracin tracin-projected planner
+# Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
@@ -30,6 +30,25 @@ for step in "$@"; do
     ig-conformance)  # IG_CONFORMANCE_ARGS: e.g. --families bert roberta
       python3 benchmarks/ig_conformance.py --out "$out/ig_conformance_${card}.md" ${IG_CONFORMANCE_ARGS:-} 2>&1 \
         | grep -v "^|" | tail -40 ;;
+    ig-conformance-split)  # IG_PROCS processes (default: one per GPU), the (family, task) pairs of IG_PAIRS dealt
+      # out to them in turn, the results merged; processes sharing a GPU make its rates meaningless (say so: IG_NOTE)
+      gpus=$(nvidia-smi -L | wc -l)
+      procs=${IG_PROCS:-$gpus}
+      read -ra pairs <<< "${IG_PAIRS:-distilbert:majority roberta:majority albert:majority electra:majority distilbert:planted roberta:planted albert:planted electra:planted bert:planted deberta-v2:planted bert:majority deberta-v2:majority}"
+      for ((g = 0; g < procs; g++)); do
+        (for ((k = g; k < ${#pairs[@]}; k += procs)); do
+           f=${pairs[k]%%:*} t=${pairs[k]##*:}
+           CUDA_VISIBLE_DEVICES=$((g % gpus)) python3 benchmarks/ig_conformance.py --families "$f" --tasks "$t" \
+             --out "$out/conformance_part_${f}_${t}.md" --note "${IG_NOTE:-}" ${IG_CONFORMANCE_ARGS:-}
+         done > "$out/conformance_gpu$g.log" 2>&1) &
+      done
+      wait
+      parts=()
+      for p in "${pairs[@]}"; do
+        f=${p%%:*} t=${p##*:}
+        [ -f "$out/conformance_part_${f}_${t}.json" ] && parts+=("$out/conformance_part_${f}_${t}.json")
+      done
+      python3 benchmarks/ig_conformance.py --merge "${parts[@]}" --out "$out/ig_conformance_${card}.md" | grep -v "^|" | tail -20 ;;
     ig-auto)
       python3 benchmarks/ig_auto_bench.py --out "$out/ig_auto_${card}.md" 2>&1 | tail -40 ;;
     ig-auto-cli)  # ig_auto_bench.py's fine-tuned model and texts through `gpuopt-tui run`, auto steps at 1e-2, in

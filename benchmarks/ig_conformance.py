@@ -50,6 +50,7 @@ from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter
 FAMILIES = ("bert", "roberta", "distilbert", "electra", "albert", "deberta-v2")
 TASKS = ("planted", "majority")
 FIRST_FILLER = len(SPECIAL) + 2 * SIGNAL
+MEMORY_FRACTION = [0.9]  # of the GPU's free memory for each run's chunks (--memory-fraction: processes sharing it)
 FINE_TOLERANCE = 1e-4  # the fine reference's: a tenth of the tightest tolerance measured
 
 
@@ -134,18 +135,22 @@ def accuracy_of(model: Any, ids: list[list[int]], labels: Tensor, max_length: in
 
 def engine_row(adapter: SequenceClassifierAdapter, batches: list[dict[str, Tensor]], **attribution: Any) -> dict:
     """The engine over the batches as the job runs them: token scores [N, S], steps, verdicts, rate."""
-    section = AttributionSection(compile="off", **attribution)
+    section = AttributionSection(compile="off", memory_fraction=MEMORY_FRACTION[0], **attribution)
     settings = Settings.resolve(section, adapter, adapter.device, sum(len(b["input_ids"]) for b in batches))
     planner = settings.planner()
     attribute_batch(adapter, _head(batches[0], 4), settings, planner)  # warm-up
+    chooser = settings.start_precision(adapter.device)  # the job's: measured on the first timed batch
     sync(adapter.device)
     start, outs = time.perf_counter(), []
     for batch in batches:
-        outs.append(attribute_batch(adapter, batch, settings, planner))
+        outs.append(attribute_batch(adapter, batch, settings, planner, start=chooser))
     sync(adapter.device)
     seconds = time.perf_counter() - start
-    print(f"    {_describe(attribution)}: {seconds:.1f} s", flush=True)
-    return {"seconds": seconds, "precision": settings.precision, **_stack(outs)}
+    choice = None if chooser is None else chooser.record()
+    print(
+        f"    {_describe(attribution)}: {seconds:.1f} s" + (f" ({chooser.describe()})" if chooser else ""), flush=True
+    )
+    return {"seconds": seconds, "precision": settings.precision, "start_precision": choice, **_stack(outs)}
 
 
 def _describe(attribution: dict[str, Any]) -> str:
@@ -218,6 +223,8 @@ def measure(family: str, task: str, args: argparse.Namespace, device: torch.devi
     ids.sort(key=len, reverse=True)
     batches = [id_batch(ids[i : i + args.batch], args.max_length, device) for i in range(0, len(ids), args.batch)]
     batches = [{k: v[:, : int(b["attention_mask"].sum(1).max())] for k, v in b.items()} for b in batches]
+    if args.rates_only:
+        return {"family": family, "task": task, "train": trained, "entries": [], "rates": rates(adapter, task, args)}
     strict = {"use_amp": False, "tf32": False}
     refs = {
         "gl2000": engine_row(adapter, batches, n_steps=args.reference_steps, batch_size=args.batch, **strict),
@@ -237,7 +244,44 @@ def measure(family: str, task: str, args: argparse.Namespace, device: torch.devi
         rows[f"Captum LIG, bf16 autocast, {args.captum_steps} steps"] = captum_row(
             adapter, batches, refs["gl2000"]["target"], args.captum_steps
         )
-    return {"family": family, "task": task, "train": trained, "entries": summarize(refs, rows, args)}
+    result = {"family": family, "task": task, "train": trained, "entries": summarize(refs, rows, args)}
+    if args.rate_samples:
+        result["rates"] = rates(adapter, task, args)
+    return result
+
+
+def rates(adapter: SequenceClassifierAdapter, task: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Samples/s of the auto rows at the loosest tolerance and of Captum on --rate-samples other texts (the rates
+    a long run sees: the per-run costs spread over many batches)."""
+    ids, _ = task_ids(task, args.rate_samples, args, torch.Generator().manual_seed(3))
+    ids.sort(key=len, reverse=True)
+    batches = [
+        id_batch(ids[i : i + args.batch], args.max_length, adapter.device) for i in range(0, len(ids), args.batch)
+    ]
+    batches = [{k: v[:, : int(b["attention_mask"].sum(1).max())] for k, v in b.items()} for b in batches]
+    tol = max(args.tolerances)
+    runs = {
+        f"auto {tol:g}, defaults (fp16 weights + fallback)": {},
+        f"auto {tol:g}, tf32": {"use_amp": False, "tf32": True},
+        f"auto {tol:g}, fp16 weights, no fallback": {"full_precision_fallback": False},
+    }
+    out = []
+    for name, options in runs.items():
+        row = engine_row(adapter, batches, n_steps="auto", tolerance=tol, batch_size=args.batch, **options)
+        out.append({"row": name, "samples": len(ids), "samples_per_s": len(ids) / row["seconds"], "mean_steps": float(row["steps"].double().mean()),
+                    "full_precision": int((row["fallback"] > 0).sum()), "start_precision": row["start_precision"]})  # fmt: skip
+    if not args.skip_captum:
+        targets = torch.cat([attribute_batch_targets(adapter, b) for b in batches])
+        row = captum_row(adapter, batches, targets, args.captum_steps)
+        out.append({"row": f"Captum LIG, bf16 autocast, {args.captum_steps} steps", "mean_steps": args.captum_steps, "samples": len(ids),
+                    "samples_per_s": len(ids) / row["seconds"], "full_precision": 0, "start_precision": None})  # fmt: skip
+    return out
+
+
+def attribute_batch_targets(adapter: SequenceClassifierAdapter, batch: dict[str, Tensor]) -> Tensor:
+    """The fp32 prediction of each text (the target the runs explain)."""
+    with torch.no_grad():
+        return adapter.model(**batch).logits.float().argmax(-1).cpu()
 
 
 def summarize(refs: dict[str, dict], rows: dict[str, dict], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -286,16 +330,22 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         "steps in strict fp32, vs fine = against the adaptive panels to 1e-4 in strict fp32",
         "- within: samples the run reports within its tolerance; silent misses: of those, samples whose error "
         "against the reference exceeds the tolerance (vs fine / vs GL)",
+        *([f"- note: {meta['note']}"] if meta.get("note") else []),
         "",
     ]
     for res in results:
         t = res["train"]
-        if not res["entries"]:
+        if not res["entries"] and not res.get("rates"):
             lines += [f"## {res['family']}, {res['task']}: not learned (held-out accuracy {t['accuracy']:.3f})", ""]
             continue
         lines += [
             f"## {res['family']}, {res['task']} (held-out accuracy {t['accuracy']:.3f}, {t['steps']} training steps)",
             "",
+        ]
+        if not res["entries"]:
+            lines += _render_rates(res.get("rates"))
+            continue
+        lines += [
             "| row | samples/s | mean steps | error vs fine (median / max) | error vs GL (median / max) | "
             "within / flagged | silent misses (fine / GL) | full precision |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -312,7 +362,37 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 f"{e['full_precision']} |"
             )
         lines.append("")
+        lines += _render_rates(res.get("rates"))
     return "\n".join(lines)
+
+
+def _render_rates(rates: list[dict[str, Any]] | None) -> list[str]:
+    if not rates:
+        return []
+    n = rates[0].get("samples")
+    captum = next((r["samples_per_s"] for r in rates if r["row"].startswith("Captum")), None)
+    lines = [
+        f"Rates on {n} other texts (batches as above; 40k: 40,000 / samples/s, extrapolated):",
+        "",
+        "| row | samples/s | mean steps | full precision | x Captum | min for 40k | start precision |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rates:
+        choice = r["start_precision"]
+        said = (
+            "—"
+            if not choice
+            else (
+                f"time ratio {choice['time_ratio']:.2f}, expected {choice['expected_ratio']:.2f}; "
+                f"{choice['samples']['reduced']} started reduced, {choice['samples']['full']} full"
+            )
+        )
+        times = f"{r['samples_per_s'] / captum:.2f}" if captum else "—"
+        lines.append(
+            f"| {r['row']} | {r['samples_per_s']:.1f} | {r['mean_steps']:.1f} | {r['full_precision']} | {times} | "
+            f"{40000 / r['samples_per_s'] / 60:.1f} | {said} |"
+        )
+    return [*lines, ""]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -340,18 +420,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
     parser.add_argument("--captum-steps", type=int, default=50)
     parser.add_argument("--skip-captum", action="store_true")
+    parser.add_argument("--rate-samples", type=int, default=1024, help="texts of the rate rows (0: none)")
+    parser.add_argument("--merge", type=Path, nargs="+", help="render these .json results together into --out")
+    parser.add_argument("--rates-only", action="store_true", help="train, then only the rate rows")
+    parser.add_argument("--memory-fraction", type=float, default=0.9, help="of the free GPU memory, for chunks")
+    parser.add_argument("--note", default="", help="a line the results file carries (e.g. how the GPU was shared)")
     args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.hidden, args.heads, args.vocab, args.samples, args.batch = 2, 32, 2, 512, 8, 8
         args.min_words, args.max_words, args.max_length, args.train_seconds = 3, 12, 16, 5
         args.reference_steps, args.captum_steps, args.families = 200, 8, ["bert", "distilbert"]
-        args.min_accuracy = 0.0
+        args.min_accuracy, args.rate_samples = 0.0, 16
         args.tasks = ["majority"]
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    MEMORY_FRACTION[0] = args.memory_fraction
+    if args.merge:  # results of several processes (one GPU each), in the order given
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        meta = {**parts[0]["meta"], "command": " ".join(p["meta"]["command"] for p in parts)}
+        text = render(meta, [r for p in parts for r in p["results"]])
+        if args.out:
+            args.out.write_text(text)
+        print(text)
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     meta = {
         "date": datetime.date.today().isoformat(), "device": device_name(device), "torch": torch.__version__,

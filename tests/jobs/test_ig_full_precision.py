@@ -87,11 +87,12 @@ def test_progress_covers_both_groups_once(case) -> None:
 
 def test_the_summary_counts_and_explains_the_full_precision_samples() -> None:
     steps, within = torch.tensor([17, 17, 33, 25]), torch.ones(4, dtype=torch.bool)
-    reasons = torch.tensor([0, 1, 3, 2], dtype=torch.int8)
+    steps, within = torch.cat([steps, steps[:1]]), torch.cat([within, within[:1]])
+    reasons = torch.tensor([0, 1, 3, 2, 4], dtype=torch.int8)
     summary = steps_summary(steps, within, tolerance=1e-2, max_steps=65, precision="fp16", fallback=(reasons, "tf32"))
     full = summary["full_precision"]
-    assert full["samples"] == 3 and full["precision"] == "tf32"
-    assert full["by_reason"] == {"output change": 1, "measured rounding": 1, "not settled": 1}
-    assert "3 of 4 samples ran their steps in tf32, not fp16" in full["note"]
+    assert full["samples"] == 4 and full["precision"] == "tf32"
+    assert full["by_reason"] == {"output change": 1, "measured rounding": 1, "not settled": 1, "measured speed": 1}
+    assert "4 of 5 samples ran their steps in tf32, not fp16" in full["note"]
     none = (torch.zeros(4, dtype=torch.int8), "tf32")
     assert steps_summary(steps, within, tolerance=1e-2, max_steps=65, fallback=none)["full_precision"] is None

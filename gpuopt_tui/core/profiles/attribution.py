@@ -94,8 +94,10 @@ class AttributionSection:
         'With n_steps = "auto" on the GPU: the steps of a sample start over in a fuller precision (amp_dtype, then '
         "TF32 -- fp32 below a tolerance of 1e-3 --, then fp32) when the rounding measured on two of its first points "
         "against it would take half the tolerance, or, from amp_dtype, when its output moves too little between "
-        "baseline and input for amp_dtype's rounding or it has not settled in 129 points; the summary counts them "
-        "by reason and attributions.jsonl marks them (`full_precision`, `full_precision_reason`)",
+        "baseline and input for amp_dtype's rounding or it has not settled in 129 points; and whole batches start "
+        "in TF32/fp32 where the run measures amp_dtype no faster once those restarts are counted (a small model); "
+        "the summary counts them by reason and attributions.jsonl marks them (`full_precision`, "
+        "`full_precision_reason`)",
     )
     tf32: bool = opt(True, "Allow TF32 matrix products when running in fp32 on the GPU")
     compile: str = opt(

@@ -129,8 +129,8 @@ def _full_precision(fallback: tuple[Tensor, str], precision: str) -> dict[str, A
         "note": (
             f"{count} of {reasons.numel()} samples ran their steps in {full}, not {precision} ({why}: their output "
             f"moves too little for {precision}, the rounding measured on their first points would take half the "
-            f"tolerance, or they had not settled in {precision}); `full_precision` in attributions.jsonl names them "
-            "(search: fullprecision)"
+            f"tolerance, they had not settled in {precision}, or the run measured that starting in {full} is "
+            "faster); `full_precision` in attributions.jsonl names them (search: fullprecision)"
         ),
     }
 

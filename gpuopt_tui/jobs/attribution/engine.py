@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from gpuopt_tui.jobs.attribution.baselines import ZERO_ALL, baseline_embeddings,
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.ig import integrated_gradients
-from gpuopt_tui.jobs.attribution.precision import output_margins
+from gpuopt_tui.jobs.attribution.precision import REDUCED, output_margins
 from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
+from gpuopt_tui.jobs.attribution.start_precision import PROBE_SAMPLES, PROBE_STEPS, StartPrecision, timer
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision
-from gpuopt_tui.jobs.models import Adapter, Batch
+from gpuopt_tui.jobs.models import Adapter, Batch, select_rows
 
 #: Per-sample results of `attribute_batch` (token_scores is [B, *S], the others [B]; see common.IGResult).
 RESULT_KEYS = (
@@ -91,6 +93,15 @@ class Settings:
             on_event=on_event,
         )
 
+    def start_precision(self, device: torch.device) -> StartPrecision | None:
+        """The run's choice of the precision its batches start in (start_precision.py), where there is one."""
+        auto = self.n_steps == "auto" and self.optimized
+        return StartPrecision.of(self.precision, self.tolerance, auto and self.full_precision_fallback, device)
+
+    def started_in(self, precision: str) -> Settings:
+        """These settings with the steps starting in `precision` (a full one: no cast weights)."""
+        return dataclasses.replace(self, precision=precision, cast_weights=self.cast_weights and precision in REDUCED)
+
 
 def step_compiler(
     settings: Settings,
@@ -125,6 +136,7 @@ def attribute_batch(
     compiler: StepCompiler | None = None,
     target: Tensor | None = None,
     plain: bool = False,
+    start: StartPrecision | None = None,
 ) -> dict[str, Tensor]:
     """IG of one batch already on the adapter's device; per-sample results (RESULT_KEYS) on the CPU.
 
@@ -132,8 +144,14 @@ def attribute_batch(
     otherwise);
     `compiler` (see `step_compiler`) compiles the forward of the steps of the batched path;
     `target` [B] explains these outputs instead of the settings' target;
-    `plain` runs the batched path on the model's own forward (no lean last layer, no fused attention kernels).
+    `plain` runs the batched path on the model's own forward (no lean last layer, no fused attention kernels);
+    `start` (see `Settings.start_precision`) chooses whether the steps start in the settings' bf16/fp16 or in full
+    precision, measuring both on this batch the first time.
     """
+    reduced = start is None or start.choose(_probe_timer(adapter, batch, settings, planner))
+    if not reduced:
+        assert start is not None
+        settings = settings.started_in(start.full)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
         embeds = adapter.word_embeddings()(ids)
@@ -188,9 +206,17 @@ def attribute_batch(
         "margin": margin,
         "low_margin": low_margin,
         "steps": result.steps,
-        "fallback": result.fallback,
+        "fallback": result.fallback if start is None else start.observe(reduced, result.fallback),
         # fixed steps have no tolerance: NaN error, never "within" (the results write neither for them)
         "error": result.error if result.error is not None else torch.full_like(result.scores, math.nan),
         "within": result.within if result.within is not None else torch.zeros_like(result.steps, dtype=torch.bool),
     }
     return {k: v.detach().cpu().contiguous() for k, v in values.items()}
+
+
+def _probe_timer(adapter: Adapter, batch: Batch, settings: Settings, planner: ChunkPlanner) -> Callable[[str], float]:
+    """Times PROBE_STEPS fixed steps of the batch's first PROBE_SAMPLES samples in a given precision."""
+    probe = select_rows(batch, slice(0, PROBE_SAMPLES))
+    fixed = dataclasses.replace(settings, n_steps=PROBE_STEPS, method="gausslegendre", full_precision_fallback=False)
+    device = adapter.device
+    return timer(lambda precision: attribute_batch(adapter, probe, fixed.started_in(precision), planner), device)

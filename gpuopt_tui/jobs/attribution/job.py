@@ -38,6 +38,7 @@ from gpuopt_tui.jobs.attribution.outputs import (
 )
 from gpuopt_tui.jobs.attribution.panels import step_counts
 from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
+from gpuopt_tui.jobs.attribution.start_precision import StartPrecision
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
@@ -83,15 +84,18 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.log(note)
     compiler = step_compiler(settings, ctx.event, lambda: ctx.stage(COMPILE_STAGE))
     start = time.perf_counter()
-    attributed = _attribute_pending(ctx, adapter, ds, settings, plan, compiler)
+    chooser = settings.start_precision(device)
+    attributed = _attribute_pending(ctx, adapter, ds, settings, plan, compiler, chooser)
     if compiler is not None and compiler.error is not None:
         ctx.warn(f"torch.compile failed, the steps ran without it: {compiler.error}")
     counts = ctx.dist.gather(attributed)  # returns once every rank's shards are written
     if counts is None:  # ranks other than 0 are done: rank 0 merges
         return {"samples": attributed}
-    stage = {"samples": sum(counts), "seconds": time.perf_counter() - start}
+    stage: dict[str, Any] = {"samples": sum(counts), "seconds": time.perf_counter() - start}
     collected, seconds = _gather(ctx, ds, len(plan), settings.n_steps == "auto")
     audited = _audit(ctx, adapter, ds, collected, settings, audit_count(section.audit_samples, device))
+    if chooser is not None and chooser.ratio is not None:  # rank 0's choice (each rank measures its own)
+        stage["start_precision"] = chooser.record()
     summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage, audited)
     if section.check_samples > 0:
         check = compare_paths(adapter, ds, settings, section.check_samples, ctx.cancellable_stage)
@@ -189,9 +193,11 @@ def _attribute_pending(
     settings: Settings,
     plan: list[list[int]],
     compiler: StepCompiler | None,
+    chooser: StartPrecision | None,
 ) -> int:
     """Attribute this rank's batches of the plan that have no shard yet, one shard per finished batch;
-    returns the number of samples attributed. The pending batches go to the ranks balanced by their tokens
+    returns the number of samples attributed. `chooser` picks the precision each batch starts in (logged as it
+    changes). The pending batches go to the ranks balanced by their tokens
     (rank 0's count also holds the samples done before, so the ranks' counts add up to the dataset)."""
     planner = settings.planner(ctx.event)
     pending = ctx.dist.broadcast([j for j in range(len(plan)) if not ctx.shard_done(shard_name(j))])
@@ -209,7 +215,7 @@ def _attribute_pending(
     def with_bf16_fallback(batch: Batch, on_chunk: Callable[[int, int], None]) -> dict[str, Tensor]:
         """IG of a batch; in bf16 again when fp16 overflowed (bf16 has fp32's range)."""
         try:
-            return attribute_batch(adapter, batch, settings, planner, on_chunk, compiler)
+            return attribute_batch(adapter, batch, settings, planner, on_chunk, compiler, start=chooser)
         except NonFiniteGradients:
             if settings.precision != "fp16" or not amp_dtype_supported(adapter.device, "bf16"):
                 raise
@@ -217,7 +223,7 @@ def _attribute_pending(
         ctx.event("fp16_overflow", rows=rows)
         ctx.warn(f"fp16 overflowed on a batch of {rows} samples: that batch was redone in bf16")
         bf16 = dataclasses.replace(settings, precision="bf16")
-        return attribute_batch(adapter, batch, bf16, planner, on_chunk, compiler)
+        return attribute_batch(adapter, batch, bf16, planner, on_chunk, compiler, start=chooser)
 
     def attribute(batch: Batch, offset: int) -> dict[str, Tensor]:
         """IG of a batch; when even one step does not fit in memory, its two halves one after the other."""
@@ -243,11 +249,15 @@ def _attribute_pending(
         second = attribute(select_rows(batch, slice(half, None)), offset + half)
         return {k: torch.cat([first[k], second[k]]) for k in RESULT_KEYS}
 
+    said = ""
     for j in pending:
         indices = plan[j]
         batch = to_device(trim_batch(ds.batch(indices), ds.token_fields), adapter.device)
         start = time.perf_counter()
         values = attribute(batch, done)
+        if chooser is not None and (line := chooser.describe()) != said:
+            ctx.log(line)
+            said = line
         values["index"] = torch.tensor(indices, dtype=torch.long)
         metadata = {"seconds": f"{time.perf_counter() - start:.6f}", "rank": str(ctx.rank)}
         ctx.save_shard(shard_name(j), _shard_writer(values, metadata))
@@ -308,12 +318,13 @@ def _write_results(
     settings: Settings,
     seconds: float,
     compiler: StepCompiler | None,
-    stage: dict[str, float],
+    stage: dict[str, Any],
     audited: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The three result files; returns the short summary for the run's `finished` event. `stage`: the
-    samples attributed by this attempt (all ranks) and the attempt's wall seconds for them; `audited`: the
-    audit's result (audit.py), None when it was off."""
+    samples attributed by this attempt (all ranks), the attempt's wall seconds for them and, where the attempt
+    chose it, the precision its batches started in (start_precision.py); `audited`: the audit's result
+    (audit.py), None when it was off."""
     ctx.stage(WRITE_STAGE)
     structure = adapter.special_ids.non_content()
     files = {
@@ -344,6 +355,7 @@ def _write_results(
         precision=settings.precision,
         fallback=(collected.fallback, "/".join(chain[1:])) if len(chain) > 1 else None,
     )
+    steps["start_precision"] = stage.get("start_precision")
     if steps["full_precision"]:
         ctx.log(steps["full_precision"]["note"])
     if steps["warning"]:

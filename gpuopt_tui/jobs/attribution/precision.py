@@ -27,8 +27,8 @@ REDUCED = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: other way along the path: its `low_margin` flag says so.
 RELATIVE_ERROR = {"fp32": 0.0, "tf32": 1e-3, "fp16": 4e-3, "bf16": 8e-3}
 #: Why a sample's steps ran in full precision rather than the run's bf16/fp16 (index 0: they did not), as each
-#: sample stores it (adaptive.py has the rules).
-FALLBACK_REASONS = ("", "output change", "measured rounding", "not settled")
+#: sample stores it (adaptive.py has the rules; start_precision.py the last).
+FALLBACK_REASONS = ("", "output change", "measured rounding", "not settled", "measured speed")
 
 
 @dataclass(frozen=True)
