@@ -30,9 +30,9 @@ from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS
 from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -41,7 +41,7 @@ from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
     from gpuopt_tui.ui.profile_listing import ProfileListing
-    from gpuopt_tui.ui.screens.gpu import GpuView
+    from gpuopt_tui.ui.widgets.gpu_view import GpuView
 
 _IMPORTED_AT = time.perf_counter()
 logger = logging.getLogger(__name__)
