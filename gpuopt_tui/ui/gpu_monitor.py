@@ -10,7 +10,6 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
-from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.ui.partial_updates import crop_partial_updates
 from gpuopt_tui.ui.widgets.app_footer import AppFooter
 from gpuopt_tui.ui.widgets.gpu_view import GpuView
@@ -21,19 +20,10 @@ class GpuMonitorScreen(Screen):
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "close", "Back", id="gpu.close")]
 
-    def __init__(
-        self,
-        source: TelemetrySource,
-        interval: float = 1.0,
-        history: History | None = None,
-        readonly: bool = False,
-        *,
-        name: str | None = None,
-        id: str | None = None,
-    ) -> None:
-        super().__init__(name=name, id=id)
+    def __init__(self, view: GpuView) -> None:
+        super().__init__()
         crop_partial_updates(self)
-        self.view = GpuView(source, interval, history, readonly)
+        self.view = view
 
     def compose(self) -> ComposeResult:
         yield self.view
@@ -64,7 +54,7 @@ class GpuMonitorApp(App):
         self.readonly = readonly
 
     def get_default_screen(self) -> Screen:
-        return GpuMonitorScreen(self.source, self.interval, readonly=self.readonly)
+        return GpuMonitorScreen(GpuView(self.source, self.interval, readonly=self.readonly))
 
     def on_gpu_view_run_requested(self, message: GpuView.RunRequested) -> None:
         self.notify(f"Process of run {message.run_id}: open it with `gpuopt-tui show {message.run_id}`")

@@ -368,7 +368,7 @@ class ScreenApp(App):
 async def test_a_process_is_signalled_only_after_confirmation() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:
-        screen = GpuMonitorScreen(LiveSource(child.pid), interval=SLOW)
+        screen = GpuMonitorScreen(GpuView(LiveSource(child.pid), interval=SLOW))
         async with ScreenApp(screen).run_test(size=(100, 30)) as pilot:
             table = screen.query_one(ProcessList)
             await wait_for(pilot, lambda: len(table.processes) == 1)
@@ -392,7 +392,7 @@ async def test_a_process_is_signalled_only_after_confirmation() -> None:
 
 
 async def test_read_only_turns_signals_off() -> None:
-    screen = GpuMonitorScreen(LiveSource(os.getpid()), interval=SLOW, readonly=True)
+    screen = GpuMonitorScreen(GpuView(LiveSource(os.getpid()), interval=SLOW, readonly=True))
     async with ScreenApp(screen).run_test(size=(100, 30)) as pilot:
         table = screen.query_one(ProcessList)
         await wait_for(pilot, lambda: len(table.processes) == 1)
@@ -406,7 +406,7 @@ async def test_read_only_turns_signals_off() -> None:
 
 
 async def test_enter_on_a_process_of_a_run_asks_for_the_run() -> None:
-    screen = GpuMonitorScreen(replay_at(0), interval=SLOW)
+    screen = GpuMonitorScreen(GpuView(replay_at(0), interval=SLOW))
     app = ScreenApp(screen)
     async with app.run_test(size=(100, 30)) as pilot:
         table = screen.query_one(ProcessList)
@@ -542,5 +542,5 @@ def test_snapshot_panel_without_a_driver(snap_compare) -> None:
 
 def test_snapshot_gpu_screen(snap_compare) -> None:
     telemetry = h200_still()
-    screen = GpuMonitorScreen(telemetry.source, history=telemetry.history)
+    screen = GpuMonitorScreen(GpuView(telemetry.source, history=telemetry.history))
     assert snap_compare(ScreenApp(screen), terminal_size=(100, 30), run_before=_first_poll)
