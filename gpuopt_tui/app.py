@@ -11,16 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
-from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.content import Content
-from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.worker import Worker, WorkerState
 
@@ -30,9 +27,10 @@ from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
+from gpuopt_tui.ui.palette import Command, CommandList
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS
 from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -41,7 +39,7 @@ from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
     from gpuopt_tui.ui.profile_listing import ProfileListing
-    from gpuopt_tui.ui.screens.gpu import GpuView
+    from gpuopt_tui.ui.widgets.gpu_view import GpuView
 
 _IMPORTED_AT = time.perf_counter()
 logger = logging.getLogger(__name__)
@@ -58,10 +56,10 @@ def continuing_runs_note(active: list[RunInfo]) -> str:
     )
 
 
-class GpuOptCommands(Provider):
+class GpuOptCommands(CommandList):
     """Command palette: go to a screen, or start a run of any profile."""
 
-    def _commands(self) -> Iterator[tuple[str, Callable[[], object], str]]:
+    def commands(self) -> Iterator[Command]:
         from gpuopt_tui.core.kinds import engine_available
         from gpuopt_tui.core.profiles.io import list_profiles
 
@@ -76,22 +74,6 @@ class GpuOptCommands(Provider):
             elif engine_available(entry.kind):
                 description = f": {safe_text(entry.description)}" if entry.description else ""
                 yield name, partial(app.run_profile_file, entry.path), f"start a {entry.kind} run{description}"
-
-    async def startup(self) -> None:
-        self._cached = list(self._commands())
-
-    async def discover(self) -> Hits:
-        for name, callback, help_text in self._cached:
-            yield DiscoveryHit(escape(name), callback, text=name, help=escape(help_text))
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, callback, help_text in self._cached:
-            score = matcher.match(name)
-            if score > 0:
-                # highlight() reads its text as markup: a profile name with brackets is shown plain instead
-                shown = matcher.highlight(name) if "[" not in name else Content(name)
-                yield Hit(score, shown, callback, text=name, help=escape(help_text))
 
 
 class GpuOptApp(App[int]):

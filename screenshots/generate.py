@@ -31,7 +31,7 @@ from gpuopt_tui.core.events import read_events
 from gpuopt_tui.core.kinds import engine_available
 from gpuopt_tui.core.runs import find_run
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry, busiest_sample
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.registry import SCREENS
 
 SIZE = (120, 40)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,65 +125,12 @@ def _gone(info: RunInfo) -> int | None:
 
 def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach)."""
-    tail = EventTail(RunDir(run_dir).events, skim=True)
-    watcher = RunWatcher(run_dir.parent)
-    interrupted = False
+    follower = _Follower(run_dir, cancel_on_interrupt)
     previous = signal.getsignal(signal.SIGINT)
-
-    def on_interrupt(signum: int, frame: object) -> None:
-        nonlocal interrupted
-        if interrupted or not cancel_on_interrupt:
-            raise KeyboardInterrupt
-        interrupted = True
-        console.print("[yellow]cancelling: the run stops after its current chunk (Ctrl-C again to kill it)[/]")
-        try:
-            cancel_run(run_dir)
-        except Exception as e:  # the run may have just ended by itself
-            console.print(f"  {e}")
-
-    signal.signal(signal.SIGINT, on_interrupt)
-    progress, task = new_progress(run_dir.name)
-    outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
-    ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
+    signal.signal(signal.SIGINT, follower.on_interrupt)
     try:
-        with progress:
-            while True:
-                for event in tail.read():
-                    etype = event["type"]
-                    if etype == "started":
-                        outcome, ranks = None, {}
-                        progress.update(
-                            task, stats=escape(f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
-                        )
-                    elif etype == "progress":
-                        if "rank" in event:
-                            ranks[event["rank"]] = event
-                            event = combined_progress(ranks)
-                        show_progress(progress, task, event, run_dir.name)
-                    elif etype in ("log", "warning"):
-                        style = "yellow" if etype == "warning" else "dim"
-                        where = f"rank {event['rank']}: " if event.get("rank") else ""
-                        progress.console.print(f"{where}{event.get('message', '')}", style=style, markup=False)
-                    elif etype == "rank_failed":
-                        progress.console.print(
-                            f"rank {event.get('rank')} failed: {event.get('message', '')}", style="red", markup=False
-                        )
-                    elif etype in TERMINAL_TYPES:
-                        outcome = event
-                info = watcher.info(run_dir)
-                gone = _gone(info)
-                if gone is not None:
-                    progress.stop()
-                    return gone
-                if outcome is not None and not info.active:
-                    progress.stop()
-                    code = print_outcome(run_dir, outcome)
-                    # a cancel that this command asked for exits 130; one from elsewhere is a failure to the caller
-                    return 1 if code == 130 and not interrupted else code
-                if info.status == "crashed":
-                    progress.stop()
-                    return print_outcome(run_dir, {"type": "failed", "message": info.message})
-                time.sleep(POLL_S)
+        with follower.progress:
+            return follower.run()
     except KeyboardInterrupt:
         if cancel_on_interrupt:
             cancel_run(run_dir, force=True)
@@ -192,3 +140,88 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
         return 0
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+class _Follower:
+    """Following one run: its events drawn as they come (see EVENT_HANDLERS), its status checked after each read."""
+
+    def __init__(self, run_dir: Path, cancel_on_interrupt: bool) -> None:
+        self.run_dir, self.cancel_on_interrupt = run_dir, cancel_on_interrupt
+        self.tail = EventTail(RunDir(run_dir).events, skim=True)
+        self.watcher = RunWatcher(run_dir.parent)
+        self.progress, self.task = new_progress(run_dir.name)
+        self.interrupted = False
+        self.outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
+        self.ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
+
+    def run(self) -> int:
+        """Draw the run's events until it ends; returns the exit code."""
+        while True:
+            for event in self.tail.read():
+                handler = EVENT_HANDLERS.get(event["type"])
+                if handler is not None:
+                    handler(self, event)
+            code = self.exit_code(self.watcher.info(self.run_dir))
+            if code is not None:
+                return code
+            time.sleep(POLL_S)
+
+    def exit_code(self, info: RunInfo) -> int | None:
+        """The exit code once the run has ended or can no longer be followed, else None."""
+        gone = _gone(info)
+        if gone is not None:
+            self.progress.stop()
+            return gone
+        if self.outcome is not None and not info.active:
+            self.progress.stop()
+            code = print_outcome(self.run_dir, self.outcome)
+            # a cancel that this command asked for exits 130; one from elsewhere is a failure to the caller
+            return 1 if code == 130 and not self.interrupted else code
+        if info.status == "crashed":
+            self.progress.stop()
+            return print_outcome(self.run_dir, {"type": "failed", "message": info.message})
+        return None
+
+    def on_interrupt(self, signum: int, frame: object) -> None:
+        if self.interrupted or not self.cancel_on_interrupt:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        console.print("[yellow]cancelling: the run stops after its current chunk (Ctrl-C again to kill it)[/]")
+        try:
+            cancel_run(self.run_dir)
+        except Exception as e:  # the run may have just ended by itself
+            console.print(f"  {e}")
+
+    def on_started(self, event: dict[str, Any]) -> None:
+        self.outcome, self.ranks = None, {}
+        attempt = f"attempt {event.get('attempt', 1)} on {event.get('host', '')}"
+        self.progress.update(self.task, stats=escape(attempt))
+
+    def on_progress(self, event: dict[str, Any]) -> None:
+        if "rank" in event:
+            self.ranks[event["rank"]] = event
+            event = combined_progress(self.ranks)
+        show_progress(self.progress, self.task, event, self.run_dir.name)
+
+    def on_message(self, event: dict[str, Any]) -> None:
+        style = "yellow" if event["type"] == "warning" else "dim"
+        where = f"rank {event['rank']}: " if event.get("rank") else ""
+        self.progress.console.print(f"{where}{event.get('message', '')}", style=style, markup=False)
+
+    def on_rank_failed(self, event: dict[str, Any]) -> None:
+        message = f"rank {event.get('rank')} failed: {event.get('message', '')}"
+        self.progress.console.print(message, style="red", markup=False)
+
+    def on_terminal(self, event: dict[str, Any]) -> None:
+        self.outcome = event
+
+
+# what following a run does with each type of event; other types are not shown
+EVENT_HANDLERS: dict[str, Callable[[_Follower, dict[str, Any]], None]] = {
+    "started": _Follower.on_started,
+    "progress": _Follower.on_progress,
+    "log": _Follower.on_message,
+    "warning": _Follower.on_message,
+    "rank_failed": _Follower.on_rank_failed,
+    **dict.fromkeys(TERMINAL_TYPES, _Follower.on_terminal),
+}

@@ -345,7 +345,7 @@ def _record(source: TelemetrySource, args: argparse.Namespace) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from gpuopt_tui.ui.screens.gpu import GpuMonitorApp
+    from gpuopt_tui.ui.gpu_monitor import GpuMonitorApp
 
     app = GpuMonitorApp(_source(args, headless=False), interval=args.interval, readonly=args.readonly)
     app.run(mouse=not getattr(args, "no_mouse", False))

@@ -55,8 +55,18 @@ def _is_type_of_event(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "etype"
 
 
+def _handler_table_keys(node: ast.AST) -> list[ast.expr | None]:
+    """The keys of a table of event handlers (`EVENT_HANDLERS: ... = {"started": ..., ...}`)."""
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(node.value, ast.Dict):
+        return node.value.keys if node.target.id.endswith("EVENT_HANDLERS") else []
+    return []
+
+
 def read_types(tree: ast.AST) -> Iterator[str]:
     for node in ast.walk(tree):
+        yield from (
+            k.value for k in _handler_table_keys(node) if isinstance(k, ast.Constant) and isinstance(k.value, str)
+        )
         if isinstance(node, ast.Compare) and _is_type_of_event(node.left):
             for right in node.comparators:
                 values = right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right]
@@ -84,3 +94,5 @@ def test_the_finder_sees_the_writers_and_readers() -> None:
     runner = ast.parse((SOURCE / "jobs" / "runner.py").read_text(encoding="utf-8"))
     assert {"started", "failed", "finished", "cancelled"} <= set(written_types(runner))
     assert {"rank_failed", "rank_finished", "rank_cancelled"} <= set(read_types(runner))
+    follow = ast.parse((SOURCE / "commands" / "follow.py").read_text(encoding="utf-8"))
+    assert {"started", "progress", "log", "warning", "rank_failed"} <= set(read_types(follow))

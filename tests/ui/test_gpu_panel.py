@@ -30,14 +30,16 @@ from gpuopt_tui.core.telemetry import (
     display,
     read_trace,
 )
+from gpuopt_tui.ui.gpu_monitor import GpuMonitorApp, GpuMonitorScreen
 from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.partial_updates import CroppingCompositor
-from gpuopt_tui.ui.screens.gpu import GpuMonitorApp, GpuScreen, GpuView, ProcessList
-from gpuopt_tui.ui.screens.gpu_slot import GpuAppScreen, GpuTelemetry, busiest_sample
+from gpuopt_tui.ui.screens.gpu import GpuScreen
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel, GpuRow, GpuRows, gpu_line
+from gpuopt_tui.ui.widgets.gpu_view import GpuView, ProcessList
 from gpuopt_tui.ui.widgets.history_plot import HistoryPlot, plot_text
 
 from .conftest import TickCounter, make_run, wait_for
@@ -283,7 +285,7 @@ async def test_the_gpu_screen_shows_details_history_and_processes() -> None:
     app = GpuMonitorApp(telemetry.source, interval=0.25)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = pilot.app.screen
-        assert isinstance(screen, GpuScreen) and isinstance(screen._compositor, CroppingCompositor)
+        assert isinstance(screen, GpuMonitorScreen) and isinstance(screen._compositor, CroppingCompositor)
         plots = list(screen.query(HistoryPlot))
         # a plot shows complete columns only: the first one completes within a column's length of trace time
         await wait_for(pilot, lambda: all(any(v is not None for v in plot.values) for plot in plots))
@@ -351,7 +353,7 @@ class LiveSource:
 
 
 class ScreenApp(App):
-    def __init__(self, screen: GpuScreen) -> None:
+    def __init__(self, screen: GpuMonitorScreen) -> None:
         super().__init__()
         self.gpu_screen = screen
         self.runs_requested: list[str] = []
@@ -366,7 +368,7 @@ class ScreenApp(App):
 async def test_a_process_is_signalled_only_after_confirmation() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:
-        screen = GpuScreen(LiveSource(child.pid), interval=SLOW)
+        screen = GpuMonitorScreen(GpuView(LiveSource(child.pid), interval=SLOW))
         async with ScreenApp(screen).run_test(size=(100, 30)) as pilot:
             table = screen.query_one(ProcessList)
             await wait_for(pilot, lambda: len(table.processes) == 1)
@@ -390,7 +392,7 @@ async def test_a_process_is_signalled_only_after_confirmation() -> None:
 
 
 async def test_read_only_turns_signals_off() -> None:
-    screen = GpuScreen(LiveSource(os.getpid()), interval=SLOW, readonly=True)
+    screen = GpuMonitorScreen(GpuView(LiveSource(os.getpid()), interval=SLOW, readonly=True))
     async with ScreenApp(screen).run_test(size=(100, 30)) as pilot:
         table = screen.query_one(ProcessList)
         await wait_for(pilot, lambda: len(table.processes) == 1)
@@ -404,7 +406,7 @@ async def test_read_only_turns_signals_off() -> None:
 
 
 async def test_enter_on_a_process_of_a_run_asks_for_the_run() -> None:
-    screen = GpuScreen(replay_at(0), interval=SLOW)
+    screen = GpuMonitorScreen(GpuView(replay_at(0), interval=SLOW))
     app = ScreenApp(screen)
     async with app.run_test(size=(100, 30)) as pilot:
         table = screen.query_one(ProcessList)
@@ -426,7 +428,7 @@ async def test_the_apps_gpu_screen_has_the_navigation_bar_and_leaves_the_screen_
     app = make_app(screen="gpu", telemetry=h200_still())
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.screen
-        assert isinstance(screen, GpuAppScreen)
+        assert isinstance(screen, GpuScreen)
         assert isinstance(screen._compositor, CroppingCompositor)  # sends only the cells that change
         await wait_for(pilot, lambda: screen.view.snapshot is not None)
         await pilot.pause()
@@ -498,7 +500,7 @@ async def test_a_process_of_a_run_opens_that_run_and_signals_ask_first(runs_root
             await pilot.press("T")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
             await pilot.press("n")
-            await wait_for(pilot, lambda: isinstance(app.screen, GpuAppScreen))
+            await wait_for(pilot, lambda: isinstance(app.screen, GpuScreen))
             assert child.poll() is None
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.current_mode == "runs")
@@ -540,5 +542,5 @@ def test_snapshot_panel_without_a_driver(snap_compare) -> None:
 
 def test_snapshot_gpu_screen(snap_compare) -> None:
     telemetry = h200_still()
-    screen = GpuScreen(telemetry.source, history=telemetry.history)
+    screen = GpuMonitorScreen(GpuView(telemetry.source, history=telemetry.history))
     assert snap_compare(ScreenApp(screen), terminal_size=(100, 30), run_before=_first_poll)

@@ -1,6 +1,6 @@
 """How the GPU screen names the run a process belongs to."""
 
-from gpuopt_tui.ui.screens.gpu import run_label
+from gpuopt_tui.ui.widgets.gpu_view import run_label
 
 
 def test_a_run_is_named_by_its_kind_and_suffix() -> None:

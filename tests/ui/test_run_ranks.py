@@ -13,8 +13,8 @@ from rich.text import Text
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.telemetry import CachedRunLookup, GpuSample, ProcessSample, RunLookup, Snapshot
-from gpuopt_tui.ui.screens.gpu import ProcessList, process_text, run_label
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
+from gpuopt_tui.ui.widgets.gpu_view import ProcessList, process_text, run_label
 from gpuopt_tui.ui.widgets.rank_table import RankTable
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 

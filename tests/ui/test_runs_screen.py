@@ -18,8 +18,8 @@ from gpuopt_tui.app import make_app
 from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.core.telemetry import GpuSample, ProcessSample, ReplaySource, Snapshot
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.run_poller import IDLE_INTERVAL_S, RunsPolled
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog

@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 
 from gpuopt_tui.app import GpuOptApp, make_app
 from gpuopt_tui.core.telemetry import read_trace
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry, busiest_sample
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.kind import check_profile_name
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog

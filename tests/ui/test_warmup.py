@@ -10,7 +10,7 @@ from textual.pilot import Pilot
 
 from gpuopt_tui.app import GpuOptApp, make_app
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
-from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.screens.registry import spec
 from gpuopt_tui.ui.warmup import WARMED
 

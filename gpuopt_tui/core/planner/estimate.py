@@ -58,10 +58,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import activations as act
 from gpuopt_tui.core.planner.model_spec import ModelSpec
-from gpuopt_tui.core.planner.train_setup import OPTIMIZER_STATE, OPTIMIZER_TEMP, MiB, TrainSetup
+from gpuopt_tui.core.planner.step_sizes import StepSizes
+from gpuopt_tui.core.planner.train_setup import OPTIMIZER_STATE, MiB, TrainSetup
 
 # Reserved but unallocated bytes per token and vocabulary entry around an LM loss (calibrated, see the docstring):
 # the freed 16-bit logits leave a hole the fp32 blocks of the backward pass cannot use (2 B, derived); when the
@@ -111,263 +111,79 @@ class Estimate:
         raise KeyError(key)
 
 
-def _trainable(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int, Callable[[str], bool]]:
-    """(parameters in the model incl. adapters, trainable parameters, which weights train)."""
-    if setup.trainable == "all":
-        return spec.params, spec.params, lambda name: True
-    head_trains = setup.trainable == "frozen_encoder" or spec.task == "classification"
-    if setup.trainable == "frozen_encoder":
-        if spec.head_params == 0:
-            raise UserError(
-                f"{spec.source}: with a frozen encoder nothing trains: this {spec.model_type} {spec.task} model's "
-                "head has no weights of its own (it is tied to the embeddings or absent); use LoRA or train all"
-            )
-        return spec.params, spec.head_params, lambda name: name == "head"
-    targets = {lin.name for lin in spec.lora_linears(setup.lora_targets)}
-    lora = spec.lora_params(setup.lora_rank, setup.lora_targets)
-    head = spec.head_params if head_trains else 0  # a classifier head trains along with the adapters
-    return spec.params + lora, lora + head, lambda name: name in targets or (name == "head" and head_trains)
-
-
-def _cast_cache_weights(spec: ModelSpec, setup: TrainSetup) -> int:
-    """Weights whose 16-bit copies autocast makes once and that stay for the forward pass: the trainable ones (its
-    cache), and under LoRA the frozen linears too: not cached, but each copy is saved for backward, which needs
-    the weight for the gradient of the layer's input. With gradient checkpointing the layers save nothing, so a
-    frozen linear's copy lives only while its layer runs (the layer working buffers cover it)."""
-    if setup.trainable == "all":
-        return spec.layers * spec.layer_linear_params + spec.head_linear_weights
-    if setup.trainable == "lora":
-        saved = (
-            0 if setup.gradient_checkpointing else spec.layers * sum(lin.d_in * lin.d_out for lin in spec.layer_linears)
-        )
-        return spec.lora_params(setup.lora_rank, setup.lora_targets) + saved + spec.head_linear_weights
-    return spec.head_linear_weights
-
-
 def estimate(spec: ModelSpec, setup: TrainSetup, overheads: Overheads | None = None) -> Estimate:
     """The closed-form estimate of one training step's peak memory on one GPU."""
     setup.check()
     oh = overheads or Overheads()
-    n = setup.n_gpus
-    zero = setup.zero_stage
-    deepspeed_mixed = zero > 0 and setup.mixed  # 16-bit weights and gradients, fp32 master in the optimizer
-    autocast = setup.mixed and not deepspeed_mixed
-    a_bytes = 2 if setup.mixed else 4
-    f32_bytes = 2 if deepspeed_mixed else 4
-    total_params, p_t, trains = _trainable(spec, setup)
-
-    def shard(nbytes: float, stage: int) -> int:
-        return int(nbytes / n) if zero >= stage else int(nbytes)
-
-    state_bytes = 2 if deepspeed_mixed else 4  # of weights and gradients
-    weights = shard(total_params * state_bytes, 3)
-    grads = shard(p_t * state_bytes, 2)
-    opt_state = shard(p_t * OPTIMIZER_STATE[setup.optimizer], 1)
-    master = shard(p_t * 4, 1) if deepspeed_mixed else 0
-    buckets = p_t * 4 if n > 1 and zero == 0 else 0
-    opt_temp = shard(p_t * OPTIMIZER_TEMP[setup.optimizer], 1)
-    cache = 2 * _cast_cache_weights(spec, setup) if autocast else 0
-
-    tokens = setup.tokens
-    grad_upstream = setup.trainable in ("all", "lora")
-
-    def per_token(entries: tuple[act.Saved, ...]) -> float:
-        return act.saved_bytes_per_token(entries, spec, a_bytes, autocast, trains, f32_bytes, setup.seq_len)
-
-    layer = per_token(act.layer_inventory(spec, padded=not spec.decoder)) * tokens
-    if setup.trainable == "lora":
-        layer += _lora_rank_bytes(spec, setup, a_bytes) * tokens
-    if grad_upstream:
-        working = (2 * act.largest_tensor_bytes_per_token(spec, a_bytes) + 2 * f32_bytes * spec.hidden) * tokens
-    else:
-        working = act.no_grad_bytes_per_token(spec, a_bytes, autocast, f32_bytes, setup.seq_len) * tokens
-    head_entries = tuple(
-        e
-        for e in act.head_inventory(spec)
-        if e.weight is not None or grad_upstream  # the final norm keeps its input only for gradients upstream
-    )
-    edge = per_token(head_entries) * tokens
-    if setup.trainable == "all":
-        edge += per_token(act.embedding_inventory(spec)) * tokens
-    if not grad_upstream:
-        saved = 0.0
-    elif setup.gradient_checkpointing:
-        saved = spec.layers * f32_bytes * spec.hidden * tokens  # each layer's input
-    else:
-        saved = spec.layers * layer
-    saved += edge
-    logits_fwd, logits_bwd = _logits(spec, setup, a_bytes)
-    batch = _batch_bytes(spec, setup)
-
-    base = weights + opt_state + master + buckets + batch
-    accumulating = setup.accumulate > 1
-    grads_in_backward = grads if accumulating else 0
-    grads_in_forward = grads if accumulating or setup.loop == "lightning" else 0
-    # the backward pass makes gradients as it goes: the head's first, the lowest layer's last
-    head_grads = 0 if accumulating else shard(_head_grad_params(spec, setup) * state_bytes, 2)
-    later_grads = 0 if accumulating else max(0, grads - shard(_layer_grad_params(spec, setup) * state_bytes, 2))
-    # saved for backward, the 16-bit weight copies outlive autocast's cache (checkpointing saves none of them)
-    cache_kept = grad_upstream and not setup.gradient_checkpointing
-    cache_in_backward = cache if cache_kept else 0
-    phases = {
-        "end of forward": base + grads_in_forward + cache + saved + logits_fwd,
-        "start of backward": base + grads_in_backward + cache_in_backward + saved + logits_bwd,
-        "optimizer step": base + grads + opt_temp,
-        "end of backward": base + grads + (working if grad_upstream else 0),
-    }
-    holes = 0
-    if not grad_upstream:  # the encoder's forward runs before the head, keeps nothing and leaves holes
-        phases["no-grad forward"] = base + grads_in_forward + working
-        holes = int(act.no_grad_holes(spec) * f32_bytes * spec.hidden * tokens)
-    elif setup.gradient_checkpointing:
-        phases["recompute of the top layer"] = base + grads_in_backward + head_grads + saved + layer + working
-        lowest = f32_bytes * spec.hidden * tokens  # the lowest layer's input, the only one still kept
-        phases["recompute of the lowest layer"] = base + grads_in_backward + later_grads + lowest + layer + working
-    else:
-        top = base + grads_in_backward + head_grads + cache_in_backward + saved + working
-        phases["top layer backward"] = top
-        phases["lowest layer backward"] = base + grads_in_backward + later_grads + layer + working
-    lm_slack = _lm_reserved_slack(spec, setup)
-    unallocated = {
-        k: max(oh.allocator, holes) if k == "no-grad forward" else oh.allocator + (lm_slack if k in LM_PHASES else 0)
-        for k in phases
-    }
+    step = StepSizes(spec, setup)
+    phases = _phases(step)
+    unallocated = _unallocated(step, phases, oh)
     phase = max(phases, key=lambda k: phases[k] + unallocated[k])
-    allocated = int(max(phases.values()))
-    reserved = int(phases[phase]) + unallocated[phase] + oh.workspaces
-
-    at_peak = _at_peak(phase, grad_upstream, accumulating, setup.loop == "lightning", cache_kept)
-    lowest = phase.startswith(("lowest", "recompute of the lowest"))
-    pct = f"{100 / n:.0f}% of " if n > 1 else ""
-    master_note = " (fp32: autocast's master copy)" if autocast else ""
-    components = (
-        Component(
-            "weights",
-            "Weights",
-            weights,
-            True,
-            f"{total_params:,} parameters x {state_bytes} B{master_note}{_sharded(zero, 3, pct)}",
-        ),
-        Component(
-            "gradients",
-            "Gradients",
-            grads,
-            "gradients" in at_peak,
-            f"{p_t:,} trainable x {state_bytes} B{_sharded(zero, 2, pct)}",
-        ),
-        Component(
-            "head_gradients",
-            "Gradients of the head",
-            head_grads,
-            "head_gradients" in at_peak,
-            "made first in the backward pass (a tied LM head: the embedding matrix's gradient)",
-        ),
-        Component(
-            "later_gradients",
-            "Gradients of the layers above",
-            later_grads,
-            "later_gradients" in at_peak,
-            "all but the lowest layer's and the embeddings' gradients exist when the lowest layer runs backward",
-        ),
-        Component(
-            "optimizer",
-            f"Optimizer state ({setup.optimizer})",
-            opt_state,
-            True,
-            f"{OPTIMIZER_STATE[setup.optimizer]:g} B per trainable parameter{_sharded(zero, 1, pct)}",
-        ),
-        Component(
-            "master", "fp32 master weights", master, True, "ZeRO mixed precision keeps an fp32 copy per parameter"
-        ),
-        Component("buckets", "DDP gradient buckets", buckets, True, "one gradient-sized buffer for all-reduce"),
-        Component(
-            "cast_cache",
-            "16-bit weight copies (autocast)",
-            cache,
-            "cast_cache" in at_peak,
-            "autocast's casts of trainable weights"
-            + (" and of the frozen linears LoRA backpropagates through" if setup.trainable == "lora" else "")
-            + (", kept for backward" if cache_kept else ", for the forward pass"),
-        ),
-        Component(
-            "activations",
-            "Activations" + (" (checkpointed)" if setup.gradient_checkpointing and grad_upstream else ""),
-            int(saved),
-            "activations" in at_peak,
-            _activation_note(spec, setup, grad_upstream),
-        ),
-        Component(
-            "lowest_input",
-            "Lowest layer's input",
-            int(f32_bytes * spec.hidden * tokens) if setup.gradient_checkpointing and grad_upstream else 0,
-            "lowest_input" in at_peak,
-            "the only checkpoint left when the lowest layer is recomputed",
-        ),
-        Component(
-            "recompute",
-            "One layer recomputed" if setup.gradient_checkpointing else "One layer's activations",
-            int(layer) if grad_upstream and (setup.gradient_checkpointing or lowest) else 0,
-            "recompute" in at_peak,
-            "gradient checkpointing rebuilds one layer's activations at a time"
-            if setup.gradient_checkpointing
-            else "what the lowest layer keeps, the last activations alive in the backward pass",
-        ),
-        Component(
-            "logits",
-            "Logits and loss (fp32 copies)",
-            int(logits_bwd if phase == "start of backward" else logits_fwd),
-            "logits" in at_peak,
-            _logits_note(spec, a_bytes),
-        ),
-        Component(
-            "working",
-            "Layer working buffers" if grad_upstream else "Forward pass without gradients",
-            int(working),
-            "working" in at_peak,
-            "gradients or live intermediates of one layer (two widest tensors + two residual tensors)"
-            if grad_upstream
-            else "one layer at its peak moment, the embedding output and the layer input (nothing kept)",
-        ),
-        Component(
-            "optimizer_temp",
-            "Optimizer step temporaries",
-            opt_temp,
-            "optimizer_temp" in at_peak,
-            "foreach AdamW builds one fp32 tensor per parameter while stepping",
-        ),
-        Component("batch", "Batch data", batch, True, "token ids, masks and labels (int64)"),
-        Component(
-            "workspaces", "cuBLAS workspaces", oh.workspaces, True, "per handle and stream, forward and backward"
-        ),
-        Component(
-            "allocator",
-            "Allocator overhead",
-            unallocated[phase],
-            True,
-            "reserved but not allocated (calibrated)"
-            + ("" if grad_upstream else f"; the forward leaves ~{act.no_grad_holes(spec):g} fp32 hidden holes/token"),
-        ),
-        Component("context", "CUDA context", oh.context, True, "driver context and kernels, outside torch"),
-    )
+    peak = _Peak(phase, _at_peak(step, phase), unallocated[phase], oh)
+    components = (component(step, peak) for component in COMPONENTS)
+    reserved = int(phases[phase]) + peak.unallocated + oh.workspaces
     return Estimate(
         spec=spec,
         setup=setup,
         components=tuple(c for c in components if c.bytes > 0),
         phase=phase,
         phases={k: int(v) for k, v in phases.items()},
-        allocated=allocated,
+        allocated=int(max(phases.values())),
         reserved=reserved,
         total=reserved + oh.context,
-        params=total_params,
-        trainable_params=p_t,
+        params=step.total_params,
+        trainable_params=step.p_t,
     )
 
 
-def _at_peak(phase: str, grad_upstream: bool, accumulating: bool, lightning: bool, cache_kept: bool) -> set[str]:
+@dataclass(frozen=True)
+class _Peak:
+    """The step's peak moment: what it holds besides the step's tensors."""
+
+    phase: str  # the moment of the step where the peak is
+    holds: set[str]  # the transient components allocated then
+    unallocated: int  # reserved but unallocated bytes then
+    overheads: Overheads  # memory outside the model's tensors
+
+
+def _phases(s: StepSizes) -> dict[str, float]:
+    """Allocated bytes at each moment of the step that can be its peak."""
+    base, logits_fwd, logits_bwd = s.base, *s.logits
+    phases = {
+        "end of forward": base + s.grads_in_forward + s.cache + s.saved + logits_fwd,
+        "start of backward": base + s.grads_in_backward + s.cache_in_backward + s.saved + logits_bwd,
+        "optimizer step": base + s.grads + s.opt_temp,
+        "end of backward": base + s.grads + (s.working if s.grad_upstream else 0),
+    }
+    in_backward = base + s.grads_in_backward
+    if not s.grad_upstream:  # the encoder's forward runs before the head, keeps nothing and leaves holes
+        phases["no-grad forward"] = base + s.grads_in_forward + s.working
+    elif s.checkpointing:
+        phases["recompute of the top layer"] = in_backward + s.head_grads + s.saved + s.layer + s.working
+        # the lowest layer's input is the only checkpoint still kept
+        phases["recompute of the lowest layer"] = in_backward + s.later_grads + s.layer_input + s.layer + s.working
+    else:
+        phases["top layer backward"] = in_backward + s.head_grads + s.cache_in_backward + s.saved + s.working
+        phases["lowest layer backward"] = in_backward + s.later_grads + s.layer + s.working
+    return phases
+
+
+def _unallocated(s: StepSizes, phases: dict[str, float], overheads: Overheads) -> dict[str, int]:
+    """Reserved but unallocated bytes at each moment: the allocator's overhead, the slack around an LM loss, or the
+    holes a no-grad forward leaves."""
+    allocator = overheads.allocator
+    lm_slack = _lm_reserved_slack(s.spec, s.setup)
+    return {
+        k: max(allocator, s.holes) if k == "no-grad forward" else allocator + (lm_slack if k in LM_PHASES else 0)
+        for k in phases
+    }
+
+
+def _at_peak(s: StepSizes, phase: str) -> set[str]:
     """Which of the step's transient components are allocated at `phase`."""
-    grads = {"gradients"} if accumulating else set()
-    forward_grads = {"gradients"} if lightning else grads
-    cache = {"cast_cache"} if cache_kept else set()
+    grads = {"gradients"} if s.accumulating else set()
+    forward_grads = {"gradients"} if s.setup.loop == "lightning" else grads
+    cache = {"cast_cache"} if s.cache_kept else set()
     return {
         "no-grad forward": forward_grads | {"working"},
         "end of forward": {"cast_cache", "activations", "logits"} | forward_grads,
@@ -376,28 +192,151 @@ def _at_peak(phase: str, grad_upstream: bool, accumulating: bool, lightning: boo
         "recompute of the lowest layer": grads | {"later_gradients", "lowest_input", "recompute", "working"},
         "top layer backward": grads | cache | {"head_gradients", "activations", "working"},
         "lowest layer backward": grads | {"later_gradients", "recompute", "working"},
-        "end of backward": {"gradients"} | ({"working"} if grad_upstream else set()),
+        "end of backward": {"gradients"} | ({"working"} if s.grad_upstream else set()),
         "optimizer step": {"gradients", "optimizer_temp"},
     }[phase]
 
 
-def _sharded(zero: int, stage: int, pct: str) -> str:
-    return f", {pct}(ZeRO-{zero})" if pct and zero >= stage else ""
+# The components, one function each, in the order the estimate lists them. Model states and fixed overheads are
+# part of every moment; the transient terms count where the peak moment holds them.
 
 
-def _logits(spec: ModelSpec, setup: TrainSetup, a_bytes: int) -> tuple[float, float]:
-    """Logits/loss bytes at the end of forward and at the start of backward."""
-    if spec.task in ("causal_lm", "masked_lm"):
-        v, t = spec.vocab, setup.tokens
-        upcast = 4 * v if a_bytes != 4 else 0  # the loss's .float() copy (freed after log_softmax)
-        # forward, inside the loss: the logits (held by the model's output), their fp32 copy, log_softmax's output;
-        # backward, once the loop dropped the output: log_softmax's output, nll_loss's gradient and log_softmax's
-        return (a_bytes * v + upcast + 4 * v) * t, 12.0 * v * t
-    if spec.task == "embedding":
-        # in-batch similarities of anchors against every sequence: scores, softmax and gradient in fp32
-        s = setup.sequences
-        return 8.0 * s * setup.micro_batch, 12.0 * s * setup.micro_batch
-    return 0.0, 0.0
+def _weights(s: StepSizes, peak: _Peak) -> Component:
+    master_note = " (fp32: autocast's master copy)" if s.autocast else ""
+    note = f"{s.total_params:,} parameters x {s.state_bytes} B{master_note}{s.sharded(3)}"
+    return Component("weights", "Weights", s.weights, True, note)
+
+
+def _gradients(s: StepSizes, peak: _Peak) -> Component:
+    note = f"{s.p_t:,} trainable x {s.state_bytes} B{s.sharded(2)}"
+    return Component("gradients", "Gradients", s.grads, "gradients" in peak.holds, note)
+
+
+def _head_gradients(s: StepSizes, peak: _Peak) -> Component:
+    note = "made first in the backward pass (a tied LM head: the embedding matrix's gradient)"
+    return Component("head_gradients", "Gradients of the head", s.head_grads, "head_gradients" in peak.holds, note)
+
+
+def _later_gradients(s: StepSizes, peak: _Peak) -> Component:
+    note = "all but the lowest layer's and the embeddings' gradients exist when the lowest layer runs backward"
+    label = "Gradients of the layers above"
+    return Component("later_gradients", label, s.later_grads, "later_gradients" in peak.holds, note)
+
+
+def _optimizer(s: StepSizes, peak: _Peak) -> Component:
+    optimizer = s.setup.optimizer
+    note = f"{OPTIMIZER_STATE[optimizer]:g} B per trainable parameter{s.sharded(1)}"
+    return Component("optimizer", f"Optimizer state ({optimizer})", s.opt_state, True, note)
+
+
+def _master(s: StepSizes, peak: _Peak) -> Component:
+    note = "ZeRO mixed precision keeps an fp32 copy per parameter"
+    return Component("master", "fp32 master weights", s.master, True, note)
+
+
+def _buckets(s: StepSizes, peak: _Peak) -> Component:
+    return Component("buckets", "DDP gradient buckets", s.buckets, True, "one gradient-sized buffer for all-reduce")
+
+
+def _cast_cache(s: StepSizes, peak: _Peak) -> Component:
+    note = (
+        "autocast's casts of trainable weights"
+        + (" and of the frozen linears LoRA backpropagates through" if s.setup.trainable == "lora" else "")
+        + (", kept for backward" if s.cache_kept else ", for the forward pass")
+    )
+    label = "16-bit weight copies (autocast)"
+    return Component("cast_cache", label, s.cache, "cast_cache" in peak.holds, note)
+
+
+def _activations(s: StepSizes, peak: _Peak) -> Component:
+    label = "Activations" + (" (checkpointed)" if s.checkpointing and s.grad_upstream else "")
+    note = _activation_note(s.spec, s.setup, s.grad_upstream)
+    return Component("activations", label, int(s.saved), "activations" in peak.holds, note)
+
+
+def _lowest_input(s: StepSizes, peak: _Peak) -> Component:
+    nbytes = int(s.layer_input) if s.checkpointing and s.grad_upstream else 0
+    note = "the only checkpoint left when the lowest layer is recomputed"
+    return Component("lowest_input", "Lowest layer's input", nbytes, "lowest_input" in peak.holds, note)
+
+
+def _recompute(s: StepSizes, peak: _Peak) -> Component:
+    lowest = peak.phase.startswith(("lowest", "recompute of the lowest"))
+    nbytes = int(s.layer) if s.grad_upstream and (s.checkpointing or lowest) else 0
+    if s.checkpointing:
+        label, note = "One layer recomputed", "gradient checkpointing rebuilds one layer's activations at a time"
+    else:
+        label, note = (
+            "One layer's activations",
+            "what the lowest layer keeps, the last activations alive in the backward pass",
+        )
+    return Component("recompute", label, nbytes, "recompute" in peak.holds, note)
+
+
+def _logits(s: StepSizes, peak: _Peak) -> Component:
+    logits_fwd, logits_bwd = s.logits
+    nbytes = int(logits_bwd if peak.phase == "start of backward" else logits_fwd)
+    label, note = "Logits and loss (fp32 copies)", _logits_note(s.spec, s.a_bytes)
+    return Component("logits", label, nbytes, "logits" in peak.holds, note)
+
+
+def _working(s: StepSizes, peak: _Peak) -> Component:
+    if s.grad_upstream:
+        label = "Layer working buffers"
+        note = "gradients or live intermediates of one layer (two widest tensors + two residual tensors)"
+    else:
+        label = "Forward pass without gradients"
+        note = "one layer at its peak moment, the embedding output and the layer input (nothing kept)"
+    return Component("working", label, int(s.working), "working" in peak.holds, note)
+
+
+def _optimizer_temp(s: StepSizes, peak: _Peak) -> Component:
+    note = "foreach AdamW builds one fp32 tensor per parameter while stepping"
+    label = "Optimizer step temporaries"
+    return Component("optimizer_temp", label, s.opt_temp, "optimizer_temp" in peak.holds, note)
+
+
+def _batch(s: StepSizes, peak: _Peak) -> Component:
+    return Component("batch", "Batch data", s.batch, True, "token ids, masks and labels (int64)")
+
+
+def _workspaces(s: StepSizes, peak: _Peak) -> Component:
+    note = "per handle and stream, forward and backward"
+    return Component("workspaces", "cuBLAS workspaces", peak.overheads.workspaces, True, note)
+
+
+def _allocator(s: StepSizes, peak: _Peak) -> Component:
+    holes = "" if s.grad_upstream else f"; the forward leaves ~{act.no_grad_holes(s.spec):g} fp32 hidden holes/token"
+    note = "reserved but not allocated (calibrated)" + holes
+    return Component("allocator", "Allocator overhead", peak.unallocated, True, note)
+
+
+def _context(s: StepSizes, peak: _Peak) -> Component:
+    return Component(
+        "context", "CUDA context", peak.overheads.context, True, "driver context and kernels, outside torch"
+    )
+
+
+COMPONENTS: tuple[Callable[[StepSizes, _Peak], Component], ...] = (
+    _weights,
+    _gradients,
+    _head_gradients,
+    _later_gradients,
+    _optimizer,
+    _master,
+    _buckets,
+    _cast_cache,
+    _activations,
+    _lowest_input,
+    _recompute,
+    _logits,
+    _working,
+    _optimizer_temp,
+    _batch,
+    _workspaces,
+    _allocator,
+    _context,
+)
 
 
 def _lm_reserved_slack(spec: ModelSpec, setup: TrainSetup) -> int:
@@ -405,40 +344,6 @@ def _lm_reserved_slack(spec: ModelSpec, setup: TrainSetup) -> int:
         return 0
     key = "head trains" if setup.trainable == "all" else "head frozen"
     return LM_RESERVED_SLACK[key] * spec.vocab * setup.tokens
-
-
-def _head_grad_params(spec: ModelSpec, setup: TrainSetup) -> int:
-    """Trainable parameters whose gradients the backward pass makes before the layers': the head, the final norm
-    and, for a tied LM head, the embedding matrix."""
-    if setup.trainable == "all":
-        tied = spec.vocab * spec.hidden if spec.tied_embeddings and spec.task in ("causal_lm", "masked_lm") else 0
-        return spec.head_params + spec.final_params + tied
-    return spec.head_params if spec.task == "classification" else 0
-
-
-def _layer_grad_params(spec: ModelSpec, setup: TrainSetup) -> int:
-    """Trainable parameters whose gradients do not exist yet while the lowest layer runs backward."""
-    if setup.trainable == "all":
-        tied = spec.vocab * spec.hidden if spec.tied_embeddings and spec.task in ("causal_lm", "masked_lm") else 0
-        return spec.layer_params + spec.embedding_params - tied
-    if setup.trainable == "lora":
-        return spec.lora_params(setup.lora_rank, setup.lora_targets) // spec.layers
-    return 0
-
-
-def _lora_rank_bytes(spec: ModelSpec, setup: TrainSetup, a_bytes: int) -> int:
-    """Per token and layer: the rank-r intermediate each adapter keeps for its B matrix's gradient."""
-    return a_bytes * setup.lora_rank * len(spec.lora_linears(setup.lora_targets))
-
-
-def _batch_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
-    per_token = 8 * (3 if spec.model_type in ("bert", "roberta") else 2)  # ids, mask (+ token types)
-    if spec.task in ("causal_lm", "masked_lm"):
-        per_token += 8  # labels
-    nbytes = per_token * setup.tokens + 8 * setup.sequences
-    if not spec.decoder:
-        nbytes += setup.sequences * setup.seq_len**2  # the expanded boolean attention mask
-    return nbytes
 
 
 def _activation_note(spec: ModelSpec, setup: TrainSetup, grad_upstream: bool) -> str:

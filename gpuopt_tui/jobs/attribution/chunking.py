@@ -10,20 +10,18 @@ that way stays for the rest of the run.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from gpuopt_tui.core.errors import UserError
-
-EventFn = Callable[..., Any]  # on_event(type, **fields)
+from gpuopt_tui.jobs.event_hook import EventFn, EventReporter
 
 CPU_ROW_TOKENS = 8192  # rows x tokens of one chunk on the CPU: large enough for BLAS, small in RAM
 PROBE_ROW_TOKENS = 8192  # the GPU probe chunk (a few hundred MB on BERT-base)
 
 
-class ChunkPlanner:
+class ChunkPlanner(EventReporter):
     """Chooses chunk sizes (in steps). `alpha_batch_size`: a fixed number of steps, "auto", or None (all
     steps in one chunk). Reuse one planner across batches so the GPU probe runs once."""
 
@@ -96,7 +94,3 @@ class ChunkPlanner:
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return self.memory_fraction * (free + cached)
-
-    def _emit(self, type: str, **fields: Any) -> None:
-        if self.on_event is not None:
-            self.on_event(type, **fields)

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from gpuopt_tui.jobs.attribution.common import ForwardFn
-
-EventFn = Callable[..., Any]  # on_event(type, **fields)
+from gpuopt_tui.jobs.event_hook import EventFn, EventReporter
 
 #: `auto` compiles runs of at least this many (sample, step) pairs. Measured on BERT-base (seq 128, H200,
 #: benchmarks/results/ig_variants_H200.md): compiling takes 20-40 s and makes the steps of the lean forward
@@ -34,7 +33,7 @@ def should_compile(setting: str, device: torch.device, samples: int, steps: int 
     return setting == "on"
 
 
-class StepCompiler:
+class StepCompiler(EventReporter):
     """Compiles step forwards lazily (on their first call) and records what compiling cost."""
 
     def __init__(
@@ -86,7 +85,3 @@ class StepCompiler:
     def failed(self, exc: BaseException) -> None:
         self.error = f"{type(exc).__name__}: {exc}"[:500]
         self._emit("compile_failed", error=self.error)
-
-    def _emit(self, type: str, **fields: Any) -> None:
-        if self.on_event is not None:
-            self.on_event(type, **fields)

@@ -70,13 +70,27 @@ def integrated_gradients_reference(
                 sample_target = None if target is None else target[one]
                 for j, (alpha, weight) in enumerate(zip(alphas.tolist(), weights.tolist())):
                     point = step.inputs(baselines[one] + alpha * (inputs[one] - baselines[one])).requires_grad_()
-                    with torch.enable_grad():
-                        with autocast(inputs.device, step.autocast):
-                            out = forward(point, mask, sample_context)
-                        (grad,) = torch.autograd.grad(selected(out.to(acc), sample_target).sum(), point)
+                    grad = _gradient(forward, point, mask, sample_context, sample_target, step.autocast, acc)
                     grads[i] += weight * grad[0].to(acc)
                     if on_step is not None:
                         on_step(i * len(alphas) + j + 1, batch * len(alphas))
     check_finite(grads, precision)
     steps = torch.full((batch,), int(n_steps), dtype=torch.long, device=inputs.device)
     return finish(path_attributions(grads, inputs, baselines), out_x, out_b, target, steps)
+
+
+def _gradient(
+    forward: ForwardFn,
+    point: Tensor,
+    mask: Tensor | None,
+    context: Mapping[str, Tensor],
+    target: Tensor | None,
+    precision: str,
+    acc: torch.dtype,
+) -> Tensor:
+    """The gradient of the target outputs at one interpolation point (the forward in `precision`)."""
+    with torch.enable_grad():
+        with autocast(point.device, precision):
+            out = forward(point, mask, context)
+        (grad,) = torch.autograd.grad(selected(out.to(acc), target).sum(), point)
+    return grad

@@ -87,10 +87,9 @@ class TracInRun:
 
     def compute(self, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
         """Score this rank's blocks (those without a final shard); returns this rank's statistics."""
-        opts, adapter, reporter, store = self.opts, self.adapter, self.reporter, self.store
-        device = adapter.device
+        opts, adapter = self.opts, self.adapter
         dtype = torch.promote_types(next(adapter.model.parameters()).dtype, torch.float32)
-        projector = Projector(opts.projection_dim, opts.seed, device, dtype) if opts.projection_dim else None
+        projector = Projector(opts.projection_dim, opts.seed, adapter.device, dtype) if opts.projection_dim else None
         computer = GradientComputer(
             adapter,
             self.params,
@@ -103,85 +102,94 @@ class TracInRun:
         )
         self.blocks, self.owners = split_blocks(self.scored, opts.shard_size, world_size)
         mine = [j for j, owner in enumerate(self.owners) if owner == rank]
-        n_test, n_ckpt = len(self.test), len(self.checkpoints)
-        done_through = {j: latest_shard(store, j, n_ckpt) for j in mine}
-        total = n_ckpt * sum(len(self.blocks[j]) for j in mine)
-        done = sum((done_through[j] + 1) * len(self.blocks[j]) for j in mine)
-        batcher = MicroBatcher(opts.batch_size, reporter)
-        cleanup = Cleanup(opts.cleanup_every, device)
-        loaded = final_batch = computed = 0
+        n_ckpt = len(self.checkpoints)
+        done_through = {j: latest_shard(self.store, j, n_ckpt) for j in mine}
+        # the blocks left to score at each checkpoint that has some
+        pending = {c: [j for j in mine if done_through[j] < c] for c in range(n_ckpt)}
+        pending = {c: blocks for c, blocks in pending.items() if blocks}
+        progress = _Progress(
+            done=sum((done_through[j] + 1) * len(self.blocks[j]) for j in mine),
+            total=n_ckpt * sum(len(self.blocks[j]) for j in mine),
+        )
+        batcher = MicroBatcher(opts.batch_size, self.reporter)
+        cleanup = Cleanup(opts.cleanup_every, adapter.device)
         start = time.perf_counter()
-        # the checkpoints with a block left to score, each read from disk while the one before is scored
-        needed = [c for c in range(n_ckpt) if any(done_through[j] < c for j in mine)]
-        cache = self._cache(computer, dtype, [(c, j) for c in needed for j in mine if done_through[j] < c])
+        cache = self._cache(computer, dtype, [(c, j) for c, blocks in pending.items() for j in blocks])
+        scorer = _Scorer(computer, batcher, cleanup, cache, dtype, progress)
+        # each checkpoint is read from disk while the one before is scored
         with (
             cache or contextlib.nullcontext(),
-            CheckpointLoader(adapter, [self.checkpoints[c].path for c in needed], prefetch=opts.prefetch) as loader,
+            CheckpointLoader(adapter, [self.checkpoints[c].path for c in pending], prefetch=opts.prefetch) as loader,
         ):
-            for c in needed:
-                ckpt = self.checkpoints[c]
-                pending = [j for j in mine if done_through[j] < c]
-                test_feats = None  # the previous checkpoint's are freed before this one's are computed
-                stage = f"checkpoint {c + 1}/{n_ckpt}"
-                reporter.stage(f"{stage}: loading it")
-                with record_function("tracin.load_checkpoint"):
-                    loader.load_next()
-                loaded += 1
-                if cache is not None:
-                    cache.checkpoint(ckpt.path)
-                test_stage = f"{stage}: gradients of {n_test} test examples"
-                # The test gradients come first when the run's first micro-batch is to measure the memory an
-                # example takes (they are needed anyway), and with vmap, whose per-example gradients are large.
-                # Otherwise they come after the first training micro-batch is queued (below): their small forward,
-                # bound by the host's kernel launches, then runs while the GPU is busy.
-                if n_test and (batcher.probes_next(device) or computer.method != "closed_form"):
-                    reporter.stage(test_stage)
-                    test_feats = batcher.features(computer, self.test, range(n_test), "test")
-                for j in pending:
-                    rows = self.blocks[j]
-                    prev = store.load(shard_name(c - 1, j)) if c else None
-                    scores = torch.zeros(n_test, len(rows), device=device, dtype=dtype)
-                    selfinf = torch.zeros(len(rows), device=device, dtype=dtype)
-                    if prev is not None:
-                        scores += prev["scores"].to(device, dtype)
-                        selfinf += prev["self_influence"].to(device, dtype)
-                    cache_stage = f"{stage}: train gradient cache"
-                    on_rows = lambda n, at=done, name=cache_stage: reporter.progress(at + n, total, name)  # noqa: E731
-                    if cache is None:  # (with the cache the block says its own stage)
-                        reporter.progress(done, total, stage)
-                    for offset, feats in self._train_features(batcher, computer, cache, j, rows, on_rows):
-                        if test_feats is None and n_test:
-                            reporter.stage(test_stage)
-                            test_feats = batcher.features(computer, self.test, range(n_test), "test")
-                        part = slice(offset, offset + len(feats))
-                        with record_function("tracin.products"):
-                            if test_feats is not None:
-                                scores[:, part] += ckpt.lr * test_feats.inner(feats)
-                            selfinf[part] += ckpt.lr * feats.sqnorm()
-                        done += len(feats)
-                        computed += len(feats)
-                        final_batch = len(feats)
-                        cleanup.step(len(feats))
-                        del feats  # not held while the next micro-batch is computed
-                        reporter.progress(done, total, stage)
-                        reporter.check_cancelled()
-                    with record_function("tracin.save_shard"):
-                        store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
-                        if c:
-                            store.delete(shard_name(c - 1, j))
-                    done_through[j] = c
+            for c, blocks in pending.items():
+                self._score_checkpoint(scorer, c, blocks, loader)
         return {
             "method": computer.method,
             "gradient_size": _feature_size(computer, projector),
             "excluded_parameters": computer.factored.excluded if computer.factored else [],
-            "checkpoints_loaded": loaded,
+            "checkpoints_loaded": progress.loaded,
             "seconds": time.perf_counter() - start,
-            "computed": computed,  # training gradients (examples x checkpoints) computed here, none for shards found
-            "final_batch_size": final_batch or None,  # None: no micro-batch ran
+            "computed": progress.computed,  # gradients (examples x checkpoints) computed here, none for shards found
+            "final_batch_size": progress.final_batch or None,  # None: no micro-batch ran
             "oom_retries": batcher.ooms,
             "cleanups": cleanup.runs,
             "cache_blocks": {"read": cache.read, "computed": cache.computed} if cache else None,
         }
+
+    def _score_checkpoint(self, scorer: _Scorer, c: int, blocks: list[int], loader: CheckpointLoader) -> None:
+        """Load checkpoint `c` and add its terms to each of `blocks`."""
+        stage = f"checkpoint {c + 1}/{len(self.checkpoints)}"
+        self.reporter.stage(f"{stage}: loading it")
+        with record_function("tracin.load_checkpoint"):
+            loader.load_next()
+        scorer.progress.loaded += 1
+        if scorer.cache is not None:
+            scorer.cache.checkpoint(self.checkpoints[c].path)
+        test = _TestGradients(self, scorer, f"{stage}: gradients of {len(self.test)} test examples")
+        # The test gradients come first when the run's first micro-batch is to measure the memory an example takes
+        # (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they come after
+        # the first training micro-batch is queued (in `_score_block`): their small forward, bound by the host's
+        # kernel launches, then runs while the GPU is busy.
+        if scorer.batcher.probes_next(self.adapter.device) or scorer.computer.method != "closed_form":
+            test.features()
+        for j in blocks:
+            self._score_block(scorer, c, j, test, stage)
+
+    def _score_block(self, scorer: _Scorer, c: int, j: int, test: _TestGradients, stage: str) -> None:
+        """Add checkpoint `c`'s terms for block `j`'s training rows to the block's sums so far (its shard of the
+        checkpoint before) and save the sums as its shard of `c`."""
+        rows, lr, reporter, progress = self.blocks[j], self.checkpoints[c].lr, self.reporter, scorer.progress
+        scores, selfinf = self._block_sums(scorer, c, j)
+        cache_stage = f"{stage}: train gradient cache"
+        on_rows = lambda n, at=progress.done: reporter.progress(at + n, progress.total, cache_stage)  # noqa: E731
+        if scorer.cache is None:  # (with the cache the block says its own stage)
+            reporter.progress(progress.done, progress.total, stage)
+        for offset, feats in self._train_features(scorer.batcher, scorer.computer, scorer.cache, j, rows, on_rows):
+            test_feats = test.features()
+            part = slice(offset, offset + len(feats))
+            with record_function("tracin.products"):
+                if test_feats is not None:
+                    scores[:, part] += lr * test_feats.inner(feats)
+                selfinf[part] += lr * feats.sqnorm()
+            scorer.count(len(feats))
+            del feats  # not held while the next micro-batch is computed
+            reporter.progress(progress.done, progress.total, stage)
+            reporter.check_cancelled()
+        with record_function("tracin.save_shard"):
+            self.store.save(shard_name(c, j), {"scores": scores.cpu(), "self_influence": selfinf.cpu()})
+            if c:
+                self.store.delete(shard_name(c - 1, j))
+
+    def _block_sums(self, scorer: _Scorer, c: int, j: int) -> tuple[Tensor, Tensor]:
+        """Block `j`'s running sums (scores against every test example, self-influence) before checkpoint `c`."""
+        device, dtype = self.adapter.device, scorer.dtype
+        prev = self.store.load(shard_name(c - 1, j)) if c else None
+        scores = torch.zeros(len(self.test), len(self.blocks[j]), device=device, dtype=dtype)
+        selfinf = torch.zeros(len(self.blocks[j]), device=device, dtype=dtype)
+        if prev is not None:
+            scores += prev["scores"].to(device, dtype)
+            selfinf += prev["self_influence"].to(device, dtype)
+        return scores, selfinf
 
     def _train_features(
         self,
@@ -238,6 +246,52 @@ class TracInRun:
             "processes": len(rank_stats),
         }
         return result
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where a rank's scoring stands: training examples x checkpoints `done` of `total`, and what ran here."""
+
+    done: int
+    total: int
+    loaded: int = 0  # checkpoints
+    computed: int = 0  # training gradients
+    final_batch: int = 0  # the last micro-batch's size
+
+
+@dataclasses.dataclass
+class _Scorer:
+    """What scores a rank's blocks, one checkpoint after the other."""
+
+    computer: GradientComputer
+    batcher: MicroBatcher
+    cleanup: Cleanup
+    cache: TrainGradientCache | None
+    dtype: torch.dtype  # of the running sums
+    progress: _Progress
+
+    def count(self, examples: int) -> None:
+        """Count a micro-batch of training gradients as scored."""
+        self.progress.done += examples
+        self.progress.computed += examples
+        self.progress.final_batch = examples
+        self.cleanup.step(examples)
+
+
+class _TestGradients:
+    """The test examples' gradients at the loaded checkpoint, computed once, when first asked for (None without
+    test examples)."""
+
+    def __init__(self, run: TracInRun, scorer: _Scorer, stage: str) -> None:
+        self.run, self.scorer, self.stage = run, scorer, stage
+        self.feats: GradFeatures | None = None
+
+    def features(self) -> GradFeatures | None:
+        test = self.run.test
+        if self.feats is None and len(test):
+            self.run.reporter.stage(self.stage)
+            self.feats = self.scorer.batcher.features(self.scorer.computer, test, range(len(test)), "test")
+        return self.feats
 
 
 def attempt_figures(rank_stats: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.command import Provider
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.timer import Timer
@@ -36,6 +36,7 @@ from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
+from gpuopt_tui.ui.palette import Command, CommandList
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.ablation_view import AccuracyPlot, CachePanel, PlotData, ProbeTable
 from gpuopt_tui.ui.widgets.run_results import RunResults
@@ -375,24 +376,13 @@ class ProbingResults(RunResults):
         return PlotData(self.split, series, whole, note=note, empty="No probe has finished yet.")
 
 
-class FeatureCacheCommands(Provider):
+class FeatureCacheCommands(CommandList):
     """Command palette entries of the ablation screen: show or clear the feature cache."""
 
-    def _commands(self) -> Iterator[tuple[str, Any, str]]:
+    def commands(self) -> Iterator[Command]:
         results = self.screen.query_one(ProbingResults)
         yield "Show the feature cache", partial(results.show_view, "cache"), "cached layer features, by representation"
         yield "Clear the feature cache", results.action_clear_cache, "delete every cached feature (asks first)"
-
-    async def discover(self) -> Hits:
-        for name, callback, help_text in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, callback, help_text in self._commands():
-            score = matcher.match(name)
-            if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
 
 
 class AblationScreen(KindScreen):

@@ -8,9 +8,9 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
+from gpuopt_tui.ui.gpu_telemetry import create_gpu_panel
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
-from gpuopt_tui.ui.screens.gpu_slot import create_gpu_panel
 from gpuopt_tui.ui.widgets.runs_table import BRIEF_COLUMNS, RunsTable
 
 START_HINT = "Open a profile with a, t, b or p and run it with ctrl+r, or pick one from the command palette (ctrl+p)."

@@ -13,11 +13,11 @@ from textual.content import Content
 from textual.widgets import Static
 
 from gpuopt_tui.ui.screens.base import AppScreen
-from gpuopt_tui.ui.screens.gpu import GpuView, ProcessList
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.screens.registry import SCREENS
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+from gpuopt_tui.ui.widgets.gpu_view import GpuView, ProcessList
 
 GUIDE = "\n\n".join(
     [

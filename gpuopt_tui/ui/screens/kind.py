@@ -58,6 +58,10 @@ def check_profile_name(name: str) -> str:
     return ""
 
 
+class ProfilesRead(Loaded):
+    """The listing of a kind's profiles, and the one to open (a ProfileListing)."""
+
+
 class KindScreen(AppScreen):
     """Subclasses set KIND (a run kind) and SCREEN_NAME, and may set RESULTS to a richer results widget."""
 
@@ -204,12 +208,10 @@ class KindScreen(AppScreen):
 
     @work(thread=True, exclusive=True, group="profiles", exit_on_error=False)
     def _read(self, read: Callable[[], ProfileListing]) -> None:
-        reply(self, "profiles", None, read)
+        reply(self, ProfilesRead, None, read)
 
-    @on(Loaded)
-    def _profiles_read(self, message: Loaded) -> None:
-        if message.what != "profiles":
-            return
+    @on(ProfilesRead)
+    def _profiles_read(self, message: ProfilesRead) -> None:
         if message.value is not None:
             self._show_listing(message.value)
         else:  # the listing could not be read (the app reports why)

@@ -51,18 +51,55 @@ if TYPE_CHECKING:
     from gpuopt_tui.ui.planner_tasks import ClosedForm, PlanRun, Preview
 
 ESTIMATE_DELAY_S = 0.8  # after the last edit of the form
-FAILED_TITLES = {  # a read or write of the config that failed, as its notification's title says
-    "measured": "Measured plan not read",
-    "preview": "No preview",
-    "undo": "Nothing restored",
-    "applied": "Config not written",
-    "restored": "Nothing restored",
-}
 NO_MEASUREMENT = (
     "No measurement yet. Measure on GPU (ctrl+t) starts a background run of this profile with plan.measure = true: "
     "training steps probed on the GPU in fresh processes at 2-3 micro-batches, a line fit of peak reserved memory "
     "and one confirming probe. It goes on if this terminal closes."
 )
+
+
+class EstimateRead(Loaded):
+    """The closed-form estimate of the form (a ClosedForm); `key`: the request's number."""
+
+
+class MeasureChecked(Loaded):
+    """Whether the profile can be measured: the profile to run and its GPU's label."""
+
+
+class ConfigTaskDone(Loaded):
+    """A read or write of the training config or of the measured plan; a failure is reported under FAILED_TITLE."""
+
+    FAILED_TITLE: ClassVar[str]
+
+
+class MeasuredRunRead(ConfigTaskDone):
+    """The newest run that measured this kind of plan (a PlanRun), or None."""
+
+    FAILED_TITLE = "Measured plan not read"
+
+
+class PreviewMade(ConfigTaskDone):
+    """What writing a candidate into the config would change (a Preview)."""
+
+    FAILED_TITLE = "No preview"
+
+
+class RestorePreviewMade(ConfigTaskDone):
+    """What restoring the newest backups would change (a list of Restore)."""
+
+    FAILED_TITLE = "Nothing restored"
+
+
+class ConfigApplied(ConfigTaskDone):
+    """The config was written: what the notification says."""
+
+    FAILED_TITLE = "Config not written"
+
+
+class ConfigRestored(ConfigTaskDone):
+    """The config was restored from its backups: what the notification says."""
+
+    FAILED_TITLE = "Nothing restored"
 
 
 class PlannerScreen(KindScreen):
@@ -127,7 +164,7 @@ class PlannerScreen(KindScreen):
 
     @work(thread=True, exclusive=True, group="plan-estimate", exit_on_error=False)
     def _estimate(self, seq: int, profile: PlanProfile, base: Path) -> None:
-        reply(self, "estimate", seq, lambda: self._tasks().closed_form(profile, base))
+        reply(self, EstimateRead, seq, lambda: self._tasks().closed_form(profile, base))
 
     @work(thread=True, exclusive=True, group="plan-measure", exit_on_error=False)
     def _check_measure(self, profile: PlanProfile, base: Path) -> None:
@@ -138,34 +175,22 @@ class PlannerScreen(KindScreen):
             resolved.plan.measure = True
             return resolved, gpu.label  # the profile to run and its GPU
 
-        reply(self, "measure", None, check)
+        reply(self, MeasureChecked, None, check)
 
     @work(thread=True, exclusive=True, group="plan-measured", exit_on_error=False)
     def _find_measured(self, runs: list[RunInfo]) -> None:
-        reply(self, "measured", None, lambda: self._tasks().newest_measuring_run(runs))
+        reply(self, MeasuredRunRead, None, lambda: self._tasks().newest_measuring_run(runs))
 
     @work(thread=True, exclusive=True, group="plan-write", exit_on_error=False)
-    def _write(self, what: str, task: Callable[[], Any]) -> None:
-        """`task` of writing the config: "preview", "undo" (what a restore would do), "applied" or "restored"."""
-        reply(self, what, None, task)
+    def _write(self, done: type[ConfigTaskDone], task: Callable[[], Any]) -> None:
+        """`task` of writing the config, which replies with `done`."""
+        reply(self, done, None, task)
 
-    def on_loaded(self, message: Loaded) -> None:
-        if message.what == "profiles":
-            return  # KindScreen's
-        if message.what == "estimate":
-            self._estimated_plan(message)
-        elif message.what == "measure":
-            self._measure_checked(message)
-        elif message.failed:
-            self.gapp.report_error(message.reason, title=FAILED_TITLES[message.what])
-        elif message.what == "measured":
-            self._show_measured(message.value)
-        elif message.what == "preview":
-            self._ask_to_write(message.value)
-        elif message.what == "undo":
-            self._ask_to_restore(message.value)
-        else:
-            self._written(message.value)
+    def _failed(self, message: ConfigTaskDone) -> bool:
+        """Whether the task failed (the app then says why)."""
+        if message.failed:
+            self.gapp.report_error(message.reason, title=message.FAILED_TITLE)
+        return message.failed
 
     # -- closed-form estimate -----------------------------------------------------------------------------------
 
@@ -222,7 +247,8 @@ class PlannerScreen(KindScreen):
             view.show_message("estimating…")
         self._estimate(self._seq, profile, self.base)
 
-    def _estimated_plan(self, message: Loaded) -> None:
+    @on(EstimateRead)
+    def _estimated_plan(self, message: EstimateRead) -> None:
         """An estimate, however it ended (an unexpected error also goes on to the app's report)."""
         if message.key == self._seq:
             self._in_flight = None
@@ -252,7 +278,8 @@ class PlannerScreen(KindScreen):
         if isinstance(profile, PlanProfile):
             self._check_measure(profile, self.base)
 
-    def _measure_checked(self, message: Loaded) -> None:
+    @on(MeasureChecked)
+    def _measure_checked(self, message: MeasureChecked) -> None:
         self.query_one("#plan-tabs", TabSwitch).active = "plan-measured"
         view = self.query_one("#plan-measured", PlanView)
         if message.failed:
@@ -277,7 +304,11 @@ class PlannerScreen(KindScreen):
             self._plan_runs = key
             self._find_measured(runs)
 
-    def _show_measured(self, run: PlanRun | None) -> None:
+    @on(MeasuredRunRead)
+    def _show_measured(self, message: MeasuredRunRead) -> None:
+        if self._failed(message):
+            return
+        run: PlanRun | None = message.value
         view = self.query_one("#plan-measured", PlanView)
         if run is None:
             view.show_message(NO_MEASUREMENT)
@@ -316,12 +347,17 @@ class PlannerScreen(KindScreen):
             return
         measured = view.plan.rec if view.id == "plan-measured" else None
         tune = self.query_one("#plan-tune", Checkbox).value
-        self._write("preview", partial(planner_tasks().preview, profile, self.base, measured, choice, tune))
+        self._write(PreviewMade, partial(planner_tasks().preview, profile, self.base, measured, choice, tune))
 
-    def _ask_to_write(self, preview: Preview) -> None:
+    @on(PreviewMade)
+    def _ask_to_write(self, message: PreviewMade) -> None:
+        if self._failed(message):
+            return
+        preview: Preview = message.value
+
         def answered(write: bool | None) -> None:
             if write:
-                self._write("applied", partial(planner_tasks().apply, preview))
+                self._write(ConfigApplied, partial(planner_tasks().apply, preview))
 
         self.app.push_screen(DiffDialog(preview.question, preview.diff, "Apply", "Cancel"), answered)
 
@@ -329,18 +365,26 @@ class PlannerScreen(KindScreen):
     def action_undo(self) -> None:
         profile = self.current_profile("Nothing restored")
         if isinstance(profile, PlanProfile):
-            self._write("undo", partial(planner_tasks().undo_preview, profile, self.base))
+            self._write(RestorePreviewMade, partial(planner_tasks().undo_preview, profile, self.base))
 
-    def _ask_to_restore(self, files: list[Restore]) -> None:
+    @on(RestorePreviewMade)
+    def _ask_to_restore(self, message: RestorePreviewMade) -> None:
+        if self._failed(message):
+            return
+        files: list[Restore] = message.value
         backups = ", ".join(f.backup.name for f in files)
         question = f"Restore {', '.join(f.path.name for f in files)} from {backups}? The backups are used up."
 
         def answered(restore: bool | None) -> None:
             if restore:
-                self._write("restored", partial(planner_tasks().undo, files))
+                self._write(ConfigRestored, partial(planner_tasks().undo, files))
 
         self.app.push_screen(DiffDialog(question, "".join(f.diff for f in files), "Restore", "Keep"), answered)
 
-    def _written(self, message: str) -> None:
-        self.app.notify(message, title="Config", timeout=10)
+    @on(ConfigApplied)
+    @on(ConfigRestored)
+    def _written(self, message: ConfigTaskDone) -> None:
+        if self._failed(message):
+            return
+        self.app.notify(message.value, title="Config", timeout=10)
         self._estimate_form()  # the config changed, and so did the current setup

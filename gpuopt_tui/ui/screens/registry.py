@@ -97,8 +97,8 @@ SCREENS: tuple[ScreenSpec, ...] = (
         key="g",
         label="GPU",
         short="GPU",
-        module=f"{_SCREENS_PACKAGE}.gpu_slot",
-        factory="GpuAppScreen",
+        module=f"{_SCREENS_PACKAGE}.gpu",
+        factory="GpuScreen",
         help="Live GPU memory, utilisation and processes",
     ),
     ScreenSpec(
@@ -115,8 +115,8 @@ SCREEN_NAMES: tuple[str, ...] = tuple(s.name for s in SCREENS)
 
 
 def screen_modules() -> tuple[str, ...]:
-    """Every screen's module (and the GPU view's, which gpu_slot imports when the screen is built)."""
-    return (*(s.module for s in SCREENS), f"{_SCREENS_PACKAGE}.gpu")
+    """Every screen's module."""
+    return tuple(s.module for s in SCREENS)
 
 
 def spec(name: str) -> ScreenSpec:

@@ -347,6 +347,18 @@ def layer_span(layers: Sequence[str]) -> str:
     return f"{ordered[0]} … {ordered[-1]} ({len(layers)})"
 
 
+class CacheListingRead(Loaded):
+    """The feature cache's listing (a CacheListing)."""
+
+
+class CacheListingToAsk(Loaded):
+    """The listing, read again to ask whether to clear what it holds now."""
+
+
+class CacheCleared(Loaded):
+    """The cache was cleared: (entries removed, bytes freed, the listing after)."""
+
+
 class CachePanel(Vertical):
     """The feature cache (the user cache folder's features): its size, its entries grouped by representation
     and source, and a clear action that asks first. Read in a thread on `reload()`; never polled."""
@@ -388,17 +400,17 @@ class CachePanel(Vertical):
 
     @work(thread=True, exclusive=True, group="feature-cache", exit_on_error=False)
     def _read_listing(self) -> None:
-        reply(self, "listing", None, read_listing)
+        reply(self, CacheListingRead, None, read_listing)
 
     @work(thread=True, exclusive=True, group="feature-cache-ask", exit_on_error=False)
     def _read_to_ask(self) -> None:
         """The listing, to ask whether to clear it (a reload meanwhile, e.g. on showing the view, does not cancel
         it)."""
-        reply(self, "ask", None, read_listing)
+        reply(self, CacheListingToAsk, None, read_listing)
 
     @work(thread=True, exclusive=True, group="feature-cache-clear", exit_on_error=False)
     def _clear(self) -> None:
-        reply(self, "cleared", None, clear_cache)
+        reply(self, CacheCleared, None, clear_cache)
 
     def _show(self, listing: CacheListing) -> None:
         self.listing = listing
@@ -420,18 +432,30 @@ class CachePanel(Vertical):
         table.display = bool(listing.groups)
         self.query_one("#cache-clear", Button).disabled = not listing.entries
 
-    def on_loaded(self, message: Loaded) -> None:
+    def _failed(self, message: Loaded) -> bool:
+        """Whether the cache could not be read or cleared (then said in a notification)."""
         if message.failed:
             self.app.notify(message.reason, title="Feature cache", severity="error", timeout=10, markup=False)
+        return message.failed
+
+    @on(CacheListingRead)
+    def _listing_read(self, message: CacheListingRead) -> None:
+        if not self._failed(message):
+            self._show(message.value)
+
+    @on(CacheListingToAsk)
+    def _listing_to_ask(self, message: CacheListingToAsk) -> None:
+        if not self._failed(message):
+            self._show(message.value)
+            self._ask(message.value)
+
+    @on(CacheCleared)
+    def _cleared(self, message: CacheCleared) -> None:
+        if self._failed(message):
             return
-        if message.what == "cleared":
-            entries, freed, listing = message.value
-            self.app.notify(f"removed {entries} entries ({human_bytes(freed)})", title="Feature cache cleared")
-        else:
-            listing = message.value
+        entries, freed, listing = message.value
+        self.app.notify(f"removed {entries} entries ({human_bytes(freed)})", title="Feature cache cleared")
         self._show(listing)
-        if message.what == "ask":
-            self._ask(listing)
 
     @on(Button.Pressed, "#cache-clear")
     def action_clear(self) -> None:

@@ -38,6 +38,14 @@ from gpuopt_tui.ui.widgets.token_heatmap import shade
 TOP_COLUMNS = ("#", "token", "share", "mean", "mean |a|", "count")
 
 
+class RunFilesRead(Loaded):
+    """The files of an attribution run (RunFiles); `key`: its id."""
+
+
+class CheckRunRead(Loaded):
+    """What the run's check run found (a CheckResult, or why there is none); `key`: the check run's id."""
+
+
 class AttributionRunResults(RunResults):
     """Results of the latest attribution run (see the module docstring)."""
 
@@ -119,7 +127,7 @@ class AttributionRunResults(RunResults):
     @work(thread=True, exclusive=True, group="attribution-results", exit_on_error=False)
     def _load(self, run_id: str, run_dir: Path) -> None:
         worker = get_current_worker()
-        reply(self, "results", run_id, lambda: load_run_files(run_dir, lambda: worker.is_cancelled))
+        reply(self, RunFilesRead, run_id, lambda: load_run_files(run_dir, lambda: worker.is_cancelled))
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:
@@ -161,10 +169,9 @@ class AttributionRunResults(RunResults):
         parts.extend(Content.from_markup("[$error]$error[/]", error=error) for error in files.errors)
         return Content("\n").join(parts)
 
-    def on_loaded(self, message: Loaded) -> None:
-        if message.what == "check":
-            self._check_read(message)
-        elif message.value is not None:
+    @on(RunFilesRead)
+    def _files_read(self, message: RunFilesRead) -> None:
+        if message.value is not None:
             self._loaded(message.key, message.value)
 
     def _loaded(self, run_id: str, files: RunFiles) -> None:
@@ -207,9 +214,10 @@ class AttributionRunResults(RunResults):
             check = load_check(results_dir)
             return f"the check run wrote no {results_dir / 'check.json'}" if check is None else check
 
-        reply(self, "check", run_id, read)
+        reply(self, CheckRunRead, run_id, read)
 
-    def _check_read(self, message: Loaded) -> None:
+    @on(CheckRunRead)
+    def _check_read(self, message: CheckRunRead) -> None:
         if self._check_run is not None and message.key == self._check_run.id:
             self._check_run_result = message.reason or message.value
             self._show_check(self._files.check if self._files is not None else None)

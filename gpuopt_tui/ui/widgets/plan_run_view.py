@@ -3,7 +3,7 @@ recommendation beside the other candidates, and each value with where it came fr
 
 from __future__ import annotations
 
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
@@ -12,6 +12,10 @@ from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.planner_view import PlanView, planner_tasks
 from gpuopt_tui.ui.widgets.run_results import RunResults
+
+
+class PlanRunRead(Loaded):
+    """A plan run as planner_tasks reads it (a PlanRun); `key`: its id."""
 
 
 class PlanRunResults(RunResults):
@@ -44,13 +48,14 @@ class PlanRunResults(RunResults):
 
     @work(thread=True, exclusive=True, group="saved-plan", exit_on_error=False)
     def _read(self, info: RunInfo) -> None:
-        reply(self, "plan", info.id, lambda: planner_tasks().read_plan_run(info))
+        reply(self, PlanRunRead, info.id, lambda: planner_tasks().read_plan_run(info))
 
     def describe(self, info: RunInfo | None) -> Content:
         """Only a failed run's words: the plan itself says the rest."""
         return super().describe(info) if info is not None and info.status in ("failed", "crashed") else Content("")
 
-    def on_loaded(self, message: Loaded) -> None:
+    @on(PlanRunRead)
+    def _plan_read(self, message: PlanRunRead) -> None:
         if message.key != self._run_id:
             return  # read for a run no longer shown
         view = self.query_one("#saved-plan", PlanView)

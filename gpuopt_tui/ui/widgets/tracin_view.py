@@ -77,6 +77,10 @@ def fill(table: DataTable[Text], columns: Sequence[str], rows: Sequence[Sequence
     table.add_rows(rows)
 
 
+class PageRead(Loaded):
+    """A page of a table's records; `key`: the table's generation it was read for."""
+
+
 class PagedTable(DataTable[Text], Generic[T]):
     """A table over PagedRecords: the first page comes with `attach`, the next is read (in a thread) when the
     cursor nears the last row read."""
@@ -140,9 +144,10 @@ class PagedTable(DataTable[Text], Generic[T]):
 
     @work(thread=True, exclusive=True, group="page", exit_on_error=False)
     def _read_page(self, source: PagedRecords[T] | None, start: int, generation: int) -> None:
-        reply(self, "page", generation, lambda: source.page(start, PAGE) if source is not None else [])
+        reply(self, PageRead, generation, lambda: source.page(start, PAGE) if source is not None else [])
 
-    def on_loaded(self, message: Loaded) -> None:
+    @on(PageRead)
+    def _page_read(self, message: PageRead) -> None:
         if message.key != self._generation:
             return
         self._reading = False
@@ -200,6 +205,10 @@ def read_results(results_dir: Path) -> TracInFiles:
         ranked=[] if ranking is None else ranking.page(0, PAGE),
         files=results.files(),
     )
+
+
+class TracInResultsRead(Loaded):
+    """A TracIn run's results; `key`: the read's token."""
 
 
 class TracInResultsView(RunResults):
@@ -274,9 +283,10 @@ class TracInResultsView(RunResults):
 
     @work(thread=True, exclusive=True, group="tracin-read", exit_on_error=False)
     def _read(self, token: int, folder: Path) -> None:
-        reply(self, "results", token, lambda: read_results(folder))
+        reply(self, TracInResultsRead, token, lambda: read_results(folder))
 
-    def on_loaded(self, message: Loaded) -> None:
+    @on(TracInResultsRead)
+    def _results_read(self, message: TracInResultsRead) -> None:
         if message.key != self._token:
             return
         text = self.query_one("#results-text", Static)

@@ -1,7 +1,7 @@
-"""Where the GPU panel and the GPU screen plug into the app.
+"""The app's GPU telemetry and the GPU panel it feeds.
 
-Both are fed by one telemetry source (live NVML, or the trace given with --replay) and one history, so the
-screen's plots go on from what the panel saw.
+The panel and the GPU screen (`screens/gpu.py`) are both fed by one telemetry source (live NVML, or the trace
+given with --replay) and one history, so the screen's plots go on from what the panel saw.
 """
 
 from __future__ import annotations
@@ -9,20 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from textual.app import ComposeResult
+from typing import TYPE_CHECKING
 
 from gpuopt_tui.core.telemetry.backend import CachedRunLookup, ReplaySource, TelemetrySource, open_source
 from gpuopt_tui.core.telemetry.history import History
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
-from gpuopt_tui.ui.partial_updates import crop_partial_updates
-from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 
 if TYPE_CHECKING:
     from gpuopt_tui.app import GpuOptApp
-    from gpuopt_tui.ui.screens.gpu import GpuView
 
 
 @dataclass
@@ -66,30 +61,3 @@ def busiest_sample(trace: Trace) -> int:
 def create_gpu_panel(app: GpuOptApp) -> GpuPanel:
     telemetry = app.gpu_telemetry()
     return GpuPanel(telemetry.source, history=telemetry.history, id="gpu-panel")
-
-
-class GpuAppScreen(AppScreen):
-    """The GPU view under the app's navigation bar. Enter on a process of a run opens that run."""
-
-    SCREEN_NAME = "gpu"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        crop_partial_updates(self)
-
-    def compose_body(self) -> ComposeResult:
-        from gpuopt_tui.ui.screens.gpu import GpuView  # loaded when the screen is first shown, not at start-up
-
-        telemetry = self.gapp.gpu_telemetry()
-        yield GpuView(telemetry.source, history=telemetry.history, readonly=self.gapp.readonly, id="gpu-view")
-
-    @property
-    def view(self) -> GpuView:
-        return self.query_one("#gpu-view")  # type: ignore[return-value]
-
-    def select_gpu(self, index: int) -> None:
-        self.view.select(index)
-
-    def on_screen_resume(self) -> None:
-        # AppScreen's handler runs too (Textual calls the handler of every class in the MRO)
-        self.view.wake()
