@@ -25,7 +25,7 @@ from textual.screen import ModalScreen
 from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.format import safe_text, with_article
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
@@ -75,7 +75,8 @@ class GpuOptCommands(Provider):
                 yield f"{name} (broken)", report, safe_text(entry.error)
             elif engine_available(entry.kind):
                 description = f": {safe_text(entry.description)}" if entry.description else ""
-                yield name, partial(app.run_profile_file, entry.path), f"start a {entry.kind} run{description}"
+                run = partial(app.run_profile_file, entry.path)
+                yield name, run, f"start {with_article(entry.kind)} run{description}"
 
     async def startup(self) -> None:
         self._cached = list(self._commands())

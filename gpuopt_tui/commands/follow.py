@@ -122,9 +122,10 @@ def _gone(info: RunInfo) -> int | None:
     return None
 
 
-def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
-    """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach)."""
-    tail = EventTail(RunDir(run_dir).events, skim=True)
+def follow(run_dir: Path, *, cancel_on_interrupt: bool, since: int = 0) -> int:
+    """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach). `since`:
+    the events file's size before a resume, so that only the new attempt's events are shown."""
+    tail = EventTail(RunDir(run_dir).events, skim=True, offset=since)
     watcher = RunWatcher(run_dir.parent)
     interrupted = False
     previous = signal.getsignal(signal.SIGINT)

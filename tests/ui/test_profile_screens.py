@@ -61,6 +61,13 @@ async def test_form_shows_the_shipped_demo_profile() -> None:
         assert screen.form.edit_key("model.adapter").value == "demo"
         assert screen.form.edit_key("attribution.use_amp").value is expected.attribution.use_amp
         assert "shipped: demo-attribution.toml" in screen_text(app)
+        # "from": the profile for what the file sets, also where that equals the default; default for the rest
+        assert FIELDS["run.device"].default == expected.run.device
+        assert "attribution.delta_warning" not in screen.path.read_text()
+        came_from = {
+            key: screen.form.table.get_row(key)[2].plain for key in ("run.device", "attribution.delta_warning")
+        }
+        assert came_from == {"run.device": "profile", "attribution.delta_warning": "default"}
 
 
 async def test_bad_values_are_marked_inline_and_block_save_and_run(runs_root: Path) -> None:

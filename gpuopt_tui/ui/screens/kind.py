@@ -234,7 +234,7 @@ class KindScreen(AppScreen):
         else:
             self.path = listing.path
             self.form.disabled = False
-            self.form.load(listing.profile)
+            self.form.load(listing.profile, listing.keys)
             self._show_profile_info(dirty=False)
         self.profile_opened()
 
