@@ -58,6 +58,13 @@ def continuing_runs_note(active: list[RunInfo]) -> str:
     )
 
 
+def unsaved_question(unsaved: list[str]) -> str:
+    """The question asked on quitting with unsaved profile edits: what would be lost, and how to keep it."""
+    return (
+        f"Quit and lose {' and '.join(unsaved)}? Stay (n), then save with ctrl+s on the profile's screen, to keep them."
+    )
+
+
 class GpuOptCommands(Provider):
     """Command palette: go to a screen, or start a run of any profile."""
 
@@ -262,23 +269,38 @@ class GpuOptApp(App[int]):
         )
 
     async def action_quit(self) -> None:
-        """Quit; with runs going on, say first that they go on and how to come back to them."""
+        """Quit; with unsaved profile edits, ask first (they would be lost); with runs going on, say first that
+        they go on and how to come back to them."""
         active = [r for r in self.runs.runs if r.active]
-        if not active:
+        unsaved = self.unsaved_edits()
+        if not active and not unsaved:
             self.exit()
             return
-        note = continuing_runs_note(active)
-        if self.screen is self._quit_dialog:  # quit again while asked: yes
-            self.exit(message=note)
+        note = continuing_runs_note(active) if active else None
+        if self.screen is self._quit_dialog:  # quit again while asked: yes about runs; edits need the answer
+            if not unsaved:
+                self.exit(message=note)
             return
+        question = " ".join(([unsaved_question(unsaved)] if unsaved else []) + ([note] if note else []))
 
         def answered(yes: bool | None) -> None:
             self._quit_dialog = None
             if yes:
                 self.exit(message=note)
 
-        self._quit_dialog = ConfirmDialog(note, "Quit", "Stay")
+        self._quit_dialog = ConfirmDialog(question, "Quit, discard edits" if unsaved else "Quit", "Stay")
         self.push_screen(self._quit_dialog, answered)
+
+    def unsaved_edits(self) -> list[str]:
+        """What quitting would lose, of every screen built so far."""
+        lost = []
+        for spec in SCREENS:
+            try:
+                stack = self.get_screen_stack(spec.name)
+            except KeyError:  # not built yet
+                continue
+            lost += [edits for screen in stack if isinstance(screen, AppScreen) and (edits := screen.unsaved_edits())]
+        return lost
 
     # -- errors -------------------------------------------------------------------------------------------------
 

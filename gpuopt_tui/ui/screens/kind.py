@@ -265,6 +265,12 @@ class KindScreen(AppScreen):
 
         self.app.push_screen(ConfirmDialog("Discard the unsaved changes to this profile?", "Discard", "Keep"), answered)
 
+    def unsaved_edits(self) -> str:
+        if not self.form.is_mounted or not self.form.dirty:
+            return ""
+        name = self.path.stem if self.path is not None else "(not saved yet)"
+        return f"the edits to {self.KIND} profile {name}"
+
     def _open(self, path: Path) -> None:
         self._opened = str(path)
         self._read(partial(read_profile, path, None))
