@@ -266,7 +266,8 @@ class KindScreen(AppScreen):
         self.app.push_screen(ConfirmDialog("Discard the unsaved changes to this profile?", "Discard", "Keep"), answered)
 
     def unsaved_edits(self) -> str:
-        if not self.form.is_mounted or not self.form.dirty:
+        forms = self.query("#form").results(ProfileForm)  # none before the screen is composed
+        if not any(form.dirty for form in forms):
             return ""
         name = self.path.stem if self.path is not None else "(not saved yet)"
         return f"the edits to {self.KIND} profile {name}"
