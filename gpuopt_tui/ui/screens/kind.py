@@ -140,7 +140,7 @@ class KindScreen(AppScreen):
             self._show_listing(listing)
         else:
             self.reload_profiles()
-        self.query_one("#profile-picker").focus()
+        self.form.table.focus()  # the arrows move through the keys at once; tab reaches the picker and buttons
 
     def on_resize(self, event: Resize) -> None:
         narrow = event.size.width < NARROW_BELOW
