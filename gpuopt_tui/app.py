@@ -30,10 +30,12 @@ from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
+from gpuopt_tui.ui import textual_internals
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
 from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS
+from gpuopt_tui.ui.textual_internals import BeforeShutdown
 from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
@@ -102,7 +104,7 @@ class GpuOptCommands(Provider):
                 yield Hit(score, shown, callback, text=name, help=escape(help_text))
 
 
-class GpuOptApp(App[int]):
+class GpuOptApp(BeforeShutdown[int]):
     TITLE = "gpuopt-tui"
     CSS_PATH = "app.tcss"
     COMMANDS = App.COMMANDS | {GpuOptCommands}
@@ -140,6 +142,7 @@ class GpuOptApp(App[int]):
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     def on_mount(self) -> None:
+        textual_internals.check(self)  # before the warm-up and any screen made after the first frame
         self.poller.poll_now()
 
     def on_ready(self) -> None:
@@ -149,9 +152,8 @@ class GpuOptApp(App[int]):
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
         self.warmup.start()
 
-    async def _shutdown(self) -> None:
+    async def before_shutdown(self) -> None:
         await self.warmup.stop()  # screens built in the background finish mounting before they are closed
-        await super()._shutdown()
 
     def on_unmount(self) -> None:
         if self._telemetry is not None:
