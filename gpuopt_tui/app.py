@@ -22,16 +22,18 @@ from textual.screen import ModalScreen
 from textual.worker import Worker, WorkerState
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.format import safe_text
+from gpuopt_tui.core.format import safe_text, with_article
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.proc_files import seconds_running
 from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
+from gpuopt_tui.ui import textual_internals
 from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.palette import Command, CommandList
 from gpuopt_tui.ui.run_poller import RunPoller, RunsPolled, RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, SCREENS
+from gpuopt_tui.ui.textual_internals import BeforeShutdown
 from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
@@ -56,6 +58,13 @@ def continuing_runs_note(active: list[RunInfo]) -> str:
     )
 
 
+def unsaved_question(unsaved: list[str]) -> str:
+    """The question asked on quitting with unsaved profile edits: what would be lost, and how to keep it."""
+    return (
+        f"Quit and lose {' and '.join(unsaved)}? Stay (n), then save with ctrl+s on the profile's screen, to keep them."
+    )
+
+
 class GpuOptCommands(CommandList):
     """Command palette: go to a screen, or start a run of any profile."""
 
@@ -73,10 +82,11 @@ class GpuOptCommands(CommandList):
                 yield f"{name} (broken)", report, safe_text(entry.error)
             elif engine_available(entry.kind):
                 description = f": {safe_text(entry.description)}" if entry.description else ""
-                yield name, partial(app.run_profile_file, entry.path), f"start a {entry.kind} run{description}"
+                run = partial(app.run_profile_file, entry.path)
+                yield name, run, f"start {with_article(entry.kind)} run{description}"
 
 
-class GpuOptApp(App[int]):
+class GpuOptApp(BeforeShutdown[int]):
     TITLE = "gpuopt-tui"
     CSS_PATH = "app.tcss"
     COMMANDS = App.COMMANDS | {GpuOptCommands}
@@ -114,6 +124,7 @@ class GpuOptApp(App[int]):
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     def on_mount(self) -> None:
+        textual_internals.check(self)  # before the warm-up and any screen made after the first frame
         self.poller.poll_now()
 
     def on_ready(self) -> None:
@@ -123,9 +134,8 @@ class GpuOptApp(App[int]):
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
         self.warmup.start()
 
-    async def _shutdown(self) -> None:
+    async def before_shutdown(self) -> None:
         await self.warmup.stop()  # screens built in the background finish mounting before they are closed
-        await super()._shutdown()
 
     def on_unmount(self) -> None:
         if self._telemetry is not None:
@@ -243,23 +253,38 @@ class GpuOptApp(App[int]):
         )
 
     async def action_quit(self) -> None:
-        """Quit; with runs going on, say first that they go on and how to come back to them."""
+        """Quit; with unsaved profile edits, ask first (they would be lost); with runs going on, say first that
+        they go on and how to come back to them."""
         active = [r for r in self.runs.runs if r.active]
-        if not active:
+        unsaved = self.unsaved_edits()
+        if not active and not unsaved:
             self.exit()
             return
-        note = continuing_runs_note(active)
-        if self.screen is self._quit_dialog:  # quit again while asked: yes
-            self.exit(message=note)
+        note = continuing_runs_note(active) if active else None
+        if self.screen is self._quit_dialog:  # quit again while asked: yes about runs; edits need the answer
+            if not unsaved:
+                self.exit(message=note)
             return
+        question = " ".join(([unsaved_question(unsaved)] if unsaved else []) + ([note] if note else []))
 
         def answered(yes: bool | None) -> None:
             self._quit_dialog = None
             if yes:
                 self.exit(message=note)
 
-        self._quit_dialog = ConfirmDialog(note, "Quit", "Stay")
+        self._quit_dialog = ConfirmDialog(question, "Quit, discard edits" if unsaved else "Quit", "Stay")
         self.push_screen(self._quit_dialog, answered)
+
+    def unsaved_edits(self) -> list[str]:
+        """What quitting would lose, of every screen built so far."""
+        lost = []
+        for spec in SCREENS:
+            try:
+                stack = self.get_screen_stack(spec.name)
+            except KeyError:  # not built yet
+                continue
+            lost += [edits for screen in stack if isinstance(screen, AppScreen) and (edits := screen.unsaved_edits())]
+        return lost
 
     # -- errors -------------------------------------------------------------------------------------------------
 

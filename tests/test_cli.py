@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.cli import build_parser, main
+from gpuopt_tui.core.kinds import KINDS
+from gpuopt_tui.core.profiles.schema import describe
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -109,17 +111,39 @@ def test_profiles_listing_and_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert "n_steps = 9" in capsys.readouterr().out
 
 
+def test_profile_keys_piped_keep_each_help_whole_and_readable(tmp_path: Path) -> None:
+    """Piped (no terminal) at 80 columns: each key on its line, its help below it in lines of usable width."""
+    env = {"COLUMNS": "80", "GPUOPT_TUI_HOME": str(tmp_path)}
+    result = cli("profiles", "--keys", "attribution", env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    help_lines = [line for line in lines if line.startswith("    ")]
+    assert help_lines and all(len(line) <= 80 for line in help_lines)
+    for f in describe(KINDS["attribution"].profile):
+        start = next(n for n, line in enumerate(lines) if line.startswith(f"{f.key}  "))
+        shown = []
+        for line in lines[start + 1 :]:  # a long key line wraps first, then its help follows, indented
+            if line.startswith("    "):
+                shown.append(line.strip())
+            elif shown:
+                break
+        assert " ".join(shown) == " ".join(f.help.split())
+
+
 @pytest.mark.parametrize("columns", [80, 120])
 def test_listings_never_cut_or_wrap_ids_and_names(columns: int, tmp_path: Path) -> None:
-    """Run ids and profile names stay whole on their line at 80 and 120 columns; the other columns give way."""
+    """Run ids, statuses and profile names stay whole on their line at 80 and 120 columns; the other columns
+    give way, and the ones the id spells (kind, created) go first."""
     frozen = Path(__file__).parent / "fixtures" / "browse_runs"
     env = {"COLUMNS": str(columns), "GPUOPT_TUI_HOME": str(tmp_path), "GPUOPT_TUI_RUNS_DIR": str(frozen)}
     runs = cli("runs", env=env)
     assert runs.returncode == 0, runs.stderr
     ids = sorted(p.name for p in frozen.iterdir() if p.is_dir())
     lines = runs.stdout.splitlines()
-    assert all(len(line.rstrip()) <= columns for line in lines)
-    assert sorted(line.split()[0] for line in lines[1:]) == ids
+    assert all(len(line.rstrip()) <= columns for line in lines[:-1])  # the last: the runs directory, whole
+    assert sorted(line.split()[0] for line in lines[1:-1]) == ids
+    assert all("finished" in line.split() for line in lines[1:-1])  # the status is never cut
+    assert lines[-1] == f"runs directory: {frozen}"
     profiles = cli("profiles", env=env)
     assert profiles.returncode == 0, profiles.stderr
     names = sorted(p.stem for p in (Path(__file__).parents[1] / "profiles").glob("*.toml"))

@@ -80,6 +80,7 @@ def test_cancel_then_resume_completes_every_sample(tmp_path: Path, demo_classifi
     assert kept, "finished batches are kept as shards"
     resumed = cli("resume", run_id, runs=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("demo classifier:") == 1, resumed.stderr  # the new attempt's setup line only
     events = [e for e in lifecycle(run_dir) if e in ("started", "cancelled", "finished")]
     assert events == ["started", "cancelled", "started", "finished"]
     rows = [json.loads(x) for x in (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()]

@@ -123,9 +123,10 @@ def _gone(info: RunInfo) -> int | None:
     return None
 
 
-def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
-    """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach)."""
-    follower = _Follower(run_dir, cancel_on_interrupt)
+def follow(run_dir: Path, *, cancel_on_interrupt: bool, since: int = 0) -> int:
+    """Show progress until the run ends. Ctrl-C cancels the run (run/resume) or only detaches (attach). `since`:
+    the events file's size before a resume, so that only the new attempt's events are shown."""
+    follower = _Follower(run_dir, cancel_on_interrupt, since)
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, follower.on_interrupt)
     try:
@@ -145,9 +146,9 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
 class _Follower:
     """Following one run: its events drawn as they come (see EVENT_HANDLERS), its status checked after each read."""
 
-    def __init__(self, run_dir: Path, cancel_on_interrupt: bool) -> None:
+    def __init__(self, run_dir: Path, cancel_on_interrupt: bool, since: int = 0) -> None:
         self.run_dir, self.cancel_on_interrupt = run_dir, cancel_on_interrupt
-        self.tail = EventTail(RunDir(run_dir).events, skim=True)
+        self.tail = EventTail(RunDir(run_dir).events, skim=True, offset=since)
         self.watcher = RunWatcher(run_dir.parent)
         self.progress, self.task = new_progress(run_dir.name)
         self.interrupted = False

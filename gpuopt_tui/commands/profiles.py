@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from rich.console import Console
 from rich.table import Table
@@ -51,15 +52,13 @@ def run(args: argparse.Namespace) -> int:
                 out.print(Text.assemble(("invalid", "red"), f" {safe_text(e)}"), soft_wrap=True)
         return 1 if bad else 0
     if args.keys:
-        table = Table(box=None, header_style="bold")
-        for col in ("key", "type", "default", "help"):
-            table.add_column(col, overflow="fold")
+        # one key a line, never cut (the key is what --set takes), its help below it, indented and wrapped to the
+        # width there is: readable at 80 columns and when piped, where a four-column table squeezes the help
         for f in describe(KINDS[args.keys].profile):
-            kind = f.type_name + (' | "auto"' if f.auto else "")
-            if f.choices:
-                kind = " | ".join(f.choices)
-            table.add_row(f.key, kind, repr(f.default), f.help)
-        out.print(table)
+            kind = " | ".join(f.choices) if f.choices else f.type_name + (' | "auto"' if f.auto else "")
+            out.print(Text.assemble((f.key, "bold"), f"  {kind}  default {f.default!r}"))
+            for line in textwrap.wrap(f.help, max(out.width - 4, 30)):
+                out.print(Text("    " + line), soft_wrap=True)
         return 0
     entries = list_profiles()
     # names are never cut or wrapped (they are what `run` takes): the path and the description give way

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpuopt_tui.commands.follow import console, follow
+from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import find_run, resume_run
 
 NAME = "resume"
@@ -18,8 +19,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = find_run(args.run_id)
+    events = RunDir(run_dir).events
+    before = events.stat().st_size if events.exists() else 0  # the earlier attempts' events were shown then
     pid = resume_run(run_dir)
     console.print(f"resumed {run_dir.name} (pid {pid})")
     if args.detach:
         return 0
-    return follow(run_dir, cancel_on_interrupt=True)
+    return follow(run_dir, cancel_on_interrupt=True, since=before)

@@ -25,6 +25,10 @@ STATUS_STYLE = {
     "cancelled": "yellow",
     "missing": "red",
 }
+COLUMNS = ("id", "kind", "name", "status", "progress", "eta", "created", "message")
+# the id spells the kind and the creation time: where the table is too wide these go first, so that the rest
+# need not be cut
+REDUNDANT = ("created", "kind")
 
 
 def _limit(text: str) -> int:
@@ -79,22 +83,38 @@ def run(args: argparse.Namespace) -> int:
         style = STATUS_STYLE.get(i.status, "")
         status = Text(i.status, style=style)
         rows.append((i.id, i.kind, i.name, status, prog, eta, human_time(i.created), i.message[:80]))
-    # ids and names are never cut or wrapped (an id is what other commands take); columns empty in every row are
-    # left out, and the rest give way: the message wraps, short fields are cut with an ellipsis
-    columns = ("id", "kind", "name", "status", "progress", "eta", "created", "message")
-    kept = [c for c, name in enumerate(columns) if name in ("id", "kind", "name") or any(str(r[c]) for r in rows)]
-    table = Table(box=None, header_style="bold")
+    console = Console()
+    console.print(_table(rows, console.width))
+    if len(shown) < len(infos):
+        console.print(f"{len(infos) - len(shown)} older run(s) not shown (--limit 0 shows all)")
+    console.print(f"runs directory: {watcher.root}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _table(rows: list[tuple], width: int) -> Table:
+    """Ids, names and statuses are never cut or wrapped (an id is what other commands take); columns empty in
+    every row are left out; the message wraps, and the others are cut with an ellipsis only when nothing else
+    is left to give way."""
+    kept = [c for c, name in enumerate(COLUMNS) if name in ("id", "name") or any(str(r[c]) for r in rows)]
+
+    def natural(c: int) -> int:
+        if COLUMNS[c] == "message":
+            return len("message")
+        return max(len(COLUMNS[c]), *(len(str(row[c])) for row in rows))
+
+    for name in REDUNDANT:
+        if sum(natural(c) for c in kept) + 2 * (len(kept) - 1) <= width:
+            break
+        kept.remove(COLUMNS.index(name))
+    table = Table(box=None, header_style="bold", pad_edge=False)
     for c in kept:
-        name = columns[c]
-        if name in ("id", "name"):
-            table.add_column(name, no_wrap=True, min_width=max(len(str(row[c])) for row in rows))
+        name = COLUMNS[c]
+        if name in ("id", "name", "status"):
+            table.add_column(name, no_wrap=True, min_width=natural(c))
         elif name == "message":
             table.add_column(name, overflow="fold", min_width=len(name), ratio=1)
         else:
             table.add_column(name, no_wrap=True, overflow="ellipsis")
     for row in rows:
         table.add_row(*(Text(str(row[c])) if isinstance(row[c], str) else row[c] for c in kept))  # never markup
-    Console().print(table)
-    if len(shown) < len(infos):
-        Console().print(f"{len(infos) - len(shown)} older run(s) not shown (--limit 0 shows all)")
-    return 0
+    return table

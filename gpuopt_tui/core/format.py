@@ -46,3 +46,8 @@ def human_time(timestamp: float | None) -> str:
 def safe_text(text: object) -> str:
     """`text` as a string with control characters shown as `?`: for anything read from a file or a process."""
     return _CONTROL.sub("?", str(text))
+
+
+def with_article(word: str) -> str:
+    """`word` after "a" or "an", by its first letter: "an ablation", "a tracin"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

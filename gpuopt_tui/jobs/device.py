@@ -22,16 +22,19 @@ def resolve_device(spec: str) -> torch.device:
         return _cpu()
     if spec == "cuda" or (spec.startswith("cuda:") and spec[5:].isdigit()):
         if not torch.cuda.is_available():
-            raise UserError(
-                f'device = "{spec}" but CUDA is not available here (no GPU, no driver, or a CPU-only torch '
-                f"{torch.__version__}); use device = auto or cpu"
-            )
+            raise UserError(f'device = "{spec}" but CUDA is not available here: {_why_no_cuda()}; use auto or cpu')
         index = int(spec[5:]) if ":" in spec else torch.cuda.current_device()
         count = torch.cuda.device_count()
         if index >= count:
             raise UserError(f'device = "{spec}" but this machine has {count} GPU(s): cuda:0..cuda:{count - 1}')
         return torch.device("cuda", index)
     raise UserError(f'device = "{spec}": expected auto, cpu, cuda or cuda:N')
+
+
+def _why_no_cuda() -> str:
+    if torch.version.cuda is None:
+        return f"this torch {torch.__version__} is a CPU-only build"
+    return f"this torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no GPU or no driver"
 
 
 def _cpu() -> torch.device:

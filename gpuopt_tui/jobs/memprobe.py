@@ -1,7 +1,6 @@
 """One memory probe: a real training step of a model built from its config, measured, in a fresh process.
 
     python -m gpuopt_tui.jobs.memprobe < request.json      # prints one JSON line (ProbeResult fields)
-    python -m gpuopt_tui.jobs.memprobe --demo-config classifier
 
 The request (see core/planner/measure.py `probe_request`) holds the Hugging Face config, the task and the
 training setup. The model gets random weights (fp32 parameters; bf16/fp16 autocast for mixed precision), the
@@ -323,22 +322,9 @@ def probe(request: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def demo_config(kind: str) -> str:
-    from gpuopt_tui.jobs.models.demo import KINDS
-
-    if kind not in KINDS:
-        raise SystemExit(f'demo model "{kind}": expected one of {", ".join(KINDS)}')
-    module, _ = KINDS[kind]
-    return module.build_config().to_json_string()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuopt_tui.jobs.memprobe", description=__doc__.split("\n")[0])
-    parser.add_argument("--demo-config", metavar="KIND", help="print a demo model's config as JSON and exit")
-    args = parser.parse_args(argv)
-    if args.demo_config:
-        print(demo_config(args.demo_config))
-        return 0
+    parser.parse_args(argv)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before the first CUDA allocation
     result = probe(json.loads(sys.stdin.read()))
     print(json.dumps(result), flush=True)

@@ -5,16 +5,18 @@ widget it belongs to, not from the region's start (Textual issue #5625): a figur
 line resends the whole line. A live monitor over SSH repaints a few figures a second, so the GPU screens crop
 their partial updates to the region's start as well. Full updates (a new screen, a resize) are unchanged.
 
-This leans on two Textual internals, Screen._compositor and ChopsUpdate's fields; where they are not as
-expected the screen keeps Textual's own updates (tests/ui/test_cell_lines.py checks which one runs).
+This leans on Textual internals (its compositor and ChopsUpdate's fields, through ui/textual_internals.py); where
+they are not as expected the screen keeps Textual's own updates (tests/ui/test_cell_lines.py checks which one
+runs).
 """
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.control import Control
-from textual._compositor import ChopsUpdate, Compositor
 from textual.screen import Screen
+
+from gpuopt_tui.ui.textual_internals import ChopsUpdate, Compositor, replace_compositor
 
 
 class CroppedChopsUpdate(ChopsUpdate):
@@ -44,8 +46,4 @@ class CroppingCompositor(Compositor):
 def crop_partial_updates(screen: Screen) -> bool:
     """Make `screen` (not yet mounted) send only the changed cells of its partial updates; False where this
     Textual does not have the internals it needs (the screen then sends whole line pieces)."""
-    current = getattr(screen, "_compositor", None)
-    if type(current) is not Compositor or not hasattr(ChopsUpdate, "render_segments"):
-        return False
-    screen._compositor = CroppingCompositor()
-    return True
+    return hasattr(ChopsUpdate, "render_segments") and replace_compositor(screen, CroppingCompositor)

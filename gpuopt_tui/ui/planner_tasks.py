@@ -77,7 +77,7 @@ class ClosedForm:
 
 
 def closed_form(profile: PlanProfile, base: Path) -> ClosedForm:
-    """The closed-form estimate of the profile (a demo model's config may take seconds the first time)."""
+    """The closed-form estimate of the profile."""
     profile = resolved(profile, base)
     inputs = plan_inputs(profile)
     est = session.estimate_current(inputs)

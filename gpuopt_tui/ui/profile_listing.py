@@ -15,18 +15,19 @@ from pathlib import Path
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.profiles.common import ProfileBase
-from gpuopt_tui.core.profiles.io import ProfileEntry, list_profiles, load_profile
+from gpuopt_tui.core.profiles.io import ProfileEntry, keys_in_file, list_profiles, load_profile
 
 
 @dataclass(frozen=True)
 class ProfileListing:
     """`entries` to list (None: the list is not read again), the profile at `path` to open (None: none to open)
-    as read, or why it cannot be read."""
+    as read with the keys its file sets (`keys_in_file`), or why it cannot be read."""
 
     entries: list[ProfileEntry] | None
     path: Path | None
     profile: ProfileBase | None = None
     error: str = ""
+    keys: frozenset[str] = frozenset()
 
 
 def kind_entries(kind: str, every: list[ProfileEntry]) -> list[ProfileEntry]:
@@ -49,7 +50,7 @@ def read_profile(path: Path | None, entries: list[ProfileEntry] | None) -> Profi
     try:
         if entry is not None and entry.error:
             raise UserError(entry.error)
-        return ProfileListing(entries, path, load_profile(path))
+        return ProfileListing(entries, path, load_profile(path), keys=keys_in_file(path))
     except UserError as e:
         return ProfileListing(entries, path, error=str(e))
 

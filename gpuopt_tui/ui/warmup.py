@@ -18,8 +18,9 @@ it comes (`gpuopt-tui` also starts with the
 collector off until the first frame, see cli.run_tui).
 
 Textual has no public call to build a screen without showing it: `build` registers it in its mode as
-`App._init_mode` does, and `lay_out` and `render` do what showing it would (`Screen._refresh_layout`, the
-compositor) without the write to the terminal.
+`App._init_mode` does, and `lay_out` and `render` do what showing it would without the write to the terminal,
+through Textual internals (ui/textual_internals.py): where this Textual lacks one, there is no warm-up and each
+screen is built on its first showing.
 """
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ from textual.worker import get_current_worker
 
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.registry import SCREENS, screen_modules
+from gpuopt_tui.ui.textual_internals import (
+    WARM_UP,
+    enabled,
+    messages_waiting,
+    mode_started,
+    put_in_mode,
+    refresh_layout,
+    render_lines,
+    start_screen,
+)
 
 if TYPE_CHECKING:
     from textual.worker import Worker
@@ -53,7 +64,7 @@ WARMED = ("planner", "attribution", "tracin", "ablation", "runs", "gpu")
 def _settled(screen: AppScreen) -> bool:
     """Whether the screen is mounted and it and its widgets have no message waiting."""
     pumps = [screen, *screen.walk_children()]
-    return screen.is_mounted and all(p._message_queue.empty() for p in pumps)
+    return screen.is_mounted and not messages_waiting(pumps)
 
 
 class ScreenWarmup:
@@ -85,7 +96,7 @@ class ScreenWarmup:
         self._quiet_from = time.monotonic() + QUIET_S
         if name in self._built:
             self.claim(name)
-        elif name not in self.app._screen_stacks:
+        elif not mode_started(self.app, name):
             self.app.call_after_refresh(gc.freeze)
 
     def _busy(self) -> bool:
@@ -113,7 +124,10 @@ class ScreenWarmup:
     def worker_done(self, worker: Worker[object]) -> None:
         """Called with every worker that succeeded: the reading one starts the building."""
         if worker is self._reading:
-            self._next_step()
+            if enabled(WARM_UP):
+                self._next_step()
+            else:  # this Textual cannot build a screen unseen: each is built on its first showing
+                self._finished = True
 
     def _next_step(self) -> None:
         self.app.set_timer(max(STEP_PAUSE_S, self._quiet_from - time.monotonic()), self._step, name="screen warm-up")
@@ -151,19 +165,18 @@ class ScreenWarmup:
     def claim(self, name: str) -> None:
         """Put the screen built for mode `name` in its mode (if it is not yet)."""
         screen = self._built.get(name)
-        if screen is not None and name not in self.app._screen_stacks:
-            self.app._screen_stacks[name] = [screen]
+        if screen is not None and not mode_started(self.app, name):
+            put_in_mode(self.app, name, screen)
 
     def build(self, name: str) -> None:
         """Create the screen of mode `name` (unless it was shown already) and start it: it composes and mounts its
         widgets in their own tasks, during the pause after this step. It joins its mode once mounted (`lay_out`),
         or when the user asks for it (`claim`)."""
         app = self.app
-        if name in app._screen_stacks:
+        if mode_started(app, name):
             return
         screen = next(s for s in SCREENS if s.name == name).create(app)
-        app._get_screen(screen)
-        app._load_screen_css(screen)
+        start_screen(app, screen)
         self._built[name] = screen  # type: ignore[assignment]
 
     def lay_out(self, name: str) -> None:
@@ -175,10 +188,10 @@ class ScreenWarmup:
             self._steps = itertools.chain([partial(self.lay_out, name)], self._steps)
             return
         self.claim(name)
-        screen._refresh_layout(self.app.size)
+        refresh_layout(screen, self.app.size)
 
     def render(self, name: str) -> None:
         """Render every line of the screen into its widgets' caches; nothing is written to the terminal."""
         screen = self._unshown(name)
         if screen is not None:
-            screen._compositor.render_update(full=True)
+            render_lines(screen)

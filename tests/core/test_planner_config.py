@@ -201,21 +201,6 @@ def test_demo_config_is_read_from_the_demo_cache(tmp_path: Path, monkeypatch: py
     assert session.demo_config("classifier")["num_hidden_layers"] == 4  # the newest cache version
 
 
-def test_demo_config_is_asked_of_the_demo_code_once_then_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path))
-    config = session.demo_config("two_tower")  # no demo built here: a child process reads the demo code
-    kept = session.demo_config_path("two_tower")
-    assert json.loads(kept.read_text()) == config and config["model_type"]
-
-    def no_child(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the demo code was asked again")
-
-    monkeypatch.setattr(session.subprocess, "run", no_child)
-    assert session.demo_config("two_tower") == config  # from this process's memory
-    monkeypatch.setattr(session, "_demo_configs", {})
-    assert session.demo_config("two_tower") == config  # as a later process: from the kept file
-
-
 def test_planner_core_imports_neither_torch_nor_ruamel() -> None:
     code = (
         "import sys\n"

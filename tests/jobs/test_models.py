@@ -263,9 +263,15 @@ def test_resolve_device() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 @pytest.mark.parametrize("spec", ["cuda", "cuda:1"])
-def test_cuda_requested_without_cuda(spec: str) -> None:
-    with pytest.raises(UserError, match=f'device = "{spec}" but CUDA is not available'):
+@pytest.mark.parametrize(
+    ("build", "why"), [(None, "is a CPU-only build"), ("12.8", "is built for CUDA 12.8 but finds no GPU")]
+)
+def test_cuda_requested_without_cuda(spec: str, build: str | None, why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message says which build of torch this is: a CUDA build is never called CPU-only."""
+    monkeypatch.setattr(torch.version, "cuda", build)
+    with pytest.raises(UserError, match=f'device = "{spec}" but CUDA is not available here: this torch') as caught:
         resolve_device(spec)
+    assert why in str(caught.value)
 
 
 def test_autocast_on_cpu() -> None:

@@ -6,6 +6,7 @@ its events arrive (and are not read while the screen is hidden)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -142,6 +143,27 @@ async def test_the_table_equals_results_json_marks_the_best_layers_and_sorts(pro
         await pilot.click(offset=layer_header)  # again: the other way
         assert table.descending
         assert [(c["layer"].removesuffix(" ★"), c["representation"]) for c in table_cells(table)] == order[::-1]
+
+
+@pytest.mark.parametrize("width", [100, 120, 160])
+async def test_no_accuracy_is_ever_cut_in_the_split_layout(probing_run: Path, width: int) -> None:
+    """Beside the form, the table shows the charted split's accuracy whole (names give way, with an ellipsis);
+    a column the table's edge cuts is blank with an ellipsis, and scrolling sideways never shows part of one."""
+    rows = raw_rows(probing_run)
+    app = make_app(screen="ablation")
+    async with app.run_test(size=(width, 40)) as pilot:
+        results = await open_results(pilot, len(rows))
+        await settle(pilot)
+        table = results.query_one(ProbeTable)
+        expected = {mean_std(row, "test") for row in rows}
+        for scroll in range(0, 60, 7):
+            table.scroll_to(x=scroll, animate=False)
+            await settle(pilot)
+            text = screen_text(app)
+            cut = re.findall(r"\d\.\d+ ± [\d.]*(?=\s|…|▏|$)", text)
+            assert all(value in expected or re.fullmatch(r"\d\.\d{3} ± \d\.\d{3}", value) for value in cut), cut
+            if scroll == 0:
+                assert len(set(cut) & expected) == len(expected)  # every test accuracy shown, whole
 
 
 async def test_the_plot_has_one_series_per_representation(probing_run: Path) -> None:

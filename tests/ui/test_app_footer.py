@@ -117,15 +117,34 @@ async def test_clicking_a_key_runs_its_action_where_the_focus_is_and_a_disabled_
         assert app.query_one("#left", Pane).pressed == ["edit"] and bells == 1
 
 
-async def test_the_footer_is_cut_at_the_terminals_width_and_keeps_the_palette_key_clickable() -> None:
+async def test_keys_that_do_not_fit_go_on_more_lines_none_hidden_and_all_clickable() -> None:
     app = make_app(screen="planner")
     async with app.run_test(size=(60, 20)) as pilot:
         await pilot.pause()
-        line = footer_line(app)
-        assert line.startswith(" ^r Run  ^s Save") and line.endswith("▏^p palette "), line
-        assert len(line) == 60 and "Quit" not in line
-        await pilot.click(AppFooter, offset=(line.index("palette"), 0))  # not a key cut off under it
+        footer = app.screen.query_one(AppFooter)
+        await wait_for(pilot, lambda: footer.size.height > 1)
+        lines = screen_lines(app)[-footer.size.height :]
+        assert all(len(line) == 60 for line in lines)
+        assert lines[0].startswith(" ^r Run  ^s Save") and lines[0].endswith("▏^p palette "), lines
+        shown = " ".join(lines)
+        assert all(f" {display} {description} " in shown for display, description in footer_keys(app)[:-1])
+        row = next(y for y, line in enumerate(lines) if "Quit" in line)
+        assert row > 0
+        await pilot.hover(AppFooter, offset=(lines[row].index("Quit"), row))
+        assert footer.tooltip == "Quit (runs keep going)"
+        await pilot.click(AppFooter, offset=(lines[0].index("palette"), 0))  # not a key drawn under it
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+
+
+async def test_every_screens_keys_fit_at_80_columns_on_one_line_or_more() -> None:
+    for spec in SCREENS:
+        app = make_app(screen=spec.name)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            footer = app.screen.query_one(AppFooter)
+            shown = " ".join(screen_lines(app)[-footer.size.height :])
+            missing = [f"{d} {t}" for d, t in footer_keys(app)[:-1] if f" {d} {t} " not in shown]
+            assert not missing, (spec.name, shown)
 
 
 async def test_screens_show_their_keys_with_tooltips_and_a_click_opens_a_runs_log(runs_root: Path) -> None:

@@ -25,7 +25,9 @@ async def test_profile_picker_opens_the_profile_chosen_by_keyboard() -> None:
         screen = app.screen
         assert isinstance(screen, KindScreen)
         picker = screen.query_one("#profile-picker", ChoiceField)
-        assert app.focused is picker
+        assert app.focused is screen.form.table  # the form first: its keys take the arrows at once
+        picker.focus()
+        await pilot.pause()
         assert picker.label == "demo-tracin" and screen.path == shipped_profiles_dir() / "demo-tracin.toml"
         await pilot.press("enter")
         assert isinstance(app.screen, ChoiceMenu)

@@ -48,6 +48,29 @@ async def test_keys_do_not_switch_while_typing_in_a_field() -> None:
         assert app.current_mode == "runs"
 
 
+@pytest.mark.parametrize("screen", ["attribution", "tracin", "ablation", "planner"])
+async def test_arrows_move_through_a_profile_at_once(screen: str) -> None:
+    """A profile screen opens with its form focused: down moves to the next key without tabbing there first."""
+    app = make_app(screen=screen)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = app.screen.form
+        await wait_for(pilot, lambda: form.table.row_count > 0 and form.current is not None)
+        assert app.focused is form.table
+        before = form.current
+        await pilot.press("down")
+        await wait_for(pilot, lambda: form.current != before)
+
+
+async def test_help_says_where_the_focus_starts() -> None:
+    app = make_app(screen="help")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        text = " ".join(app.screen.query_one("#help-body").query_one(".help-guide").render().plain.split())
+        assert "opens with its form focused" in text and "left and right switch the view's tabs" in text
+        keys = " ".join(str(app.screen.query_one(".help-keys").render()).split())
+        assert "A run's results (enter on a run)" in keys and "The view's next tab" in keys
+
+
 async def test_navigation_bar_is_clickable() -> None:
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

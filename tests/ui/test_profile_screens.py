@@ -61,6 +61,13 @@ async def test_form_shows_the_shipped_demo_profile() -> None:
         assert screen.form.edit_key("model.adapter").value == "demo"
         assert screen.form.edit_key("attribution.use_amp").value is expected.attribution.use_amp
         assert "shipped: demo-attribution.toml" in screen_text(app)
+        # "from": the profile for what the file sets, also where that equals the default; default for the rest
+        assert FIELDS["run.device"].default == expected.run.device
+        assert "attribution.delta_warning" not in screen.path.read_text()
+        came_from = {
+            key: screen.form.table.get_row(key)[2].plain for key in ("run.device", "attribution.delta_warning")
+        }
+        assert came_from == {"run.device": "profile", "attribution.delta_warning": "default"}
 
 
 async def test_bad_values_are_marked_inline_and_block_save_and_run(runs_root: Path) -> None:
@@ -84,6 +91,34 @@ async def test_bad_values_are_marked_inline_and_block_save_and_run(runs_root: Pa
         await pilot.press("backspace")
         await pilot.pause()
         assert screen.form.errors == {}
+
+
+async def test_quitting_with_unsaved_edits_asks_first() -> None:
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, KindScreen)
+        steps = screen.form.edit_key("attribution.n_steps")
+        steps.value = "64"
+        await pilot.pause()
+        assert screen.form.dirty
+        await app.run_action("quit")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await settle(pilot)
+        text = " ".join(widget_text(app, ".dialog-text").split())
+        assert "lose the edits to attribution profile demo-attribution" in text and "ctrl+s" in text
+        await app.run_action("quit")  # quit again while asked: the edits still need an answer
+        await pilot.pause()
+        assert app.is_running and isinstance(app.screen, ConfirmDialog)
+        await pilot.press("n")  # stay: the edits are kept
+        await wait_for(pilot, lambda: app.screen is screen)
+        assert screen.form.values()["attribution"]["n_steps"] == 64
+        await app.run_action("quit")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await settle(pilot)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not app.is_running)
 
 
 async def test_rule_between_fields_is_shown_at_the_field_it_names() -> None:

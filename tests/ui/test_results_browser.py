@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, OptionList, TabbedContent
 
 from gpuopt_tui.app import GpuOptApp, make_app
 from gpuopt_tui.ui.screens.ablation import ProbingResults
@@ -54,6 +54,23 @@ async def open_from_runs(pilot: object, app: GpuOptApp, run_id: str) -> ResultsS
     screen = app.screen
     assert isinstance(screen, ResultsScreen) and screen.run_id == run_id
     return screen
+
+
+@pytest.mark.parametrize(("kind", "tabs"), [("attribution", "#attribution-tabs"), ("tracin", "#tracin-tabs")])
+async def test_left_and_right_switch_the_results_tabs_without_tabbing_first(
+    frozen_runs: Path, kind: str, tabs: str
+) -> None:
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_from_runs(pilot, app, RUNS[kind])
+        await wait_for(pilot, lambda: bool(screen.view.query(tabs)))
+        await settle(pilot)
+        switch = screen.view.query_one(tabs, TabbedContent)
+        first = switch.active
+        await pilot.press("right")
+        await wait_for(pilot, lambda: switch.active != first)
+        await pilot.press("left")
+        await wait_for(pilot, lambda: switch.active == first)
 
 
 async def test_an_attribution_run_opens_in_its_view(frozen_runs: Path) -> None:
@@ -189,6 +206,22 @@ async def test_a_result_file_opens_in_the_pager(
         await wait_for(pilot, lambda: opened.exists())
         first = sorted(p.name for p in (frozen_runs / run_id / "results").iterdir())[0]
         assert opened.read_text() == str(frozen_runs / run_id / "results" / first)
+
+
+async def test_binary_files_are_listed_but_not_offered_to_the_pager(frozen_runs: Path) -> None:
+    run_id = RUNS["attribution"]
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_from_runs(pilot, app, run_id)
+        await pilot.press("f")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilePicker))
+        options = app.screen.query_one(OptionList)
+        offered = {
+            Path(str(option.id)).name: not option.disabled
+            for option in (options.get_option_at_index(i) for i in range(options.option_count))
+        }
+        assert offered["attributions.safetensors"] is False
+        assert offered["attributions.jsonl"] and offered["summary.json"] and offered["log.txt"]
 
 
 async def test_a_missing_pager_falls_back_with_a_message(frozen_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,22 +14,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.atomic import atomic_write_text
+from gpuopt_tui.core.demo_architectures import DEMO_ARCHITECTURES
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
 from gpuopt_tui.core.planner.estimate import Estimate, estimate
-from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
+from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, named_task, spec_from_config
 from gpuopt_tui.core.planner.resolve import CONFIG, DEFAULT, PROFILE, Origins, Resolved, resolve_setup_roles, warnings
 from gpuopt_tui.core.planner.search import (
@@ -115,41 +112,14 @@ def model_source(model: ModelSection) -> ModelSource:
     )
 
 
-_demo_configs: dict[Path, dict[str, Any]] = {}  # by config file, for this process
-
-
-def demo_config_path(kind: str) -> Path:
-    """Where a demo's config is kept for later processes, next to the demo caches."""
-    return cache_dir() / "demo" / f"{kind}-config.json"
-
-
 def demo_config(kind: str) -> dict[str, Any]:
-    """A demo model's config: from its newest built cache, else from the config a previous process kept, else
-    from the demo code in a child process (seconds: it imports torch), whose answer is kept for later."""
+    """A demo model's config: that of its newest built cache, else its sizes as the demo code builds them."""
     versions = {}
     for path in (cache_dir() / "demo").glob(f"{kind}-v*/model/config.json"):
         match = re.fullmatch(rf"{re.escape(kind)}-v(\d+)", path.parent.parent.name)  # not the -seedN variants
         if match:
             versions[int(match.group(1))] = path
-    path = versions[max(versions)] if versions else demo_config_path(kind)
-    if path not in _demo_configs:
-        _demo_configs[path] = load_config(path)[0] if path.is_file() else _demo_config_from_code(kind, path)
-    return copy.deepcopy(_demo_configs[path])
-
-
-def _demo_config_from_code(kind: str, keep: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", PROBE_MODULE, "--demo-config", kind], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise UserError(f"cannot read the {kind} demo's config: {done.stderr.strip().splitlines()[-1:]}")
-    config = json.loads(done.stdout)
-    try:
-        keep.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(keep, json.dumps(config, indent=2))
-    except OSError:
-        pass  # only a cache: the next process asks the demo code again
-    return config
+    return load_config(versions[max(versions)])[0] if versions else copy.deepcopy(DEMO_ARCHITECTURES[kind])
 
 
 def device_index(device: str) -> int:

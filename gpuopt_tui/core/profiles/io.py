@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,19 @@ def load_profile(path: Path, overrides: Iterable[str] = ()) -> ProfileBase:
         if blame is None:
             raise
         raise ProfileError(blame, error.key, error.detail) from None
+
+
+def keys_in_file(path: Path) -> frozenset[str]:
+    """The dotted keys a profile file sets itself, its sections' names among them: a form tells them from
+    defaults also where the file sets a key to its default value."""
+    return frozenset(_dotted_keys(parse_toml(read_text(path), str(path))))
+
+
+def _dotted_keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in data.items():
+        yield prefix + key
+        if isinstance(value, Mapping):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
 
 
 def _within(key: str, overridden: str) -> bool:

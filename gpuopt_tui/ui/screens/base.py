@@ -33,6 +33,10 @@ class AppScreen(Screen[None]):
     def gapp(self) -> GpuOptApp:
         return self.app  # type: ignore[return-value]
 
+    def unsaved_edits(self) -> str:
+        """What quitting now would lose (e.g. "the edits to profile demo-attribution"), "" for nothing."""
+        return ""
+
     def compose(self) -> ComposeResult:
         yield NavBar(self.nav_name)
         yield from self.compose_body()

@@ -15,6 +15,7 @@ from textual.widgets import Static
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.screens.registry import SCREENS
+from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.screens.runs import RunsScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.gpu_view import GpuView, ProcessList
@@ -31,6 +32,10 @@ GUIDE = "\n\n".join(
         "2. ctrl+r starts a run with the values on screen. Its progress (rate, ETA, GPU memory) shows beside the "
         "form, then its results; ctrl+o shows them on the whole screen. On a terminal narrower than 100 columns "
         "the form and the run take turns: ctrl+l (or the tabs above them) switches.",
+        "The focus: a profile screen opens with its form focused, so up and down move through the keys at once "
+        "and enter edits one; tab and shift+tab move the focus to the profile picker, the buttons and the run's "
+        "results. In a run's results opened from the runs list, left and right switch the view's tabs; tab moves "
+        "into the view (its table or list), and escape goes back.",
         "3. r lists every run: c cancels (the run stops after its current chunk and keeps what it finished), "
         "s resumes a stopped run from its finished shards, l follows the log, x deletes the run directory.",
         "4. The same from a shell: gpuopt-tui run PROFILE, gpuopt-tui runs, gpuopt-tui attach ID, "
@@ -69,6 +74,7 @@ class HelpScreen(AppScreen):
                     *self._rows([("enter", "Open the run's results (as on the dashboard)")]),
                 ],
             ),
+            ("A run's results (enter on a run)", self._binding_rows(ResultsScreen.BINDINGS, hidden=True)),
             (
                 "GPU screen (signals only with confirmation, never with --readonly or a replayed trace)",
                 [

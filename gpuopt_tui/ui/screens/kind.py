@@ -144,7 +144,7 @@ class KindScreen(AppScreen):
             self._show_listing(listing)
         else:
             self.reload_profiles()
-        self.query_one("#profile-picker").focus()
+        self.form.table.focus()  # the arrows move through the keys at once; tab reaches the picker and buttons
 
     def on_resize(self, event: Resize) -> None:
         narrow = event.size.width < NARROW_BELOW
@@ -236,7 +236,7 @@ class KindScreen(AppScreen):
         else:
             self.path = listing.path
             self.form.disabled = False
-            self.form.load(listing.profile)
+            self.form.load(listing.profile, listing.keys)
             self._show_profile_info(dirty=False)
         self.profile_opened()
 
@@ -266,6 +266,13 @@ class KindScreen(AppScreen):
                 self.query_one("#profile-picker", ChoiceField).value = self._opened or BLANK
 
         self.app.push_screen(ConfirmDialog("Discard the unsaved changes to this profile?", "Discard", "Keep"), answered)
+
+    def unsaved_edits(self) -> str:
+        forms = self.query("#form").results(ProfileForm)  # none before the screen is composed
+        if not any(form.dirty for form in forms):
+            return ""
+        name = self.path.stem if self.path is not None else "(not saved yet)"
+        return f"the edits to {self.KIND} profile {name}"
 
     def _open(self, path: Path) -> None:
         self._opened = str(path)

@@ -10,8 +10,8 @@ recommendation written into the training config.
   writes it with numbered backups (refused when the file changed since the preview or is read-only). Undo restores
   the newest backups after a diff of its own (refused likewise); core/planner/apply.py does both.
 
-Files, NVML and a demo model's config (seconds the first time) are read in thread workers (planner_tasks, imported
-by the first of them once no screen is being switched to); their results come back as messages.
+Files and NVML are read in thread workers (planner_tasks, imported by the first of them once no screen is being
+switched to); their results come back as messages.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from typing import Any
 
 from textual.screen import Screen
 
+from gpuopt_tui.ui.textual_internals import mark_styled
+
 
 @dataclass(frozen=True)
 class ScreenSpec:
@@ -28,10 +30,10 @@ class ScreenSpec:
         screen: Screen = factory() if isinstance(factory, type) else factory(app)
         # Textual re-reads and re-applies the whole stylesheet when it first shows a screen that has not seen the
         # app's latest CSS update (a theme change): a new screen's widgets are styled with the current CSS as they
-        # mount, so after the first frame it has seen it. (Textual's own counter; without this, every first visit
-        # parses all CSS again. The first screen keeps the refresh: it is what applies the theme at start-up.)
+        # mount, so after the first frame it has seen it (without this, every first visit parses all CSS again).
+        # The first screen keeps the refresh: it is what applies the theme at start-up.
         if getattr(app, "startup_seconds", None) is not None:
-            screen._css_update_count = app._css_update_count
+            mark_styled(screen, app)
         return screen
 
 

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
-from textual.widgets import Static
+from textual.widgets import DataTable, Input, Static, Tabs
 
 from gpuopt_tui.core.format import human_time
 from gpuopt_tui.core.kinds import KINDS
@@ -24,6 +24,7 @@ from gpuopt_tui.ui.screens.registry import spec
 from gpuopt_tui.ui.widgets.file_picker import FilePicker, Picked
 from gpuopt_tui.ui.widgets.run_progress import RunProgress
 from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.tab_switch import TabTitles
 
 
 def results_view(kind: str) -> type[RunResults]:
@@ -40,10 +41,14 @@ class ResultsScreen(AppScreen):
     """The results of the run `run_id`, kept up to date while it goes on; the navigation bar shows `nav` (the
     screen it was opened from) as the current screen."""
 
-    AUTO_FOCUS = None  # nothing inside until asked (tab): the screen's keys work at once, whatever the view holds
+    AUTO_FOCUS = None  # the app's: the first widget that takes the focus, so that the view's keys work at once
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back", id="results.back", tooltip="Back to the list of runs"),
         Binding("f", "files", "Open file", id="results.files", tooltip="Open one of the run's files in $PAGER"),
+        # the view's tabs switch without tabbing to them first, unless the focused widget uses the arrows itself
+        # (check_action): a text field, a tab bar, a table wider than its pane
+        Binding("left", "switch_tab(-1)", "Previous tab", show=False, priority=True, tooltip="The view's previous tab"),
+        Binding("right", "switch_tab(1)", "Next tab", show=False, priority=True, tooltip="The view's next tab"),
     ]
     DEFAULT_CSS = """
     ResultsScreen #results-frame { height: 1fr; padding: 0 1; }
@@ -96,7 +101,25 @@ class ResultsScreen(AppScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "files":
             return self.info is not None
+        if action == "switch_tab":
+            focused = self.focused
+            own_arrows = isinstance(focused, (Input, Tabs, TabTitles)) or (
+                isinstance(focused, DataTable) and focused.max_scroll_x > 0
+            )
+            return not own_arrows
         return True
+
+    def action_switch_tab(self, step: int) -> None:
+        """Show the previous or next tab of the view's first tab bar (a view without tabs: nothing)."""
+        bars = self.view.query(Tabs)
+        if bars:
+            tabs = bars.first(Tabs)
+            if step > 0:
+                tabs.action_next_tab()
+            else:
+                tabs.action_previous_tab()
+        elif titles := self.view.query(TabTitles):
+            titles.first(TabTitles).action_move(step)
 
     def action_close(self) -> None:
         self.dismiss()

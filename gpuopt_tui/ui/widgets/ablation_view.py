@@ -22,6 +22,7 @@ from gpuopt_tui.core.feature_cache import EntryGroup, FeatureCache, group_entrie
 from gpuopt_tui.core.format import human_bytes, human_time
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+from gpuopt_tui.ui.widgets.whole_cells import WholeCellsTable
 
 # Colours of the xterm 256-colour cube (shown exactly there) and markers that tell series apart without colour.
 SERIES_STYLES = (
@@ -261,7 +262,10 @@ def row_key(row: TableRow) -> str:
     return f"{row.representation}\x1f{row.layer}"
 
 
-class ProbeTable(DataTable[Text]):
+MIN_NAMES_WIDTH = 12
+
+
+class ProbeTable(WholeCellsTable[Text]):
     """Probes, one row each, under TABLE_HEADER; each representation's selected row (best validation accuracy,
     whatever split is charted) is bold with a ★. Clicking a column header sorts by it (again: the other way);
     `next_sort` steps through columns."""
@@ -274,6 +278,7 @@ class ProbeTable(DataTable[Text]):
         self.sort_column: str | None = None  # None: representation, then layer
         self.descending = False
         self._data_rows: Sequence[TableRow] = ()
+        self._names_width: int | None = None  # the representation column's, where names are cut to fit
 
     def show_rows(self, rows: Sequence[TableRow], split: str) -> None:
         self._data_rows, self.split = rows, split
@@ -286,6 +291,21 @@ class ProbeTable(DataTable[Text]):
         else:
             self.sort_column, self.descending = column, column not in (None, "representation", "layer")
         self._rebuild()
+
+    def _fitted_names_width(self, cells: list[list[str]]) -> int | None:
+        """The representation column's width where the table is too narrow to show the charted split's accuracy
+        whole (names are cut with an ellipsis, never numbers); None (fitted to the names) where it is wide
+        enough."""
+        shown = TABLE_HEADER.index(f"{self.split} acc") + 1
+        widths = [max([len(c) + 2, *(len(row[i]) for row in cells)]) for i, c in enumerate(TABLE_HEADER[:shown])]
+        spare = self.size.width - (sum(widths) + 2 * self.cell_padding * shown)
+        return max(MIN_NAMES_WIDTH, widths[0] + spare) if self.size.width and spare < 0 else None
+
+    def on_resize(self) -> None:
+        if self._data_rows:
+            cells = [list(c) for c in table_cells(self._data_rows)]
+            if self._fitted_names_width(cells) != self._names_width:
+                self._rebuild()
 
     def next_sort(self) -> None:
         position = self.SORTS.index(self.sort_column) if self.sort_column in self.SORTS else 0
@@ -303,17 +323,22 @@ class ProbeTable(DataTable[Text]):
         best = {row_key(r) for r in best_of(self._data_rows).values()}
         success = self.app.get_css_variables().get("success", "green")
         self.clear(columns=True)
+        rows = sort_rows(self._data_rows, self.sort_column, self.descending)
+        all_cells = []
+        for row, row_cells in zip(rows, table_cells(rows)):
+            cells = list(row_cells)
+            if row_key(row) in best:
+                cells[1] += " ★"
+            all_cells.append(cells)
+        self._names_width = self._fitted_names_width(all_cells)
         for column in TABLE_HEADER:
             arrow = (" ▼" if self.descending else " ▲") if column == self.sort_column else ""
-            self.add_column(column + arrow, key=column)
-        rows = sort_rows(self._data_rows, self.sort_column, self.descending)
-        for row, row_cells in zip(rows, table_cells(rows)):
+            width = self._names_width if column == "representation" else None
+            self.add_column(column + arrow, key=column, width=width)
+        for row, cells in zip(rows, all_cells):
             key = row_key(row)
-            cells = list(row_cells)
-            if key in best:
-                cells[1] += " ★"
             style = f"bold {success}" if key in best else ""
-            self.add_row(*(Text(c, style=style) for c in cells), key=key)
+            self.add_row(*(Text(c, style=style, overflow="ellipsis", no_wrap=True) for c in cells), key=key)
         if selected is not None and selected in self.rows:
             self.move_cursor(row=self.get_row_index(selected), scroll=False)
         self.call_after_refresh(self.scroll_to, scroll.x, scroll.y, animate=False)

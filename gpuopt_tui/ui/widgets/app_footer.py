@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+from rich.cells import cell_len
 from textual import events
 from textual.binding import Binding
 from textual.content import Content
@@ -26,6 +27,7 @@ class FooterKey(NamedTuple):
 
 
 class DrawnKey(NamedTuple):
+    row: int  # the footer's line
     start: int  # the cells [start, end) of the line
     end: int
     key: FooterKey
@@ -33,8 +35,8 @@ class DrawnKey(NamedTuple):
 
 class AppFooter(Widget, can_focus=False):
     """The keys of the focused widget, its screen and the app that are shown (`Binding.show`), one per action,
-    key then description, as Textual's footer shows them; the command palette's key at the right. Keys that do not
-    fit are cut at the terminal's width."""
+    key then description, as Textual's footer shows them; the command palette's key at the right. Where they do not
+    fit on a line they are drawn closer, then on more lines: none is hidden."""
 
     ALLOW_SELECT = False
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -46,7 +48,7 @@ class AppFooter(Widget, can_focus=False):
     DEFAULT_CSS = """
     AppFooter {
         dock: bottom;
-        height: 1;
+        height: 1;  /* more where the keys need more lines: _fit_height */
         color: $footer-foreground;
         background: $footer-background;
         text-wrap: nowrap;
@@ -102,6 +104,7 @@ class AppFooter(Widget, can_focus=False):
         keys, palette = self._shown_keys()
         if (keys, palette) != (self._keys, self._palette):
             self._keys, self._palette = keys, palette
+            self._fit_height()
             self.refresh()
 
     def _shown_keys(self) -> tuple[tuple[FooterKey, ...], FooterKey | None]:
@@ -121,6 +124,33 @@ class AppFooter(Widget, can_focus=False):
 
     # -- drawing ------------------------------------------------------------------------------------------------
 
+    def _layout(self, width: int) -> tuple[bool, list[list[FooterKey]]]:
+        """Whether the keys are padded, and the keys of each line: one padded line as Textual's footer draws it
+        where that fits, else one compact line, else as many padded lines as the keys need (none is hidden); the
+        command palette's key takes the right of the first line."""
+        room = width - (_cells(self._palette, padded=False) + 2 if self._palette else 0)  # "▏" and a space
+        for padded in (True, False):
+            if sum(_cells(key, padded) for key in self._keys) <= room:
+                return padded, [list(self._keys)]
+        lines: list[list[FooterKey]] = [[]]
+        used = 0
+        for key in self._keys:
+            cells = _cells(key, padded=True)
+            if lines[-1] and used + cells > (room if len(lines) == 1 else width):
+                lines.append([])
+                used = 0
+            lines[-1].append(key)
+            used += cells
+        return True, lines
+
+    def _fit_height(self) -> None:
+        lines = len(self._layout(self.size.width)[1]) if self.size.width else 1
+        if self.styles.height is None or self.styles.height.value != lines:
+            self.styles.height = lines
+
+    def on_resize(self) -> None:
+        self._fit_height()
+
     def render(self) -> Content:
         width = self.size.width
         # partial: over the footer's own style, which a hovered key's background then shows through
@@ -128,42 +158,46 @@ class AppFooter(Widget, can_focus=False):
             self.get_visual_style("app-footer--key", partial=True),
             self.get_visual_style("app-footer--description", partial=True),
         )
-        line, self._drawn = Content(), []
-        for key in self._keys:
-            line = self._draw(line, key, self._item(key, *styles, padded=True))
-        if self._palette is None:
-            return line
-        # at the right, after a thin rule, with the compact look Textual gives it
-        palette = Content.assemble(("▏", self.get_visual_style("app-footer--separator", partial=True)))
-        palette += self._item(self._palette, *styles, padded=False) + " "
-        room = max(0, width - palette.cell_length)
-        line = line.truncate(room, pad=True)
-        self._drawn = [drawn._replace(end=min(drawn.end, room)) for drawn in self._drawn if drawn.start < room]
-        return self._draw(line, self._palette, palette)
+        padded, layout = self._layout(width)
+        self._drawn = []
+        lines = []
+        for row, keys in enumerate(layout):
+            line = Content()
+            for key in keys:
+                line = self._draw(line, row, key, self._item(key, *styles, padded=padded, lead=True))
+            lines.append(line)
+        if self._palette is not None:
+            # at the right, after a thin rule, with the compact look Textual gives it
+            palette = Content.assemble(("▏", self.get_visual_style("app-footer--separator", partial=True)))
+            palette += self._item(self._palette, *styles, padded=False, lead=False) + " "
+            room = max(0, width - palette.cell_length)
+            lines[0] = self._draw(lines[0].truncate(room, pad=True), 0, self._palette, palette)
+        return Content("\n").join(lines)
 
-    def _item(self, key: FooterKey, key_style: Style, description_style: Style, padded: bool) -> Content:
+    def _item(self, key: FooterKey, key_style: Style, description_style: Style, padded: bool, lead: bool) -> Content:
+        space = " " if lead else ""
         if not key.description:
-            return Content.styled(key.display, key_style)
+            return Content.assemble(space, (key.display, key_style))
         if padded:
             return Content.assemble((f" {key.display} ", key_style), (f"{key.description} ", description_style))
-        return Content.assemble((key.display, key_style), (f" {key.description}", description_style))
+        return Content.assemble(space, (key.display, key_style), (f" {key.description}", description_style))
 
-    def _draw(self, line: Content, key: FooterKey, item: Content) -> Content:
+    def _draw(self, line: Content, row: int, key: FooterKey, item: Content) -> Content:
         """`line` with `item` (the key drawn) after it, dimmed or highlighted as the key is."""
         if not key.enabled:
             item = item.stylize("dim")
         if key == self._hovered:
             item = item.stylize_before(self.get_visual_style("app-footer--hover", partial=True))
-        self._drawn.append(DrawnKey(line.cell_length, line.cell_length + item.cell_length, key))
+        self._drawn.append(DrawnKey(row, line.cell_length, line.cell_length + item.cell_length, key))
         return line + item
 
     # -- mouse --------------------------------------------------------------------------------------------------
 
-    def _key_at(self, x: int) -> FooterKey | None:
-        return next((drawn.key for drawn in self._drawn if drawn.start <= x < drawn.end), None)
+    def _key_at(self, x: int, y: int) -> FooterKey | None:
+        return next((d.key for d in self._drawn if d.row == y and d.start <= x < d.end), None)
 
     def on_mouse_down(self, event: events.MouseDown) -> None:
-        key = self._key_at(event.x)
+        key = self._key_at(event.x, event.y)
         if key is None:
             return
         if key.enabled:
@@ -172,7 +206,7 @@ class AppFooter(Widget, can_focus=False):
             self.app.bell()
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
-        self._hover(self._key_at(event.x))
+        self._hover(self._key_at(event.x, event.y))
 
     def on_leave(self, event: events.Leave) -> None:
         self._hover(None)
@@ -182,3 +216,10 @@ class AppFooter(Widget, can_focus=False):
             self._hovered = key
             self.tooltip = key.tooltip if key and key.tooltip else None
             self.refresh()
+
+
+def _cells(key: FooterKey, padded: bool) -> int:
+    """The cells `key` takes in a line: " ^r Run " padded, " ^r Run" compact."""
+    if not key.description:
+        return cell_len(key.display) + 1
+    return cell_len(key.display) + cell_len(key.description) + (3 if padded else 2)

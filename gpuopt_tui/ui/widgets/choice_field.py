@@ -118,7 +118,7 @@ class ChoiceField(Widget, can_focus=True):
         menu = ChoiceMenu([label for label, _ in self._options], self._index(self._value), self.region)
         self.app.push_screen(menu, chosen)
 
-    def _on_click(self, event: events.Click) -> None:
+    def on_click(self, event: events.Click) -> None:
         event.stop()
         self.focus()
         self.action_open()

@@ -1,4 +1,5 @@
-"""A run's files in a dialog: enter opens the highlighted one in the pager, `e` in the editor."""
+"""A run's files in a dialog: enter opens the highlighted one in the pager, `e` in the editor; binary files are
+listed but not offered."""
 
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ def run_files(run_dir: Path) -> list[tuple[Path, int]]:
     return found
 
 
+def is_binary(path: Path) -> bool:
+    """Whether the file holds binary data (a NUL byte in its first KiB, as tensors and arrays have): a pager or
+    an editor would show it as garbage, so it is listed but not offered."""
+    try:
+        with path.open("rb") as f:
+            return b"\0" in f.read(1024)
+    except OSError:
+        return False  # the pager says why it cannot be read
+
+
+def _option(path: Path, size: int, run_dir: Path) -> Option:
+    label = f"{path.relative_to(run_dir)}  {human_bytes(size)}"
+    if is_binary(path):
+        return Option(Content.assemble(label, ("  binary: read it with Python", "dim")), id=str(path), disabled=True)
+    return Option(label, id=str(path))
+
+
 class FilePicker(Dialog[Picked | None]):
     """Dismissed with the file picked and how to open it, or None (escape)."""
 
@@ -64,12 +82,7 @@ class FilePicker(Dialog[Picked | None]):
                 classes="dialog-text",
             )
             yield OptionList(
-                *(
-                    Option(f"{path.relative_to(self._run_dir)}  {human_bytes(size)}", id=str(path))
-                    for path, size in self._files
-                ),
-                id="run-files",
-                compact=True,
+                *(_option(path, size, self._run_dir) for path, size in self._files), id="run-files", compact=True
             )
 
     def on_mount(self) -> None:

@@ -21,6 +21,14 @@ class KeyedTable(DataTable[Text]):
         for column in self._columns:
             self.add_column(column, key=column)
 
+    def relabel(self, labels: Mapping[str, str]) -> None:
+        """Label columns anew (by their key; the others keep theirs): the table is emptied, columns and all, for
+        `set_rows` to fill again."""
+        self.clear(columns=True)
+        self._shown = {}
+        for column in self._columns:
+            self.add_column(labels.get(column, column), key=column)
+
     @property
     def selected_id(self) -> str | None:
         if not self.row_count:

@@ -102,6 +102,7 @@ class ProfileForm(Vertical):
         self._values: dict[str, Any] = {key: info.default for key, info in self.infos.items()}
         self._texts: dict[str, str] = {k: field_text(i, i.default) for k, i in self.infos.items()}  # as typed
         self._loaded: dict[str, Any] = dict(self._values)
+        self._in_file: frozenset[str] = frozenset()  # the keys the loaded profile's file sets
         self._own_errors: dict[str, str] = {}  # each key checked on its own
         self.errors: dict[str, str] = {}  # what is shown, by key
         self.current: str | None = None  # the key in the editor
@@ -141,7 +142,10 @@ class ProfileForm(Vertical):
 
     # -- values -------------------------------------------------------------------------------------------------
 
-    def load(self, profile: ProfileBase) -> None:
+    def load(self, profile: ProfileBase, keys_in_file: frozenset[str] = frozenset()) -> None:
+        """Show `profile`'s values; `keys_in_file`: the keys its file sets (shown as from the profile, also where
+        a value equals its default)."""
+        self._in_file = keys_in_file
         plain = to_plain(profile)
         for key, info in self.infos.items():
             value = get_path(plain, key)
@@ -254,7 +258,8 @@ class ProfileForm(Vertical):
         if self._values[key] != self._loaded[key]:
             note, style = "edited", "yellow"
         else:
-            note, style = ("default", "dim") if self._values[key] == info.default else ("profile", "")
+            from_file = key in self._in_file or self._values[key] != info.default
+            note, style = ("profile", "") if from_file else ("default", "dim")
         return Text(note if width >= NOTE_WIDTH else SHORT_NOTES[note], style)
 
     def _show_error_line(self) -> None:

@@ -22,6 +22,7 @@ from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import is_partial_write
 from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.textual_internals import place_underline
 from gpuopt_tui.ui.widgets.log_view import LogView
 
 MAX_FILES = 40
@@ -95,7 +96,7 @@ class ResultTabs(TabbedContent):
             if tries > 1:
                 self.call_after_refresh(self._place_underline, tries - 1)
             return
-        tabs._highlight_active(animate=False)  # what Tabs do on a resize: placed after the next refresh
+        place_underline(tabs)  # what Tabs do on a resize: placed after the next refresh
 
 
 def tabbed(*panes: TabPane, id: str) -> TabbedContent:

@@ -91,13 +91,11 @@ class RunsTable(KeyedTable):
             self.descending = not self.descending
         else:
             self.sort_column, self.descending = column, column in ("created", "progress")
-        for key, column in self.columns.items():
-            arrow = (" ▼" if self.descending else " ▲") if key.value == self.sort_column else ""
-            column.label = Text(f"{key.value}{arrow}")
-            column.content_width = max(column.content_width, column.label.cell_len)
-        self._clear_caches()  # the header row is drawn from a cache
+        selected = self.selected_id
+        self.relabel({self.sort_column: f"{self.sort_column}{' ▼' if self.descending else ' ▲'}"})
         self.update_runs(self.runs)
-        self.refresh()
+        if selected is not None:
+            self.select(selected)
 
     def next_sort(self) -> None:
         position = SORTS.index(self.sort_column) if self.sort_column in SORTS else -1

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gpuopt_tui.core.demo_architectures import bert_sizes
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.demo.bundle import DemoBundle, save_model_dir, save_splits
 from gpuopt_tui.jobs.models.demo.train import TrainPlan, train
@@ -80,13 +81,7 @@ def build_config() -> Any:
 
     return BertConfig(
         vocab_size=len(vocabulary()),
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        **bert_sizes("classifier"),
         num_labels=2,
         id2label=dict(enumerate(LABEL_NAMES)),
         label2id={name: i for i, name in enumerate(LABEL_NAMES)},

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpuopt_tui.core.demo_architectures import bert_sizes
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.common import DataSection
 from gpuopt_tui.jobs.data import Row, TextDataset, field_value, read_labels
@@ -268,13 +269,7 @@ def build_config() -> Any:
 
     return BertConfig(
         vocab_size=len(vocabulary()),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=16,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        **bert_sizes("two_tower"),
         pad_token_id=0,
     )
 
