@@ -106,6 +106,8 @@ def batch_target(spec: str, batch: Batch, n_outputs: int) -> Tensor | str:
     """The explained output per sample: "predicted", the dataset labels, or one fixed index."""
     if spec == "predicted":
         return spec
+    if spec == "generate":
+        raise UserError('attribution.target = "generate" needs a causal language model (model.path of one)')
     if spec == "label":
         if "labels" not in batch:
             raise UserError('attribution.target = "label" but the data has no labels (see data.label_field)')
@@ -142,6 +144,8 @@ def attribute_batch(
         adapter, ids, mask, embeds, settings.baseline_token, keep_structure=settings.baseline != ZERO_ALL
     )
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
+    if target is None:
+        target = adapter.explained_outputs(settings.target, batch)
     target = batch_target(settings.target, batch, n_outputs) if target is None else target
     forward = adapter.logits_from_embeds
     common = {
