@@ -12,15 +12,50 @@ import torch
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 WORDS = [
-    *("the a cat dog sat ran on under mat rug big small red blue happy sad quick slow jumps sleeps".split()),
-    *("house tree river hill sun moon rain snow good bad very not and or but with".split()),
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "under",
+    "mat",
+    "rug",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "happy",
+    "sad",
+    "quick",
+    "slow",
+    "jumps",
+    "sleeps",
+    "house",
+    "tree",
+    "river",
+    "hill",
+    "sun",
+    "moon",
+    "rain",
+    "snow",
+    "good",
+    "bad",
+    "very",
+    "not",
+    "and",
+    "or",
+    "but",
+    "with",
 ]
 VOCAB = len(SPECIAL) + len(WORDS)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-_SIZES = {"vocab_size": VOCAB, "initializer_range": 0.2, "pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS}
+# no padding_idx: a zero [PAD] row would make the pad baseline the zero vector, which RMSNorm maps to a spike
+_SIZES = {"vocab_size": VOCAB, "initializer_range": 0.2, "pad_token_id": None, "bos_token_id": BOS, "eos_token_id": EOS}
 _DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 

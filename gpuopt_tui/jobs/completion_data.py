@@ -16,9 +16,9 @@ from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.common import DataSection
-from gpuopt_tui.jobs.data import Row, TextDataset, field_value, shown_text, trim_batch
-from gpuopt_tui.jobs.models.causal_lm import WHOLE_COMPLETION, CausalLMAdapter
+from gpuopt_tui.jobs.data import Row, TextDataset, field_value, trim_batch
 from gpuopt_tui.jobs.models.base import to_device
+from gpuopt_tui.jobs.models.causal_lm import WHOLE_COMPLETION, CausalLMAdapter
 
 COMPLETIONS = "completions"  # meta key: the completion texts, one per sample (None: not read nor generated yet)
 SAMPLE_OF_ROW = "sample_of_row"  # meta key of per-token rows: each row's sample
@@ -41,7 +41,8 @@ def completion_dataset_from_rows(adapter: CausalLMAdapter, rows: Sequence[Row], 
     if any(present):
         if not all(present):
             where = rows[present.index(False)][0]
-            raise UserError(f'{where}: missing completion "{data.target_field}" (other rows have one; give all or none)')
+            field = data.target_field
+            raise UserError(f'{where}: missing completion "{field}" (other rows have one; give all or none)')
         texts = [string_value(row, data.target_field) for row in rows]
         tensors |= adapter.completions(texts, data.max_length)
         _check_completions(adapter, tensors, [row[0] for row in rows], data.target_field)

@@ -9,8 +9,10 @@ Batches of a causal LM hold the prompt as the attributed tokens and the completi
   log-probability of completion token t alone (one row of a [completion, prompt] matrix)
 
 The forward (`logits_from_embeds`) runs the model on [prompt | completion] with the attention mask of both and
-position ids that count real tokens only, so that padding anywhere (left, right, between prompt and completion)
-changes nothing a real token sees. Each completion token is scored by the logits at the real position before it
+position ids that count real tokens only, so that padding (between prompt and completion, after the completion)
+changes nothing a real token sees. A left-padded prompt has its real tokens moved to its front first (a gather,
+which the gradients go back through): a padding position with no real token before it would have nothing to attend
+to, which eager attention turns into NaN. Each completion token is scored by the logits at the real position before it
 (teacher forcing); the output [N, 1] is the sum of the chosen tokens' log-probabilities. Integrated Gradients then
 interpolates the prompt's word embeddings only: the completion's embeddings travel as context, the same at every
 step.
@@ -142,12 +144,25 @@ class CausalLMAdapter(Adapter):
         self, inputs_embeds: Tensor, attention_mask: Tensor | None, context: Mapping[str, Tensor]
     ) -> Tensor:
         """[N, 1]: sum over completion tokens of weight x log p(token | everything real before it)."""
+        logits = self.next_token_logits(inputs_embeds, attention_mask, context)[:, :-1]
+        ids = context["completion_ids"].long()[..., None]
+        log_probs = (logits.gather(-1, ids) - logits.logsumexp(-1, keepdim=True)).squeeze(-1)
+        return (log_probs * context["weights"].to(log_probs.dtype)).sum(1, keepdim=True)
+
+    def next_token_logits(
+        self, inputs_embeds: Tensor, attention_mask: Tensor | None, context: Mapping[str, Tensor]
+    ) -> Tensor:
+        """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them."""
         prompt_len = inputs_embeds.shape[1]
         completion = context["completion_embeds"].to(inputs_embeds.dtype)
         if attention_mask is None:
             attention_mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
+        else:  # real prompt tokens first: a padding position before them would have nothing to attend to (NaN)
+            order = attention_mask.sort(dim=1, descending=True, stable=True).indices
+            inputs_embeds = inputs_embeds.gather(1, order[..., None].expand_as(inputs_embeds))
+            attention_mask = attention_mask.gather(1, order)
         mask = torch.cat([attention_mask.long(), context["completion_mask"].long()], 1)
-        before = previous_real_position(mask)[:, prompt_len - 1 : -1]  # [N, T]: the position predicting each token
+        before = previous_real_position(mask)[:, prompt_len - 1 :]  # [N, T + 1]: the position predicting each token
         first = int(before.min())
         out = self.model(
             inputs_embeds=torch.cat([inputs_embeds, completion], 1),
@@ -157,33 +172,31 @@ class CausalLMAdapter(Adapter):
             use_cache=False,
         )
         logits = out.logits.gather(1, (before - first)[..., None].expand(-1, -1, out.logits.shape[-1]))
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # log-softmax over the vocabulary
-        ids = context["completion_ids"].long()[..., None]
-        log_probs = (logits.gather(-1, ids) - logits.logsumexp(-1, keepdim=True)).squeeze(-1)
-        return (log_probs * context["weights"].to(log_probs.dtype)).sum(1, keepdim=True)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # log-softmax over the vocabulary
 
     # -- generation ------------------------------------------------------------------------------------------
     def generate(self, batch: Mapping[str, Tensor], max_new_tokens: int) -> Batch:
         """The model's greedy continuation of each prompt, up to `max_new_tokens` tokens and its first EOS (kept:
-        stopping is the model's choice too), as `completion_ids` / `completion_mask` [N, T], right-padded."""
-        ids, mask = left_padded(batch["input_ids"], batch["attention_mask"])
-        eos = self.tokenizer.eos_token_id
+        stopping is the model's choice too), as `completion_ids` / `completion_mask` [N, T], right-padded. Each
+        token is the argmax of the very forward that `logits_from_embeds` scores (no KV cache: one forward over
+        prompt and continuation per new token)."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        table, eos = self.word_embeddings(), self.tokenizer.eos_token_id
+        new = ids.new_zeros(ids.shape[0], 0)
+        kept = new.clone()
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         with torch.no_grad():
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                num_beams=1,
-                pad_token_id=self.special_ids.pad,
-                eos_token_id=eos,
-            )
-        new = out[:, ids.shape[1] :]
-        keep = torch.ones_like(new)
-        if eos is not None:
-            ended = (new == eos).long().cumsum(1)
-            keep = ((ended - (new == eos).long()) == 0).long()  # up to and including the first EOS
-        return {"completion_ids": new * keep, "completion_mask": keep}
+            embeds = table(ids)
+            for _ in range(max_new_tokens):
+                context = {"completion_embeds": table(new), "completion_mask": kept}
+                token = self.next_token_logits(embeds, mask, context)[:, -1].argmax(-1)
+                new = torch.cat([new, torch.where(done, 0, token)[:, None]], 1)
+                kept = torch.cat([kept, (~done).long()[:, None]], 1)
+                if eos is not None:
+                    done |= token == eos
+                if bool(done.all()):
+                    break
+        return {"completion_ids": new, "completion_mask": kept}
 
     def describe(self) -> str:
         params = sum(p.numel() for p in self.model.parameters())
@@ -199,12 +212,6 @@ def previous_real_position(mask: Tensor) -> Tensor:
     """[N, L]: for each position, the last position at or before it whose mask is 1 (0 where there is none)."""
     index = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     return torch.where(mask.bool(), index, 0).cummax(1).values
-
-
-def left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """The rows with their padding moved to the left (a stable sort of the mask keeps the tokens in order)."""
-    order = mask.sort(1, stable=True).indices
-    return ids.gather(1, order), mask.gather(1, order)
 
 
 def load_causal_lm_adapter(path: Path, device: torch.device) -> CausalLMAdapter:
