@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.profiles.common import DataSection
+from gpuopt_tui.core.profiles.attribution import CompletionDataSection
 from gpuopt_tui.jobs.data import Row, TextDataset, field_value, trim_batch
 from gpuopt_tui.jobs.models.base import to_device
 from gpuopt_tui.jobs.models.causal_lm import WHOLE_COMPLETION, CausalLMAdapter
@@ -31,7 +31,9 @@ def string_value(row: Row, key: str) -> str:
     return value
 
 
-def completion_dataset_from_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: DataSection) -> TextDataset:
+def completion_dataset_from_rows(
+    adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection
+) -> TextDataset:
     """Prompts from data.text_field and, when the rows have it, completions from data.target_field (then every
     row needs one); without any, the completion tensors are empty ([N, 0]) until completions are generated."""
     prompts = [string_value(row, data.text_field) for row in rows]

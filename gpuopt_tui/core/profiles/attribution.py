@@ -60,12 +60,6 @@ class AttributionSection:
         'Causal LMs: "predicted" explains the completion in data.target_field, "generate" the model\'s own greedy '
         "continuation of up to max_new_tokens tokens (written to the results)",
     )
-    max_new_tokens: int = opt(16, 'Causal LMs with target = "generate": tokens generated per prompt at most', min=1)
-    per_target_token: bool = opt(
-        False,
-        "Causal LMs: also attribute each completion token's own log-probability, giving a [completion, prompt] "
-        "matrix per sample (one attribution per completion token: that many times the work)",
-    )
     batch_size: int = opt(
         32,
         "Samples attributed together (a shard each); larger batches make larger, faster matrix products "
@@ -139,6 +133,12 @@ class AttributionSection:
         "|convergence delta| / the median |F(x) - F(baseline)| does",
         min=0.0,
     )
+    max_new_tokens: int = opt(16, 'Causal LMs with target = "generate": tokens generated per prompt at most', min=1)
+    per_target_token: bool = opt(
+        False,
+        "Causal LMs: also attribute each completion token's own log-probability, giving a [completion, prompt] "
+        "matrix per sample (one attribution per completion token: that many times the work)",
+    )
 
     def check(self, fail: Failure) -> None:
         target = self.target
@@ -151,10 +151,24 @@ class AttributionSection:
 
 
 @dataclass
+class CompletionDataSection(DataSection):
+    """The data of an attribution run: a causal LM's also name its completions."""
+
+    target_field: str = opt(
+        "completion",
+        "Causal LMs: column or key holding the completion whose log-probability given the prompt (text_field) is "
+        'attributed; not needed with attribution.target = "generate"',
+    )
+    chat_template: bool = opt(
+        False, "Causal LMs: pass each prompt as a user message through the tokenizer's chat template"
+    )
+
+
+@dataclass
 class AttributionProfile(ProfileBase):
     kind: ClassVar[str] = "attribution"
     title: ClassVar[str] = "Integrated Gradients attribution"
     run: ScaledRunSection = section(ScaledRunSection, "How and where to run")
     model: ModelSection = section(ModelSection, "The model to explain")
-    data: DataSection = section(DataSection, "The samples to attribute")
+    data: CompletionDataSection = section(CompletionDataSection, "The samples to attribute")
     attribution: AttributionSection = section(AttributionSection, "Integrated Gradients settings")

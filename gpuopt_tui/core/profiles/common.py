@@ -72,14 +72,6 @@ class DataSection:
     split: str = opt("test", "Demo split to use (source = demo)", choices=("train", "test"))
     text_field: str = opt("text", "Column or key holding the text")
     label_field: str = opt("label", "Column or key holding the integer label (may be absent)")
-    target_field: str = opt(
-        "completion",
-        "Causal LMs: column or key holding the completion whose log-probability given the prompt (text_field) is "
-        'attributed; not needed with attribution.target = "generate"',
-    )
-    chat_template: bool = opt(
-        False, "Causal LMs: pass each prompt as a user message through the tokenizer's chat template"
-    )
     max_length: int = opt(128, "Tokens per sample at most (longer texts are truncated)", min=2, max=8192)
 
     def check(self, fail: Failure) -> None:

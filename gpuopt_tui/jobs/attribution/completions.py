@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.profiles.attribution import AttributionSection
-from gpuopt_tui.core.profiles.common import DataSection
+from gpuopt_tui.core.profiles.attribution import AttributionSection, CompletionDataSection
 from gpuopt_tui.jobs.attribution.deltas import relative_deltas
 from gpuopt_tui.jobs.attribution.outputs import Collected, float32_value, float32_values, sample_records
 from gpuopt_tui.jobs.completion_data import (
@@ -98,7 +97,7 @@ class CompletionRun:
 
 
 def prepare_completions(
-    adapter: Adapter, ds: TextDataset, data: DataSection, section: AttributionSection, stage: StageFn
+    adapter: Adapter, ds: TextDataset, data: CompletionDataSection, section: AttributionSection, stage: StageFn
 ) -> CompletionRun | None:
     """The completions of a causal LM run (None for other models, which have none to explain)."""
     if not isinstance(adapter, CausalLMAdapter):

@@ -104,8 +104,11 @@ class CausalLMAdapter(Adapter):
 
     # -- data ------------------------------------------------------------------------------------------------
     def dataset_from_rows(self, rows: Sequence[Row], data: DataSection) -> TextDataset:
+        from gpuopt_tui.core.profiles.attribution import CompletionDataSection
         from gpuopt_tui.jobs.completion_data import completion_dataset_from_rows
 
+        if not isinstance(data, CompletionDataSection):
+            raise UserError(f"{self.name} is a causal LM: only attribution runs take one so far")
         return completion_dataset_from_rows(self, rows, data)
 
     # -- forward passes ----------------------------------------------------------------------------------------
