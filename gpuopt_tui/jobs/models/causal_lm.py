@@ -20,6 +20,7 @@ step.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ class CausalLMAdapter(Adapter):
         self.special_ids = DecoderSpecialIds(**vars(SpecialIds.of(tokenizer)), structure=frozenset(_special(tokenizer)))
         #: set when the tokenizer had no padding token and padding borrows EOS (said in `describe`)
         self.borrowed_pad: str | None = None
+        #: whether the forward can compute the logits of the last positions only (most families can)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     # -- tokens ---------------------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], max_length: int, *, chat: bool = False) -> Batch:
@@ -113,6 +116,7 @@ class CausalLMAdapter(Adapter):
 
     # -- forward passes ----------------------------------------------------------------------------------------
     def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
+        """The prompt alone (its hidden states); the explained output is `logits`'."""
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def logits(self, batch: Mapping[str, Tensor]) -> Tensor:
@@ -166,13 +170,14 @@ class CausalLMAdapter(Adapter):
             attention_mask = attention_mask.gather(1, order)
         mask = torch.cat([attention_mask.long(), context["completion_mask"].long()], 1)
         before = previous_real_position(mask)[:, prompt_len - 1 :]  # [N, T + 1]: the position predicting each token
-        first = int(before.min())
+        first = int(before.min()) if self.keeps_logits else 0
+        kept = {"logits_to_keep": mask.shape[1] - first} if self.keeps_logits else {}
         out = self.model(
             inputs_embeds=torch.cat([inputs_embeds, completion], 1),
             attention_mask=mask,
             position_ids=(mask.cumsum(1) - 1).clamp_min(0),
-            logits_to_keep=mask.shape[1] - first,
             use_cache=False,
+            **kept,
         )
         logits = out.logits.gather(1, (before - first)[..., None].expand(-1, -1, out.logits.shape[-1]))
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # log-softmax over the vocabulary
