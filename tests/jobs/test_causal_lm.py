@@ -108,6 +108,13 @@ def test_the_forward_equals_a_plain_forward_of_each_sample_alone(adapter: Causal
     for side in ("right", "left"):
         got = adapter.logits(batch_of(adapter, side))[:, 0]
         assert torch.allclose(got, torch.tensor(expected, dtype=got.dtype), rtol=1e-12, atol=1e-12), side
+    assert adapter.keeps_logits  # every family here computes the last positions' logits only; the others all
+    adapter.keeps_logits = False
+    try:
+        every = adapter.logits(batch_of(adapter, "left"))[:, 0]
+    finally:
+        adapter.keeps_logits = True
+    assert torch.allclose(every, torch.tensor(expected, dtype=every.dtype), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

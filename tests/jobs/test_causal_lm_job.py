@@ -119,6 +119,25 @@ def test_a_causal_lm_without_completions_is_told_what_to_set(workdir: Path) -> N
         run(workdir, "no-completions", data_file="prompts.jsonl")
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("per_target_token", True, "per_target_token = true needs a causal"),
+        ("target", "generate", "generate.* needs a"),
+    ],
+)
+def test_a_classifier_refuses_the_causal_lm_settings(
+    workdir: Path, tiny_bert_dir: Path, key: str, value: Any, message: str
+) -> None:
+    data = profile_data(workdir, data_file="prompts.jsonl", **{key: value})
+    data["model"]["path"] = str(tiny_bert_dir)
+    run_dir = workdir / "runs" / f"classifier-{key}"
+    run_dir.mkdir(parents=True)
+    ctx = JobContext(run_dir, EventWriter(RunDir(run_dir).events), run_dir / "cache")
+    with pytest.raises(UserError, match=message):
+        run_job(profile_from_data(data, "test.toml"), ctx)
+
+
 @pytest.mark.slow
 def test_a_run_through_the_cli(workdir: Path, tmp_path: Path) -> None:
     data = profile_data(workdir, n_steps="auto", tolerance=1e-3)

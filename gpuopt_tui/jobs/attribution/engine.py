@@ -53,7 +53,7 @@ class Settings:
     precision: str  # fp32, tf32, bf16 or fp16
     cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
     full_precision_fallback: bool  # "auto" bf16/fp16 steps: samples they cannot resolve run in TF32/fp32
-    target: str  # "predicted", "label" or a class index
+    target: str  # "predicted", "label" or a class index; "generate" for causal LMs
     baseline: str
     baseline_token: int | None  # the id filling content positions; None for zero vectors
     optimized: bool
