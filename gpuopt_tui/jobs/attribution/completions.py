@@ -7,6 +7,11 @@ is linear in the explained output, so a sample's whole-completion scores are the
 for fixed steps; each row within its own tolerance for "auto" steps). The records keep the classifier layout
 (`text` = the prompt, `tokens` and `scores` per prompt token, for the whole completion) and add `completion`,
 `completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs` and `matrix` [completion, prompt].
+
+What is not shared yet: the keys and values of the prompt cannot be reused across steps (the prompt is what moves
+along the path; only at alpha = 1 is it the input's), and the per-token rows of a sample run the same forward at
+every alpha, differing only in the output they explain: one forward with a backward pass per completion token
+would do their work for less.
 """
 
 from __future__ import annotations
