@@ -100,6 +100,8 @@ class SampleEntry:
     full_precision: bool = False  # its steps ran in full precision (the full_precision_fallback setting)
     within_tolerance: bool | None = None  # "auto" steps: its relative delta and error estimate are within it
     error_estimate: float | None = None  # "auto" steps: the relative error estimate of its token scores
+    completion: str | None = None  # causal LMs: the completion whose log-probability the prompt tokens explain
+    logprob: float | None = None  # causal LMs: that log-probability
 
     @property
     def top_token(self) -> str:
@@ -156,6 +158,8 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         full_precision=bool(record.get("full_precision", False)),
         within_tolerance=optional_bool(record.get("within_tolerance")),
         error_estimate=optional_float(record.get("error_estimate")),
+        completion=None if record.get("completion") is None else str(record["completion"]),
+        logprob=optional_float(record.get("logprob")),
     )
 
 

@@ -1,10 +1,11 @@
-"""The attribution texts about a sample's precision and tolerance, and the run's audit."""
+"""The attribution texts about a sample (its precision and tolerance, a causal LM's completion) and the run's audit."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from gpuopt_tui.core.attribution_results import Sample, SampleEntry
+from gpuopt_tui.core.attribution_results import Sample, SampleEntry, parse_sample
 from gpuopt_tui.core.attribution_summary import Audit, AuditedSample, StepStats
 from gpuopt_tui.ui.widgets.attribution_text import audit_report, sample_heading, step_report
 
@@ -45,3 +46,16 @@ def test_the_audit_report_names_each_sample_and_the_verdict() -> None:
     assert "as the run flags them too" in flagged
     clean = dataclasses.replace(audit, samples=samples[1:], above=0, max_error=1e-4, silent_misses=0)
     assert "every audited sample is within the tolerance 0.001" in "\n".join(x.plain for x in audit_report(clean))
+
+
+def test_a_causal_lm_sample_heading_names_its_completion_and_log_probability() -> None:
+    record = {
+        "index": 2, "text": "the cat sat on", "tokens": ["<s>", "the", "cat", "sat", "on"],
+        "scores": [0.0, 0.5, -0.25, 0.125, 1.0], "target": 0, "label": None, "prediction": 0,
+        "probability": 0.0123, "delta": 1e-4, "relative_delta": 1e-5, "top": [[4, "on", 1.0]],
+        "completion": "the mat", "completion_tokens": ["the", "mat"], "logprob": -4.398, "generated": False,
+    }  # fmt: skip
+    sample = parse_sample(json.dumps(record).encode(), 0)
+    heading = sample_heading(sample).plain
+    assert "completion 'the mat' · log p -4.4 (p 0.0123)" in heading and "predicted" not in heading
+    assert sample.segments[0].text == "the cat sat on" and sample.segments[0].scores[4] == 1.0

@@ -16,7 +16,7 @@ IG_METHODS = (
     "riemann_trapezoid",
     "clenshaw_curtis",
 )
-BASELINES = ("pad", "zero", "zero-all", "mask", "custom")
+BASELINES = ("pad", "zero", "zero-all", "mask", "unk", "custom")
 COMPILE_CHOICES = ("auto", "on", "off")
 
 
@@ -48,7 +48,7 @@ class AttributionSection:
     method: str = opt("gausslegendre", "Integration rule", choices=IG_METHODS)
     baseline: str = opt(
         "pad",
-        "Reference for the text tokens: [PAD] or [MASK] embeddings, zero vectors, or a custom token "
+        "Reference for the text tokens: [PAD], [MASK] or [UNK] embeddings, zero vectors, or a custom token "
         "([CLS]/[SEP] and padding are kept as in the input); zero-all: zero vectors at every position, [CLS]/[SEP] "
         "included (Captum's default baseline)",
         choices=BASELINES,
@@ -56,7 +56,9 @@ class AttributionSection:
     custom_baseline_token: str = opt("", "Vocabulary token for every text position when baseline = custom")
     target: str = opt(
         "predicted",
-        'Output to explain: "predicted", "label", or an index such as "1" (a class; a candidate for rankers)',
+        'Output to explain: "predicted", "label", or an index such as "1" (a class; a candidate for rankers). '
+        'Causal LMs: "predicted" explains the completion in data.target_field, "generate" the model\'s own greedy '
+        "continuation of up to max_new_tokens tokens (written to the results)",
     )
     batch_size: int = opt(
         32,
@@ -133,15 +135,35 @@ class AttributionSection:
         "|convergence delta| / the median |F(x) - F(baseline)| does",
         min=0.0,
     )
+    max_new_tokens: int = opt(16, 'Causal LMs with target = "generate": tokens generated per prompt at most', min=1)
+    per_target_token: bool = opt(
+        False,
+        "Causal LMs: also attribute each completion token's own log-probability, giving a [completion, prompt] "
+        "matrix per sample (one attribution per completion token: that many times the work)",
+    )
 
     def check(self, fail: Failure) -> None:
         target = self.target
-        if target not in ("predicted", "label") and not target.isdigit():
-            fail("target", f'expected "predicted", "label" or a class index like "1", got "{target}"')
+        if target not in ("predicted", "label", "generate") and not target.isdigit():
+            fail("target", f'expected "predicted", "label", "generate" or a class index like "1", got "{target}"')
         if self.n_steps == "auto" and not self.use_optimized:
             fail("n_steps", 'n_steps = "auto" needs use_optimized = true (the one-step-at-a-time path has fixed steps)')
         if self.baseline == "custom" and not self.custom_baseline_token:
             fail("custom_baseline_token", "baseline = custom needs the token to use")
+
+
+@dataclass
+class CompletionDataSection(DataSection):
+    """The data of an attribution run: a causal LM's also name its completions."""
+
+    target_field: str = opt(
+        "completion",
+        "Causal LMs: column or key holding the completion whose log-probability given the prompt (text_field) is "
+        'attributed; not needed with attribution.target = "generate"',
+    )
+    chat_template: bool = opt(
+        False, "Causal LMs: pass each prompt as a user message through the tokenizer's chat template"
+    )
 
 
 @dataclass
@@ -150,5 +172,5 @@ class AttributionProfile(ProfileBase):
     title: ClassVar[str] = "Integrated Gradients attribution"
     run: ScaledRunSection = section(ScaledRunSection, "How and where to run")
     model: ModelSection = section(ModelSection, "The model to explain")
-    data: DataSection = section(DataSection, "The samples to attribute")
+    data: CompletionDataSection = section(CompletionDataSection, "The samples to attribute")
     attribution: AttributionSection = section(AttributionSection, "Integrated Gradients settings")

@@ -3,7 +3,7 @@
 The baseline replaces every *content* token of a sample and keeps its structure: [CLS]/[SEP] (or <s>/</s>)
 and padding stay as they are in the input, as is common practice for text IG. Those positions then have
 x - baseline = 0, so their attribution is exactly 0 and the whole difference F(x) - F(baseline) is spread
-over the words. Content positions get the [PAD] or [MASK] token embedding, a user-chosen token's
+over the words. Content positions get the [PAD], [MASK] or [UNK] token embedding, a user-chosen token's
 embedding, or the zero vector ("zero").
 
 "zero-all" is the zero vector at every real position, [CLS]/[SEP] included (only padding, which takes no part
@@ -33,6 +33,8 @@ def baseline_token_id(adapter: Adapter, kind: str, custom_token: str = "") -> in
         token_id = special.pad
     elif kind == "mask":
         token_id = special.mask
+    elif kind == "unk":
+        token_id = special.unk
     elif kind == "custom":
         token_id = _vocabulary_id(adapter, custom_token)
     else:

@@ -55,7 +55,7 @@ class Settings:
     precision: str  # fp32, tf32, bf16 or fp16
     cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
     full_precision_fallback: bool  # "auto" bf16/fp16 steps: samples they cannot resolve run in TF32/fp32
-    target: str  # "predicted", "label" or a class index
+    target: str  # "predicted", "label" or a class index; "generate" for causal LMs
     baseline: str
     baseline_token: int | None  # the id filling content positions; None for zero vectors
     optimized: bool
@@ -117,6 +117,8 @@ def batch_target(spec: str, batch: Batch, n_outputs: int) -> Tensor | str:
     """The explained output per sample: "predicted", the dataset labels, or one fixed index."""
     if spec == "predicted":
         return spec
+    if spec == "generate":
+        raise UserError('attribution.target = "generate" needs a causal language model (model.path of one)')
     if spec == "label":
         if "labels" not in batch:
             raise UserError('attribution.target = "label" but the data has no labels (see data.label_field)')
@@ -160,6 +162,8 @@ def attribute_batch(
         adapter, ids, mask, embeds, settings.baseline_token, keep_structure=settings.baseline != ZERO_ALL
     )
     n_outputs = adapter.num_labels if adapter.input_rank == 1 else ids.shape[1]
+    if target is None:
+        target = adapter.explained_outputs(settings.target, batch)
     target = batch_target(settings.target, batch, n_outputs) if target is None else target
     forward = adapter.logits_from_embeds
     common = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, precision_chai
 from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_outcome, audit_warning, chosen_samples
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
+from gpuopt_tui.jobs.attribution.completions import CompletionRun, prepare_completions
 from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_outcome, steps_summary
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import (
@@ -65,6 +67,9 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     device = resolve_device(profile.run.device)
     adapter = load_adapter(profile.model, device, ctx.cache_dir, ctx.stage)
     ds = load_dataset(profile.data, adapter, stage=ctx.stage).head(section.n_samples)
+    completions = prepare_completions(adapter, ds, profile.data, section, ctx.stage)  # causal LMs only
+    if completions is not None:
+        ds = completions.rows
     if note := cut_texts_note(ds, profile.data, adapter):
         ctx.log(note)
     ctx.stage(PREPARE_STAGE)
@@ -96,7 +101,10 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     audited = _audit(ctx, adapter, ds, collected, settings, audit_count(section.audit_samples, device))
     if chooser is not None and chooser.ratio is not None:  # rank 0's choice (each rank measures its own)
         stage["start_precision"] = chooser.record()
-    summary = _write_results(ctx, adapter, ds, collected, section, settings, seconds, compiler, stage, audited)
+    if completions is not None:  # from here on a sample is a prompt, whatever rows were attributed
+        ds, collected = completions.samples, completions.per_sample(collected)
+    results = Results(section, settings, seconds, compiler, stage, audited, completions)
+    summary = _write_results(ctx, adapter, ds, collected, results)
     if section.check_samples > 0:
         check = compare_paths(adapter, ds, settings, section.check_samples, ctx.cancellable_stage)
         write_json(ctx.results_dir / CHECK_NAME, check)
@@ -309,22 +317,27 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int, auto: bool) -> tup
     return collected, seconds
 
 
+@dataclass
+class Results:
+    """What the result files say besides the samples' results."""
+
+    section: AttributionSection
+    settings: Settings
+    seconds: float  # the compute seconds of all shards
+    compiler: StepCompiler | None
+    # the samples attributed by this attempt (all ranks), its wall seconds for them and, where the attempt chose
+    # it, the precision its batches started in (start_precision.py)
+    stage: dict[str, Any]
+    audited: dict[str, Any] | None  # the audit's result (audit.py), None when it was off
+    completions: CompletionRun | None  # a causal LM run's completions
+
+
 def _write_results(
-    ctx: JobContext,
-    adapter: Adapter,
-    ds: TextDataset,
-    collected: Collected,
-    section: AttributionSection,
-    settings: Settings,
-    seconds: float,
-    compiler: StepCompiler | None,
-    stage: dict[str, Any],
-    audited: dict[str, Any] | None,
+    ctx: JobContext, adapter: Adapter, ds: TextDataset, collected: Collected, results: Results
 ) -> dict[str, Any]:
-    """The three result files; returns the short summary for the run's `finished` event. `stage`: the
-    samples attributed by this attempt (all ranks), the attempt's wall seconds for them and, where the attempt
-    chose it, the precision its batches started in (start_precision.py); `audited`: the audit's result
-    (audit.py), None when it was off."""
+    """The three result files; returns the short summary for the run's `finished` event."""
+    section, settings, seconds, compiler = results.section, results.settings, results.seconds, results.compiler
+    stage, audited, completions = results.stage, results.audited, results.completions
     ctx.stage(WRITE_STAGE)
     structure = adapter.special_ids.non_content()
     files = {
@@ -332,7 +345,10 @@ def _write_results(
         "tensors": ctx.results_dir / TENSORS_NAME,
         "summary": ctx.results_dir / SUMMARY_NAME,
     }
-    records = sample_records(collected, ds.texts, adapter.tokens, structure, section.top_k_sample)
+    if completions is None:
+        records = sample_records(collected, ds.texts, adapter.tokens, structure, section.top_k_sample)
+    else:
+        records = completions.records(collected, adapter.tokens, structure, section.top_k_sample)
     write_jsonl(files["jsonl"], records)
     write_tensors(files["tensors"], collected)
     deltas = delta_summary(
@@ -391,6 +407,7 @@ def _write_results(
             "compile_seconds": None if compiler is None else compiler.compile_seconds,
             "compile_error": None if compiler is None else compiler.error,
         },
+        **({} if completions is None else {"completions": completions.summary()}),
         "deltas": deltas,
         "steps": steps,
         "low_margin": low_margin_summary(collected, settings.precision),

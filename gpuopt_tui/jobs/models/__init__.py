@@ -37,7 +37,8 @@ def load_adapter(model: ModelSection, device: torch.device, cache_dir: Path, sta
     LOAD_STAGE, and for a demo built now its training.
 
     demo: the built-in demo (`model.demo`), trained on first use and cached under `cache_dir`/demo;
-    hf: `model.path`, a local Hugging Face sequence-classification directory (never downloaded);
+    hf: `model.path`, a local Hugging Face directory (never downloaded): a sequence classifier, or a causal LM when
+    its config.json names a causal LM architecture;
     plugin: `model.factory` = "package.module:function", called with device= and cache_dir=.
     """
     stage(LOAD_STAGE)

@@ -240,6 +240,11 @@ class Adapter:
         )
         return self.logits_from_output(out)
 
+    def explained_outputs(self, spec: str, batch: Mapping[str, Tensor]) -> Tensor | None:
+        """The output index per row that attribution.target = `spec` explains, where the adapter fixes it (a causal
+        LM has one output); None: the engine resolves `spec` over the model's outputs."""
+        return None
+
     def encode_context(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """What the forward needs besides the attributed tokens, computed once per batch (first dim N)."""
         return {}

@@ -1,4 +1,5 @@
-"""Local Hugging Face sequence classifiers (`from_pretrained(path)` only, never the hub)."""
+"""Local Hugging Face models (`from_pretrained(path)` only, never the hub): sequence classifiers here, causal LMs
+in causal_lm.py (chosen by the architectures in config.json)."""
 
 from __future__ import annotations
 
@@ -69,14 +70,19 @@ def quiet_progress_bars() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_hf_adapter(path: Path, device: torch.device) -> SequenceClassifierAdapter:
+def load_hf_adapter(path: Path, device: torch.device) -> Adapter:
+    """A sequence classifier, or a causal LM when config.json names a causal LM architecture."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from gpuopt_tui.jobs.models.causal_lm import is_causal_lm, load_causal_lm_adapter
 
     quiet_progress_bars()
     if not path.is_dir():
         raise UserError(f"{path}: model directory not found (expected a local Hugging Face model directory)")
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: no config.json (expected a directory written by save_pretrained)")
+    if is_causal_lm(path):
+        return load_causal_lm_adapter(path, device)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
     except Exception as exc:

@@ -39,9 +39,13 @@ def sample_heading(sample: Sample) -> Content:
         if e.within_tolerance is False
         else ""
     )
+    if e.completion is not None:  # a causal LM: the prompt's tokens explain log p(completion | prompt)
+        logprob = figure(e.logprob or 0.0)
+        first = f"sample {e.index} · completion {e.completion!r} · log p {logprob} (p {e.probability:.3g})"
+    else:
+        first = f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}"
     return Content(
-        f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}\n"
-        f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{above}{close}"
+        f"{first}\ndelta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{above}{close}"
     )
 
 

@@ -1,0 +1,246 @@
+"""Causal language models (`AutoModelForCausalLM`): the log-probability of a completion given a prompt.
+
+Batches of a causal LM hold the prompt as the attributed tokens and the completion beside it:
+
+- ``input_ids`` / ``attention_mask``       [N, P]  the prompt, tokenized with the tokenizer's special tokens (or
+  through its chat template), padded on either side
+- ``completion_ids`` / ``completion_mask`` [N, T]  the completion, tokenized without special tokens, right-padded
+- ``target_position``                      [N]     -1: the output is the whole completion's log-probability; t: the
+  log-probability of completion token t alone (one row of a [completion, prompt] matrix)
+
+The forward (`logits_from_embeds`) runs the model on [prompt | completion] with the attention mask of both and
+position ids that count real tokens only, so that padding (between prompt and completion, after the completion)
+changes nothing a real token sees. A left-padded prompt has its real tokens moved to its front first (a gather,
+which the gradients go back through): a padding position with no real token before it would have nothing to attend
+to, which eager attention turns into NaN. Each completion token is scored by the logits at the real position before it
+(teacher forcing); the output [N, 1] is the sum of the chosen tokens' log-probabilities. Integrated Gradients then
+interpolates the prompt's word embeddings only: the completion's embeddings travel as context, the same at every
+step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.models.base import Adapter, Batch, SpecialIds
+
+if TYPE_CHECKING:
+    from gpuopt_tui.core.profiles.common import DataSection
+    from gpuopt_tui.jobs.data import Row, TextDataset
+
+WHOLE_COMPLETION = -1  # target_position of a row that explains the whole completion
+
+
+@dataclass(frozen=True)
+class DecoderSpecialIds(SpecialIds):
+    """A decoder tokenizer's special ids; every special token (BOS, EOS, chat-template markers) is structure."""
+
+    structure: frozenset[int] = frozenset()
+
+    def non_content(self) -> set[int]:
+        return set(self.structure) | super().non_content()
+
+
+def is_causal_lm(path: Path) -> bool:
+    """Whether the model directory's config.json names a causal LM architecture (e.g. LlamaForCausalLM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # the classifier loader reports what is wrong with the directory
+    known = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    return isinstance(config, dict) and any(name in known for name in config.get("architectures") or ())
+
+
+class CausalLMAdapter(Adapter):
+    """Any `AutoModelForCausalLM` model: one output per row, the (chosen tokens of the) completion's log-probability."""
+
+    def __init__(self, name: str, model: nn.Module, tokenizer: Any, device: torch.device) -> None:
+        super().__init__(name, model, tokenizer, 1, device, label_names=["log p(completion)"])
+        self.token_fields = {"input_ids": "attention_mask", "completion_ids": "completion_mask"}
+        self.special_ids = DecoderSpecialIds(**vars(SpecialIds.of(tokenizer)), structure=frozenset(_special(tokenizer)))
+        #: set when the tokenizer had no padding token and padding borrows EOS (said in `describe`)
+        self.borrowed_pad: str | None = None
+        #: whether the forward can compute the logits of the last positions only (most families can)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    # -- tokens ---------------------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], max_length: int, *, chat: bool = False) -> Batch:
+        """Prompts as `input_ids` / `attention_mask` [N, P], right-padded, with the tokenizer's special tokens; with
+        `chat`, each text as a user message through the tokenizer's chat template (which writes its own)."""
+        if chat:
+            texts = [self.chat_prompt(text) for text in texts]
+        return self._encode(texts, max_length, special=not chat)
+
+    def chat_prompt(self, text: str) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise UserError(f"data.chat_template = true, but the tokenizer of {self.name} has no chat template")
+        message = [{"role": "user", "content": text}]
+        return self.tokenizer.apply_chat_template(message, add_generation_prompt=True, tokenize=False)
+
+    def completions(self, texts: Sequence[str], max_length: int) -> Batch:
+        """Completions as `completion_ids` / `completion_mask` [N, T], right-padded, without special tokens."""
+        enc = self._encode(texts, max_length, special=False)
+        return {"completion_ids": enc["input_ids"], "completion_mask": enc["attention_mask"]}
+
+    def _encode(self, texts: Sequence[str], max_length: int, *, special: bool) -> Batch:
+        enc = self.tokenizer(
+            list(texts),
+            padding=True,
+            padding_side="right",  # trim_batch cuts trailing padding; the forward takes either side
+            truncation=True,
+            max_length=min(max_length, self.max_positions),
+            add_special_tokens=special,
+            return_tensors="pt",
+        )
+        return {"input_ids": enc["input_ids"].long(), "attention_mask": enc["attention_mask"].long()}
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def dataset_from_rows(self, rows: Sequence[Row], data: DataSection) -> TextDataset:
+        from gpuopt_tui.core.profiles.attribution import CompletionDataSection
+        from gpuopt_tui.jobs.completion_data import completion_dataset_from_rows
+
+        if not isinstance(data, CompletionDataSection):
+            raise UserError(f"{self.name} is a causal LM: only attribution runs take one so far")
+        return completion_dataset_from_rows(self, rows, data)
+
+    # -- forward passes ----------------------------------------------------------------------------------------
+    def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
+        """The prompt alone (its hidden states); the explained output is `logits`'."""
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+    def logits(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """[N, 1]: the explained log-probability of each row, from token ids."""
+        with torch.no_grad():
+            embeds = self.word_embeddings()(batch["input_ids"])
+        return self.logits_from_embeds(embeds, batch["attention_mask"], self.encode_context(batch))
+
+    def explained_outputs(self, spec: str, batch: Mapping[str, Tensor]) -> Tensor:
+        """Output 0, the log-probability, for "predicted" (the data's completions) and "generate"."""
+        if spec not in ("predicted", "generate"):
+            raise UserError(
+                f'attribution.target = "{spec}": {self.name} is a causal LM, which explains the log-probability of '
+                'a completion: use "predicted" (the completions in data.target_field) or "generate"'
+            )
+        return torch.zeros(batch["input_ids"].shape[0], dtype=torch.long, device=batch["input_ids"].device)
+
+    def encode_context(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The completion's embeddings, ids and mask, and each row's weight per completion token (1 where the row
+        explains that token's log-probability)."""
+        ids, mask = batch["completion_ids"], batch["completion_mask"]
+        position = batch.get("target_position")
+        weights = mask.clone()
+        if position is not None:
+            one = torch.arange(ids.shape[1], device=ids.device)[None, :] == position[:, None]
+            weights = torch.where(position[:, None] == WHOLE_COMPLETION, weights, weights * one)
+        with torch.no_grad():
+            embeds = self.word_embeddings()(ids)
+        return {"completion_embeds": embeds, "completion_ids": ids, "completion_mask": mask, "weights": weights}
+
+    def logits_from_embeds(
+        self, inputs_embeds: Tensor, attention_mask: Tensor | None, context: Mapping[str, Tensor]
+    ) -> Tensor:
+        """[N, 1]: sum over completion tokens of weight x log p(token | everything real before it)."""
+        logits = self.next_token_logits(inputs_embeds, attention_mask, context)[:, :-1]
+        ids = context["completion_ids"].long()[..., None]
+        log_probs = (logits.gather(-1, ids) - logits.logsumexp(-1, keepdim=True)).squeeze(-1)
+        return (log_probs * context["weights"].to(log_probs.dtype)).sum(1, keepdim=True)
+
+    def next_token_logits(
+        self, inputs_embeds: Tensor, attention_mask: Tensor | None, context: Mapping[str, Tensor]
+    ) -> Tensor:
+        """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them."""
+        prompt_len = inputs_embeds.shape[1]
+        completion = context["completion_embeds"].to(inputs_embeds.dtype)
+        if attention_mask is None:
+            attention_mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
+        else:  # real prompt tokens first: a padding position before them would have nothing to attend to (NaN)
+            order = attention_mask.sort(dim=1, descending=True, stable=True).indices
+            inputs_embeds = inputs_embeds.gather(1, order[..., None].expand_as(inputs_embeds))
+            attention_mask = attention_mask.gather(1, order)
+        mask = torch.cat([attention_mask.long(), context["completion_mask"].long()], 1)
+        before = previous_real_position(mask)[:, prompt_len - 1 :]  # [N, T + 1]: the position predicting each token
+        first = int(before.min()) if self.keeps_logits else 0
+        kept = {"logits_to_keep": mask.shape[1] - first} if self.keeps_logits else {}
+        out = self.model(
+            inputs_embeds=torch.cat([inputs_embeds, completion], 1),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(1) - 1).clamp_min(0),
+            use_cache=False,
+            **kept,
+        )
+        logits = out.logits.gather(1, (before - first)[..., None].expand(-1, -1, out.logits.shape[-1]))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # log-softmax over the vocabulary
+
+    # -- generation ------------------------------------------------------------------------------------------
+    def generate(self, batch: Mapping[str, Tensor], max_new_tokens: int) -> Batch:
+        """The model's greedy continuation of each prompt, up to `max_new_tokens` tokens and its first EOS (kept:
+        stopping is the model's choice too), as `completion_ids` / `completion_mask` [N, T], right-padded. Each
+        token is the argmax of the very forward that `logits_from_embeds` scores (no KV cache: one forward over
+        prompt and continuation per new token)."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        table, eos = self.word_embeddings(), self.tokenizer.eos_token_id
+        new = ids.new_zeros(ids.shape[0], 0)
+        kept = new.clone()
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        with torch.no_grad():
+            embeds = table(ids)
+            for _ in range(max_new_tokens):
+                context = {"completion_embeds": table(new), "completion_mask": kept}
+                token = self.next_token_logits(embeds, mask, context)[:, -1].argmax(-1)
+                new = torch.cat([new, torch.where(done, 0, token)[:, None]], 1)
+                kept = torch.cat([kept, (~done).long()[:, None]], 1)
+                if eos is not None:
+                    done |= token == eos
+                if bool(done.all()):
+                    break
+        return {"completion_ids": new, "completion_mask": kept}
+
+    def describe(self) -> str:
+        params = sum(p.numel() for p in self.model.parameters())
+        pad = f"; padding borrows {self.borrowed_pad} (the tokenizer has no padding token)" if self.borrowed_pad else ""
+        return f"{self.name}: {params / 1e6:.2f} M parameters, causal LM, on {self.device}{pad}"
+
+
+def _special(tokenizer: Any) -> list[int]:
+    return [int(i) for i in tokenizer.all_special_ids if i is not None]
+
+
+def previous_real_position(mask: Tensor) -> Tensor:
+    """[N, L]: for each position, the last position at or before it whose mask is 1 (0 where there is none)."""
+    index = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), index, 0).cummax(1).values
+
+
+def load_causal_lm_adapter(path: Path, device: torch.device) -> CausalLMAdapter:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gpuopt_tui.jobs.models.hf import check_tokenizer, quiet_progress_bars
+
+    quiet_progress_bars()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise UserError(f"{path}: cannot load a causal language model: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise UserError(f"{path}: cannot load the tokenizer saved with the model: {exc}") from exc
+    borrowed = None
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = borrowed = tokenizer.eos_token  # padding is masked out; only its id is needed
+    check_tokenizer(path, tokenizer, model.get_input_embeddings().num_embeddings)
+    adapter = CausalLMAdapter(path.name, model, tokenizer, device)
+    adapter.borrowed_pad = borrowed
+    adapter.weights_dir = path
+    return adapter
