@@ -17,13 +17,13 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from gpuopt_tui.app import GpuOptApp, make_app
-from gpuopt_tui.ui.screens.ablation import ProbingResults
 from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.file_picker import FilePicker
 from gpuopt_tui.ui.widgets.plan_run_view import PlanRunResults
 from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.probing_results import ProbingResults
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 from gpuopt_tui.ui.widgets.tracin_view import PagedTable, TracInResultsView
 
