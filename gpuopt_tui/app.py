@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
     from gpuopt_tui.ui.profile_listing import ProfileListing
     from gpuopt_tui.ui.screens.gpu import GpuView
+    from gpuopt_tui.ui.screens.results import ResultsOpener
 
 _IMPORTED_AT = time.perf_counter()
 logger = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class GpuOptApp(App[int]):
         self._telemetry = telemetry
         self.profile_listings: dict[str, ProfileListing] = {}  # by kind, read after the first frame (kind screens)
         self.warmup = ScreenWarmup(self)  # the screens not shown yet, made ready after the first frame
+        self._results: ResultsOpener | None = None  # made on the first opening of a run's results
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
 
@@ -179,13 +181,16 @@ class GpuOptApp(App[int]):
 
     def open_results(self, run_id: str) -> None:
         """Show one run's results in its kind's view, over the current screen (escape comes back)."""
-        from gpuopt_tui.ui.screens.results import ResultsScreen  # its kind views are imported on first use
+        from gpuopt_tui.ui.screens.results import ResultsOpener  # its kind views are imported on first use
 
         info = self.runs.get(run_id)
         if info is None:
             self.report_error(f"run {run_id} is no longer listed", title="No results")
             return
-        self.push_screen(ResultsScreen(info, self.current_mode))
+        self.warmup.hold()
+        if self._results is None:
+            self._results = ResultsOpener(self)
+        self._results.open(info, self.current_mode)
 
     def on_gpu_view_run_requested(self, message: GpuView.RunRequested) -> None:
         self.show_run(message.run_id)

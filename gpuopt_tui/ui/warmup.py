@@ -79,10 +79,15 @@ class ScreenWarmup:
         gc.enable()
         self._reading = self.app.run_worker(self._read, name="loading screens", thread=True, exit_on_error=False)
 
+    def hold(self) -> None:
+        """Call before showing a screen the warm-up does not build (a run's results): its work waits until QUIET_S
+        after this, leaving the CPU to that screen."""
+        self._quiet_from = time.monotonic() + QUIET_S
+
     def switching_to(self, name: str) -> None:
         """Call before switching to mode `name`: warm-up work waits until QUIET_S after it; a screen being built
         for the mode is the one shown; a screen built by this switch is frozen once shown, as the warm-up's are."""
-        self._quiet_from = time.monotonic() + QUIET_S
+        self.hold()
         if name in self._built:
             self.claim(name)
         elif name not in self.app._screen_stacks:

@@ -151,6 +151,14 @@ class ProbingResults(RunResults):
         yield Button("Show the feature cache", id="ablation-show-cache", compact=True)  # until the views are mounted
         yield from super().compose()
 
+    @classmethod
+    def read_finished(cls, info: RunInfo) -> AblationResults:
+        return load_results(info.dir)
+
+    @classmethod
+    def views_for(cls, value: Any) -> bool:
+        return True  # shown for any run
+
     def compose_views(self) -> list[Widget]:
         """The view and split tabs and the views: mounted once a run is shown, or the cache is asked for."""
         return [
@@ -258,7 +266,10 @@ class ProbingResults(RunResults):
             return
         if info.status == "finished":
             self._pause_live()
-            self._read_results(info.dir)
+            if (preread := self.take_preread(info, "results", info.dir)) is not None:
+                self.on_loaded(preread)
+            else:
+                self._read_results(info.dir)
             if self.view == "cache":
                 self.query_one(CachePanel).reload()  # the run may have added entries
         else:

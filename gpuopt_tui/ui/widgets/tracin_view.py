@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from rich.text import Text
 from textual import on, work
@@ -221,6 +221,14 @@ class TracInResultsView(RunResults):
         self._token = 0  # bumped for each read: results of an earlier read are dropped
         self.loaded: TracInFiles | None = None
 
+    @classmethod
+    def read_finished(cls, info: RunInfo) -> TracInFiles:
+        return read_results(RunDir(info.dir).results)
+
+    @classmethod
+    def views_for(cls, value: Any) -> bool:
+        return isinstance(value, TracInFiles) and not value.results.empty
+
     def compose_views(self) -> list[Widget]:
         return [
             tabbed(
@@ -263,7 +271,10 @@ class TracInResultsView(RunResults):
         if info is None:
             self._show(None)
             return
-        self._read(self._token, RunDir(info.dir).results)
+        if (preread := self.take_preread(info, "results", self._token)) is not None:
+            self.on_loaded(preread)
+        else:
+            self._read(self._token, RunDir(info.dir).results)
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:
