@@ -37,6 +37,7 @@ from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
 from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content
 
 PAGE = 200  # rows read at a time
+FIRST_PAGE = 60  # rows read before a run is shown: a screenful and more (every row added is measured at once)
 LOAD_MARGIN = 20  # the next page is read when the cursor comes this close to the last row read
 TEXT_CELL = 100  # characters of a text in a table cell; the line under the table shows all of it
 
@@ -178,7 +179,7 @@ class FileTable(DataTable[Text]):
 
 @dataclass
 class TracInFiles:
-    """A run's results with the first page of each row file (read in a worker thread)."""
+    """A run's results with the first rows of each row file (read in a worker thread)."""
 
     results: TracInResults
     n_tests: int
@@ -189,15 +190,15 @@ class TracInFiles:
 
 
 def read_results(results_dir: Path) -> TracInFiles:
-    """Open a run's result files and read the first page of each row file (UserError for unreadable ones)."""
+    """Open a run's result files and read the first rows of each row file (UserError for unreadable ones)."""
     results = load_results(results_dir)
     influence, ranking = results.influence, results.self_influence
     return TracInFiles(
         results=results,
         n_tests=0 if influence is None else len(influence),
-        tests=[] if influence is None else influence.page(0, PAGE),
+        tests=[] if influence is None else influence.page(0, FIRST_PAGE),
         n_ranked=0 if ranking is None else len(ranking),
-        ranked=[] if ranking is None else ranking.page(0, PAGE),
+        ranked=[] if ranking is None else ranking.page(0, FIRST_PAGE),
         files=results.files(),
     )
 
