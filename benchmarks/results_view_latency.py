@@ -121,6 +121,10 @@ def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.0f} / {p95(values) * 1000:.0f}" if values else "n/a"
 
 
+def median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f}" if values else "n/a"
+
+
 def _package(tmp: Path, name: str, ref: str | None) -> Path:
     """A compiled copy of gpuopt_tui: this checkout's, or as committed at `ref`; returns the folder holding it."""
     root = tmp / name
@@ -199,19 +203,19 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], uptimes: 
         f"Command: `{shlex.join(['python', 'benchmarks/results_view_latency.py', *args.argv])}`",
         f"Goal: {GOALS}. Definitions: the docstring of benchmarks/results_view_latency.py.",
         "",
-        "| kind | package | widgets | first shown median / p95 ms | first drawn median / p95 ms "
+        "| kind | package | widgets | first shown median / p95 ms | first drawn median / p95 ms | first CPU median ms "
         "| later shown median / p95 ms | later drawn median / p95 ms | later CPU median ms | later n |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for kind in KINDS:
         for tree in dict.fromkeys(str(r["tree"]) for r in results):
             runs = [r for r in results if r["kind"] == kind and r["tree"] == tree]
-            first = {k: [r["times"][k][0] for r in runs] for k in ("shown", "drawn")}  # type: ignore[index]
+            first = {k: [r["times"][k][0] for r in runs] for k in ("shown", "drawn", "cpu")}  # type: ignore[index]
             later = {k: [t for r in runs for t in r["times"][k][1:]] for k in ("shown", "drawn", "cpu")}  # type: ignore[index]
-            cpu = f"{statistics.median(later['cpu']) * 1000:.0f}" if later["cpu"] else "n/a"
             lines.append(
                 f"| {kind} | {tree} | {runs[-1]['widgets']} | {ms(first['shown'])} | {ms(first['drawn'])} "
-                f"| {ms(later['shown'])} | {ms(later['drawn'])} | {cpu} | {len(later['shown'])} |"
+                f"| {median_ms(first['cpu'])} | {ms(later['shown'])} | {ms(later['drawn'])} | {median_ms(later['cpu'])} "
+                f"| {len(later['shown'])} |"
             )
     return "\n".join(lines)
 

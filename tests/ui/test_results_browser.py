@@ -17,6 +17,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from gpuopt_tui.app import GpuOptApp, make_app
+from gpuopt_tui.ui.screens import results as results_screen
 from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
@@ -261,3 +262,44 @@ def test_results_snapshot(kind: str, monkeypatch: pytest.MonkeyPatch, snap_compa
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+OWN_READS = {  # the worker method with which each kind's view reads a run's results itself
+    "attribution": (AttributionRunResults, "_load"),
+    "tracin": (TracInResultsView, "_read"),
+    "ablation": (ProbingResults, "_read_results"),
+    "plan": (PlanRunResults, "_read"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OWN_READS))
+async def test_a_finished_run_is_read_before_its_screen_is_shown(
+    kind: str, frozen_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's files are read in a thread before the switch and drawn with the screen: the view starts no read of
+    its own, and a second opening shows the same screen, with what was read the first time."""
+    view_class, method = OWN_READS[kind]
+    own_reads: list[object] = []
+    monkeypatch.setattr(view_class, method, lambda self, *args: own_reads.append(args))
+    monkeypatch.setattr(results_screen, "PREREAD_WAIT_S", 60.0)  # however slow the machine, the read comes first
+    reads: list[str] = []
+    read_finished = view_class.read_finished.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[Any], info: Any) -> Any:
+        reads.append(info.id)
+        return read_finished(cls, info)
+
+    monkeypatch.setattr(view_class, "read_finished", classmethod(counted))
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        first = await open_from_runs(pilot, app, RUNS[kind])
+        await wait_for(pilot, lambda: READY[kind](first.view))
+        await settle(pilot)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ResultsScreen))
+        again = await open_from_runs(pilot, app, RUNS[kind])
+        assert again is first
+        await wait_for(pilot, lambda: READY[kind](again.view))
+        await settle(pilot)
+        assert RUNS[kind] in flat_text(app)
+    assert own_reads == [] and reads == [RUNS[kind]]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections import OrderedDict
+from contextlib import suppress
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -158,7 +159,9 @@ class ResultsOpener:
         opening = self._pending = object()
         shown_from = self.app.screen
         recent = self._recent.get(info.id)
-        if info.status != "finished" or (recent is not None and recent.state == run_state(info)):
+        if recent is not None and recent.state != run_state(info):
+            recent = None  # the run changed since
+        if recent is not None or info.status != "finished":
             self._show(opening, shown_from, info, nav, recent)
             return
         read = partial(self._read, opening, shown_from, info, nav)
@@ -173,7 +176,8 @@ class ResultsOpener:
             preread = Preread(run_state(info), error=error)
         except Exception:  # the view's own read meets it again and reports it as every failed read is reported
             preread = None
-        self.app.call_from_thread(self._read_done, opening, shown_from, info, nav, preread)
+        with suppress(RuntimeError):  # raised when the app closed meanwhile: there is nothing to show it on
+            self.app.call_from_thread(self._read_done, opening, shown_from, info, nav, preread)
 
     def _read_done(
         self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, preread: Preread | None
