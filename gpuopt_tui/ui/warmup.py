@@ -29,7 +29,7 @@ import gc
 import importlib
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,7 @@ STOP_WAIT_S = 2.0  # the longest the app's shutdown waits for a screen being bui
 QUIET_S = 0.3  # no warm-up work starts within this time after a screen switch
 # the slowest to build first; the dashboard is built at start-up, and help is text built when asked for
 WARMED = ("planner", "attribution", "tracin", "ablation", "runs", "gpu")
+RESULTS_PREFIX = "results-"  # then each run kind's results screen (ui/screens/results.py), kept by the app
 
 
 def _settled(screen: AppScreen) -> bool:
@@ -57,7 +58,8 @@ def _settled(screen: AppScreen) -> bool:
 
 
 class ScreenWarmup:
-    """Imports, reads, builds, lays out and renders what the screens of WARMED need, a step at a time."""
+    """Imports, reads, builds, lays out and renders what the screens of WARMED need, then each run kind's results
+    screen, a step at a time."""
 
     def __init__(self, app: GpuOptApp) -> None:
         self.app = app
@@ -65,9 +67,15 @@ class ScreenWarmup:
         self._reading: Worker[None] | None = None
         self._built: dict[str, AppScreen] = {}
         self._finished = False
-        self._steps: Iterator[Callable[[], None]] = iter(
-            [partial(step, name) for name in WARMED for step in (self.build, self.lay_out, self.render)]
-        )
+        self._steps: Iterator[Callable[[], None]] = itertools.chain(self._steps_of(WARMED), self._results_steps())
+
+    def _steps_of(self, names: Iterable[str]) -> Iterator[Callable[[], None]]:
+        return (partial(step, name) for name in names for step in (self.build, self.lay_out, self.render))
+
+    def _results_steps(self) -> Iterator[Callable[[], None]]:
+        from gpuopt_tui.core.kinds import KINDS  # the profile modules: imported by the reading thread by then
+
+        yield from self._steps_of(RESULTS_PREFIX + kind for kind in KINDS)
 
     @property
     def done(self) -> bool:
@@ -164,9 +172,12 @@ class ScreenWarmup:
         widgets in their own tasks, during the pause after this step. It joins its mode once mounted (`lay_out`),
         or when the user asks for it (`claim`)."""
         app = self.app
-        if name in app._screen_stacks:
+        if name in app._screen_stacks or app.is_screen_installed(name):
             return
-        screen = next(s for s in SCREENS if s.name == name).create(app)
+        if name.startswith(RESULTS_PREFIX):
+            screen = app.results_opener.prepare(name.removeprefix(RESULTS_PREFIX))
+        else:
+            screen = next(s for s in SCREENS if s.name == name).create(app)
         app._get_screen(screen)
         app._load_screen_css(screen)
         self._built[name] = screen  # type: ignore[assignment]
@@ -179,7 +190,8 @@ class ScreenWarmup:
         if not screen.is_mounted:  # still mounting: this step again after a pause
             self._steps = itertools.chain([partial(self.lay_out, name)], self._steps)
             return
-        self.claim(name)
+        if not name.startswith(RESULTS_PREFIX):  # a results screen is shown over another, in no mode of its own
+            self.claim(name)
         screen._refresh_layout(self.app.size)
 
     def render(self, name: str) -> None:

@@ -17,8 +17,11 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from gpuopt_tui.app import GpuOptApp, make_app
+from gpuopt_tui.core.telemetry.backend import NoGpuSource
 from gpuopt_tui.ui.screens import results as results_screen
-from gpuopt_tui.ui.screens.results import ResultsScreen
+from gpuopt_tui.ui.screens.gpu_slot import GpuTelemetry
+from gpuopt_tui.ui.screens.results import ResultsScreen, screen_name
+from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.file_picker import FilePicker
@@ -303,3 +306,31 @@ async def test_a_finished_run_is_read_before_its_screen_is_shown(
         await settle(pilot)
         assert RUNS[kind] in flat_text(app)
     assert own_reads == [] and reads == [RUNS[kind]]
+
+
+async def results_picture(kind: str, warmed: bool) -> str:
+    """The results screen of the frozen run of `kind` as an SVG, opened once the warm-up is done (`warmed`) or at
+    once."""
+    app = make_app(screen="runs", telemetry=GpuTelemetry(NoGpuSource("no GPU in this test")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        made = None
+        if warmed:
+            await wait_for(pilot, lambda: app.warmup.done)
+            made = app.get_screen(screen_name(kind))  # made, laid out and never shown
+            assert made.is_mounted and not made.stack_updates and made.size == app.size
+        screen = await open_from_runs(pilot, app, RUNS[kind])
+        assert screen is made or not warmed
+        await wait_for(pilot, lambda: READY[kind](screen.view))
+        await settle(pilot)
+        return app.export_screenshot()
+
+
+@pytest.mark.parametrize("kind", sorted(READY))
+async def test_a_results_screen_made_ahead_looks_as_one_made_on_opening(
+    kind: str, frozen_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up makes each kind's results screen ahead; the first opening shows that screen, drawn as a screen
+    made by the opening itself is."""
+    warmed = await results_picture(kind, warmed=True)
+    monkeypatch.setattr(ScreenWarmup, "_results_steps", lambda self: iter(()))  # none made ahead
+    assert await results_picture(kind, warmed=False) == warmed

@@ -9,7 +9,9 @@ hold the screen back: the view reads its files itself then, as it does for a run
 last RECENT_RUNS runs opened are kept: opening one again reads nothing while the run is unchanged.
 
 The screen of each kind is kept (installed) once made: a later opening of a run of that kind draws into its
-widgets again rather than composing, mounting and styling new ones, and the screen keeps its layout.
+widgets again rather than composing, mounting and styling new ones, and the screen keeps its layout. The app's
+warm-up makes each kind's screen ahead (`ResultsOpener.prepare`, ui/warmup.py), views included, laid out and
+focused as when shown: the first opening after it is drawn as a later one is.
 """
 
 from __future__ import annotations
@@ -75,10 +77,12 @@ class ResultsScreen(AppScreen):
     ResultsScreen #browse-results { height: 1fr; }
     """
 
-    def __init__(self, info: RunInfo, nav: str, preread: Preread | None = None) -> None:
+    def __init__(self, info: RunInfo | None, nav: str, preread: Preread | None = None, kind: str = "") -> None:
+        """`info` None: a screen for runs of `kind` made ahead of their first opening (`show_run` shows one)."""
         super().__init__()
         self.info: RunInfo | None = info
-        self.run_id = info.id
+        self.run_id = info.id if info is not None else ""
+        self._kind = info.kind if info is not None else kind
         self._nav = nav
         self._preread = preread
 
@@ -90,9 +94,10 @@ class ResultsScreen(AppScreen):
         with Vertical(id="results-frame"):
             yield Static("", id="results-head")
             yield RunProgress("", gpu=self.gapp.gpu_telemetry().source, id="results-progress")
-            view = results_view(self.info.kind if self.info else "")(id="browse-results")
+            view = results_view(self._kind)(id="browse-results")
             view.in_browser = True
             view.preread = self._preread
+            view.views_ahead = self.info is None
             yield view
 
     @property
@@ -106,12 +111,19 @@ class ResultsScreen(AppScreen):
         self.query_one(NavBar).set_active(nav)
         self.view.preread = preread
         self._show(info)
-        # the widget Textual's auto focus picks on a first showing; no change (and no restyle) if it has the focus
+        self._focus_as_first_shown()
+
+    def _focus_as_first_shown(self) -> None:
+        """Focus the widget Textual's auto focus picks when a screen is first shown; nothing changes (and nothing is
+        restyled) if it has the focus."""
         auto_focus = self.AUTO_FOCUS if self.AUTO_FOCUS is not None else self.app.AUTO_FOCUS
         self.set_focus(next((w for w in self.query(auto_focus or "*") if w.focusable), None) if auto_focus else None)
 
     def on_mount(self) -> None:
-        self._show(self.info)
+        if self.run_id:
+            self._show(self.info)
+        else:  # made ahead: focused as when shown, so that showing it restyles nothing
+            self._focus_as_first_shown()
 
     def runs_updated(self, snapshot: RunsSnapshot) -> None:
         info = snapshot.get(self.run_id)
@@ -144,6 +156,11 @@ class ResultsScreen(AppScreen):
     def _picked(self, picked: Picked | None) -> None:
         if picked is not None:
             open_file(self.app, picked.path, picked.role, dict(os.environ))
+
+
+def screen_name(kind: str) -> str:
+    """The name the results screen of a run kind is kept (installed) under."""
+    return f"results-{kind}"
 
 
 class ResultsOpener:
@@ -197,7 +214,7 @@ class ResultsOpener:
         self._pending = None
         if self.app.screen is not shown_from:
             return  # the user went elsewhere meanwhile
-        name = f"results-{info.kind}"
+        name = screen_name(info.kind)
         kept = self.app.get_screen(name) if self.app.is_screen_installed(name) else None
         if isinstance(kept, ResultsScreen) and not self._stacked(kept):
             kept.show_run(info, nav, preread)
@@ -207,6 +224,12 @@ class ResultsOpener:
         if kept is None:
             self.app.install_screen(screen, name)
         self.app.push_screen(screen)
+
+    def prepare(self, kind: str) -> ResultsScreen:
+        """The results screen of `kind`, made (and kept) ahead of its first opening; the caller starts it."""
+        screen = ResultsScreen(None, "runs", kind=kind)
+        self.app.install_screen(screen, screen_name(kind))
+        return screen
 
     def _stacked(self, screen: ResultsScreen) -> bool:
         """Whether `screen` is still in a screen stack (left open under another screen's mode)."""

@@ -80,7 +80,7 @@ class AttributionRunResults(RunResults):
         return isinstance(value, RunFiles) and value.has_results
 
     def compose(self) -> ComposeResult:
-        if self.preread is not None and self.views_for(self.preread.value):
+        if self.views_composed:  # likely results (a screen made ahead is made for runs that have them)
             self.add_class("-has-results")  # before mounting: adding it later restyles every widget inside
         yield from super().compose()
 

@@ -143,6 +143,7 @@ class RunResults(VerticalScroll):
         self._key: object = object()  # what is shown: run_state(the run)
         self._views: Literal["none", "mounting", "ready"] = "none"
         self.preread: Preread | None = None  # set before the view is mounted; used once, by the first draw
+        self.views_ahead = False  # set before the view is mounted: its views are made with it, before any run
 
     @classmethod
     def read_finished(cls, info: RunInfo) -> Any:
@@ -163,9 +164,14 @@ class RunResults(VerticalScroll):
             return None
         return Loaded(what, key, preread.value, preread.error)
 
-    def compose(self) -> ComposeResult:
+    @property
+    def views_composed(self) -> bool:
+        """Whether the views are made with the view (`views_ahead`, or a read made ahead has something for them)."""
         preread = self.preread
-        views = self.compose_views() if preread is not None and self.views_for(preread.value) else []
+        return self.views_ahead or (preread is not None and self.views_for(preread.value))
+
+    def compose(self) -> ComposeResult:
+        views = self.compose_views() if self.views_composed else []
         if views:
             self._views = "ready"  # composed here: mounted with the view, before its first draw
         if self.VIEWS_FIRST:
