@@ -3,10 +3,11 @@
 The app is driven headless with Textual's Pilot at 120x40 on a copy of the frozen runs of the tests
 (tests/fixtures/browse_runs: one attribution, TracIn, ablation (probing) and plan run). Each of `--processes`
 fresh Python processes per kind starts the app on the Runs screen as `gpuopt-tui` does (garbage collector off
-until the first frame), waits until the runs are listed (and `--think` seconds more), then opens that kind's run
-`--rounds` times, going back to the Runs screen with escape in between, as a user does. The first opening in a
-process is a first opening (the view's modules may still be imported, its CSS is new to the app, and the app's
-warm-up of the other screens, see gpuopt_tui/ui/warmup.py, may be going on); later ones are later openings.
+until the first frame), waits until the runs are listed (with `--warmed`, until the app's warm-up is done, too)
+and `--think` seconds more, then opens that kind's run `--rounds` times, going back to the Runs screen with
+escape in between, as a user does. The first opening in a process is a first opening (the view's modules may
+still be imported, and the app's warm-up, see gpuopt_tui/ui/warmup.py, may be going on or may have made the
+kind's results screen ahead); later ones are later openings.
 
 Two times per opening, from posting the enter key event to the app:
 - shown: until the results screen is the app's screen, the message queues of the app, that screen and every widget
@@ -70,7 +71,7 @@ def _screen_workers_done(app: object) -> bool:
     )
 
 
-async def _drive(kind: str, rounds: int, think: float) -> dict[str, object]:
+async def _drive(kind: str, rounds: int, think: float, warmed: bool) -> dict[str, object]:
     from textual import events
 
     from gpuopt_tui.app import make_app
@@ -85,6 +86,8 @@ async def _drive(kind: str, rounds: int, think: float) -> dict[str, object]:
         while app.startup_seconds is None or app.runs.get(run_dir.name) is None:
             await asyncio.sleep(0.01)
         await pilot.pause()
+        while warmed and not app.warmup.done:
+            await asyncio.sleep(0.05)
         await asyncio.sleep(think)
         for _ in range(rounds):
             table = app.screen.query_one(RunsTable)
@@ -109,7 +112,7 @@ def _child(args: argparse.Namespace) -> None:
     import gc
 
     gc.disable()  # as `gpuopt-tui` starts the app (cli.run_tui): the app turns the collector on after its first frame
-    print(json.dumps(asyncio.run(_drive(args.child, args.rounds, args.think))))
+    print(json.dumps(asyncio.run(_drive(args.child, args.rounds, args.think, args.warmed))))
 
 
 def p95(values: list[float]) -> float:
@@ -143,7 +146,8 @@ def _package(tmp: Path, name: str, ref: str | None) -> Path:
 
 def _run(args: argparse.Namespace, trees: dict[str, Path], tmp: Path) -> list[dict[str, object]]:
     results = []
-    command = [sys.executable, __file__, "--rounds", str(args.rounds), "--think", str(args.think), "--child"]
+    command = [sys.executable, __file__, "--rounds", str(args.rounds), "--think", str(args.think)]
+    command += ["--warmed", "--child"] if args.warmed else ["--child"]
     for index in range(args.processes):
         for kind in KINDS:
             names = list(trees) if index % 2 == 0 else list(reversed(trees))  # who goes first alternates
@@ -176,6 +180,14 @@ def _run(args: argparse.Namespace, trees: dict[str, Path], tmp: Path) -> list[di
     return results
 
 
+def _checkout_label() -> str:
+    """This checkout's commit, and whether its package differs from it."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run([*git, "status", "--porcelain", "gpuopt_tui"], capture_output=True, text=True, check=False)
+    return f"{head.stdout.strip() or 'this checkout'}{' + changes' if dirty.stdout.strip() else ''}"
+
+
 def _versions() -> str:
     from importlib.metadata import version
 
@@ -199,7 +211,8 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], uptimes: 
         f"`uptime` at start: `{uptimes[0]}`; at end: `{uptimes[1]}`; 1-minute load before each process: "
         f"{min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}).",
         f"Terminal 120x40 (headless Pilot); per kind and package, {args.processes} fresh processes x {args.rounds} "
-        f"openings (the first of each process a first opening), {args.think:g} s after the runs were listed.",
+        f"openings (the first of each process a first opening), {args.think:g} s after the runs were listed"
+        + (" and the app's warm-up was done." if args.warmed else "."),
         f"Command: `{shlex.join(['python', 'benchmarks/results_view_latency.py', *args.argv])}`",
         f"Goal: {GOALS}. Definitions: the docstring of benchmarks/results_view_latency.py.",
         "",
@@ -225,6 +238,9 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per kind (and package)")
     parser.add_argument("--rounds", type=int, default=4, help="openings per process")
     parser.add_argument("--think", type=float, default=0.0, help="seconds between the runs being listed and enter")
+    parser.add_argument(
+        "--warmed", action="store_true", help="open once the app's warm-up is done (then --think seconds more)"
+    )
     parser.add_argument("--baseline", metavar="REF", help="also measure gpuopt_tui as committed at this git ref")
     parser.add_argument("--machine", default="2-core CPU, no GPU", help="how the results name the machine")
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -237,7 +253,7 @@ def main() -> int:
         return 0
     start = _uptime()
     with tempfile.TemporaryDirectory(prefix="results-view-latency-") as tmp:
-        trees = {"this checkout": _package(Path(tmp), "checkout", None)}
+        trees = {_checkout_label(): _package(Path(tmp), "checkout", None)}
         if args.baseline:
             trees = {f"{args.baseline} (baseline)": _package(Path(tmp), "baseline", args.baseline), **trees}
         results = _run(args, trees, Path(tmp))

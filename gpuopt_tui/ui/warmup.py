@@ -105,7 +105,8 @@ class ScreenWarmup:
         return time.monotonic() < self._quiet_from
 
     def _read(self) -> None:
-        """Thread work: import the screen modules, then read every kind's profiles."""
+        """Thread work: import the screen modules, then read every kind's profiles, then import what reading a
+        finished run's results needs."""
         from gpuopt_tui.ui.profile_listing import prefetch  # the profile modules: not needed for the first frame
 
         worker = get_current_worker()
@@ -115,6 +116,10 @@ class ScreenWarmup:
             importlib.import_module(module)
         if self.wait_until_quiet(worker):
             prefetch(self.app.profile_listings)
+        if self.wait_until_quiet(worker):
+            from gpuopt_tui.ui.screens.results import import_readers
+
+            import_readers()
 
     def wait_until_quiet(self, worker: Worker[object]) -> bool:
         """Thread work (this module's, and any that would share the CPU with a screen being shown for the first time):

@@ -158,6 +158,14 @@ class ResultsScreen(AppScreen):
             open_file(self.app, picked.path, picked.role, dict(os.environ))
 
 
+def import_readers() -> None:
+    """Thread work: import what each kind's view reads a finished run with (the warm-up does, see ui/warmup.py)."""
+    from gpuopt_tui.core.kinds import KINDS
+
+    for kind in KINDS:
+        results_view(kind).import_reader()
+
+
 def screen_name(kind: str) -> str:
     """The name the results screen of a run kind is kept (installed) under."""
     return f"results-{kind}"

@@ -35,6 +35,10 @@ class PlanRunResults(RunResults):
     def read_finished(cls, info: RunInfo) -> Any:
         return planner_tasks().read_plan_run(info)
 
+    @classmethod
+    def import_reader(cls) -> None:
+        planner_tasks()
+
     def run_changed(self, info: RunInfo | None) -> None:
         super().run_changed(info)
         self._run_id = info.id if info is not None else None

@@ -152,6 +152,10 @@ class RunResults(VerticalScroll):
         return None
 
     @classmethod
+    def import_reader(cls) -> None:
+        """Thread work: import the modules `read_finished` needs, where it imports them when first called."""
+
+    @classmethod
     def views_for(cls, value: Any) -> bool:
         """Whether `value` (from `read_finished`) is drawn in the views: then they are composed with the view."""
         return False
