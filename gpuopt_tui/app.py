@@ -41,6 +41,7 @@ from gpuopt_tui.ui.widgets.gpu_panel import GpuPanel
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
     from gpuopt_tui.ui.profile_listing import ProfileListing
+    from gpuopt_tui.ui.screens.results import ResultsOpener
     from gpuopt_tui.ui.widgets.gpu_view import GpuView
 
 _IMPORTED_AT = time.perf_counter()
@@ -118,6 +119,7 @@ class GpuOptApp(BeforeShutdown[int]):
         self._telemetry = telemetry
         self.profile_listings: dict[str, ProfileListing] = {}  # by kind, read after the first frame (kind screens)
         self.warmup = ScreenWarmup(self)  # the screens not shown yet, made ready after the first frame
+        self._results: ResultsOpener | None = None  # see results_opener
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH every animation frame is bytes on the wire
 
@@ -171,13 +173,21 @@ class GpuOptApp(BeforeShutdown[int]):
 
     def open_results(self, run_id: str) -> None:
         """Show one run's results in its kind's view, over the current screen (escape comes back)."""
-        from gpuopt_tui.ui.screens.results import ResultsScreen  # its kind views are imported on first use
-
         info = self.runs.get(run_id)
         if info is None:
             self.report_error(f"run {run_id} is no longer listed", title="No results")
             return
-        self.push_screen(ResultsScreen(info, self.current_mode))
+        self.warmup.hold()
+        self.results_opener.open(info, self.current_mode)
+
+    @property
+    def results_opener(self) -> ResultsOpener:
+        """Opens runs' results screens, and makes them ahead for the warm-up; made on first use."""
+        if self._results is None:
+            from gpuopt_tui.ui.screens.results import ResultsOpener  # its kind views are imported on first use
+
+            self._results = ResultsOpener(self)
+        return self._results
 
     def on_gpu_view_run_requested(self, message: GpuView.RunRequested) -> None:
         self.show_run(message.run_id)

@@ -29,7 +29,6 @@ class Loaded(Message, bubble=False):
     key: Any
     value: Any = None
     error: Exception | None = None
-    what: str = ""  # the read's name where a view still tells its reads apart by name (a plain Loaded)
 
     # For the node that asked only (a parent reads other things): `bubble=False` above and in every subclass
     # (a class attribute would not do: Textual sets `bubble` on each subclass, True unless told otherwise).
@@ -49,13 +48,12 @@ class Loaded(Message, bubble=False):
         return str(self.error) if isinstance(self.error, UserError) else f"{type(self.error).__name__}: {self.error}"
 
 
-def reply(node: MessagePump, reply_type: type[Loaded] | str, key: Any, read: Callable[[], Any]) -> None:
+def reply(node: MessagePump, reply_type: type[Loaded], key: Any, read: Callable[[], Any]) -> None:
     """Call `read` (in a thread worker) and post its result to `node` as a `reply_type` message, however it ends:
     an unexpected error is posted too, then raised on to the app's report of failed workers. Nothing is posted
-    when the worker was cancelled meanwhile (a newer read replaces it). A name instead of a type posts a plain
-    Loaded with that `what` (ProbingResults still reads that way)."""
+    when the worker was cancelled meanwhile (a newer read replaces it)."""
     worker = get_current_worker()
-    message = Loaded(key, what=reply_type) if isinstance(reply_type, str) else reply_type(key)
+    message = reply_type(key)
     try:
         message.value = read()
     except Exception as e:

@@ -30,7 +30,7 @@ import gc
 import importlib
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,7 @@ STOP_WAIT_S = 2.0  # the longest the app's shutdown waits for a screen being bui
 QUIET_S = 0.3  # no warm-up work starts within this time after a screen switch
 # the slowest to build first; the dashboard is built at start-up, and help is text built when asked for
 WARMED = ("planner", "attribution", "tracin", "ablation", "runs", "gpu")
+RESULTS_PREFIX = "results-"  # then each run kind's results screen (ui/screens/results.py), kept by the app
 
 
 def _settled(screen: AppScreen) -> bool:
@@ -68,7 +69,8 @@ def _settled(screen: AppScreen) -> bool:
 
 
 class ScreenWarmup:
-    """Imports, reads, builds, lays out and renders what the screens of WARMED need, a step at a time."""
+    """Imports, reads, builds, lays out and renders what the screens of WARMED need, then each run kind's results
+    screen, a step at a time."""
 
     def __init__(self, app: GpuOptApp) -> None:
         self.app = app
@@ -76,9 +78,15 @@ class ScreenWarmup:
         self._reading: Worker[None] | None = None
         self._built: dict[str, AppScreen] = {}
         self._finished = False
-        self._steps: Iterator[Callable[[], None]] = iter(
-            [partial(step, name) for name in WARMED for step in (self.build, self.lay_out, self.render)]
-        )
+        self._steps: Iterator[Callable[[], None]] = itertools.chain(self._steps_of(WARMED), self._results_steps())
+
+    def _steps_of(self, names: Iterable[str]) -> Iterator[Callable[[], None]]:
+        return (partial(step, name) for name in names for step in (self.build, self.lay_out, self.render))
+
+    def _results_steps(self) -> Iterator[Callable[[], None]]:
+        from gpuopt_tui.core.kinds import KINDS  # the profile modules: imported by the reading thread by then
+
+        yield from self._steps_of(RESULTS_PREFIX + kind for kind in KINDS)
 
     @property
     def done(self) -> bool:
@@ -90,10 +98,15 @@ class ScreenWarmup:
         gc.enable()
         self._reading = self.app.run_worker(self._read, name="loading screens", thread=True, exit_on_error=False)
 
+    def hold(self) -> None:
+        """Call before showing a screen the warm-up does not build (a run's results): its work waits until QUIET_S
+        after this, leaving the CPU to that screen."""
+        self._quiet_from = time.monotonic() + QUIET_S
+
     def switching_to(self, name: str) -> None:
         """Call before switching to mode `name`: warm-up work waits until QUIET_S after it; a screen being built
         for the mode is the one shown; a screen built by this switch is frozen once shown, as the warm-up's are."""
-        self._quiet_from = time.monotonic() + QUIET_S
+        self.hold()
         if name in self._built:
             self.claim(name)
         elif not mode_started(self.app, name):
@@ -103,7 +116,8 @@ class ScreenWarmup:
         return time.monotonic() < self._quiet_from
 
     def _read(self) -> None:
-        """Thread work: import the screen modules, then read every kind's profiles."""
+        """Thread work: import the screen modules, then read every kind's profiles, then import what reading a
+        finished run's results needs."""
         from gpuopt_tui.ui.profile_listing import prefetch  # the profile modules: not needed for the first frame
 
         worker = get_current_worker()
@@ -113,6 +127,10 @@ class ScreenWarmup:
             importlib.import_module(module)
         if self.wait_until_quiet(worker):
             prefetch(self.app.profile_listings)
+        if self.wait_until_quiet(worker):
+            from gpuopt_tui.ui.screens.results import import_readers
+
+            import_readers()
 
     def wait_until_quiet(self, worker: Worker[object]) -> bool:
         """Thread work (this module's, and any that would share the CPU with a screen being shown for the first time):
@@ -173,9 +191,12 @@ class ScreenWarmup:
         widgets in their own tasks, during the pause after this step. It joins its mode once mounted (`lay_out`),
         or when the user asks for it (`claim`)."""
         app = self.app
-        if mode_started(app, name):
+        if mode_started(app, name) or app.is_screen_installed(name):
             return
-        screen = next(s for s in SCREENS if s.name == name).create(app)
+        if name.startswith(RESULTS_PREFIX):
+            screen = app.results_opener.prepare(name.removeprefix(RESULTS_PREFIX))
+        else:
+            screen = next(s for s in SCREENS if s.name == name).create(app)
         start_screen(app, screen)
         self._built[name] = screen  # type: ignore[assignment]
 
@@ -187,7 +208,8 @@ class ScreenWarmup:
         if not screen.is_mounted:  # still mounting: this step again after a pause
             self._steps = itertools.chain([partial(self.lay_out, name)], self._steps)
             return
-        self.claim(name)
+        if not name.startswith(RESULTS_PREFIX):  # a results screen is shown over another, in no mode of its own
+            self.claim(name)
         refresh_layout(screen, self.app.size)
 
     def render(self, name: str) -> None:

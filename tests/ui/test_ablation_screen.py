@@ -25,7 +25,6 @@ from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.events import TERMINAL_TYPES, EventWriter
 from gpuopt_tui.core.feature_cache import FeatureCache, group_entries
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.ui.screens.ablation import ProbingResults
 from gpuopt_tui.ui.widgets.ablation_view import (
     BRAILLE_BLANK,
     DOT_BITS,
@@ -40,6 +39,7 @@ from gpuopt_tui.ui.widgets.ablation_view import (
     y_ticks,
 )
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
+from gpuopt_tui.ui.widgets.probing_results import ProbingResults
 
 from .conftest import (
     FROZEN_RUNS,

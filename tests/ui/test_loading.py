@@ -47,7 +47,7 @@ async def test_a_reply_reaches_only_the_node_it_was_posted_to() -> None:
     async with app.run_test() as pilot:
         child, parent = app.query_one(Child), app.query_one(Parent)
         child.post_message(PartRead(1, value="part"))
-        child.post_message(Loaded(2, what="plain"))
+        child.post_message(Loaded(2))
         await pilot.pause()
         assert [m.value for m in child.seen] == ["part"]
         assert parent.seen == []

@@ -17,13 +17,17 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, TabbedContent
 
 from gpuopt_tui.app import GpuOptApp, make_app
-from gpuopt_tui.ui.screens.ablation import ProbingResults
-from gpuopt_tui.ui.screens.results import ResultsScreen
+from gpuopt_tui.core.telemetry.backend import NoGpuSource
+from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
+from gpuopt_tui.ui.screens import results as results_screen
+from gpuopt_tui.ui.screens.results import ResultsScreen, screen_name
+from gpuopt_tui.ui.warmup import ScreenWarmup
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.file_picker import FilePicker
 from gpuopt_tui.ui.widgets.plan_run_view import PlanRunResults
 from gpuopt_tui.ui.widgets.planner_view import PlanView
+from gpuopt_tui.ui.widgets.probing_results import ProbingResults
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 from gpuopt_tui.ui.widgets.tracin_view import PagedTable, TracInResultsView
 
@@ -294,3 +298,72 @@ def test_results_snapshot(kind: str, monkeypatch: pytest.MonkeyPatch, snap_compa
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+OWN_READS = {  # the worker method with which each kind's view reads a run's results itself
+    "attribution": (AttributionRunResults, "_load"),
+    "tracin": (TracInResultsView, "_read"),
+    "ablation": (ProbingResults, "_read_results"),
+    "plan": (PlanRunResults, "_read"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OWN_READS))
+async def test_a_finished_run_is_read_before_its_screen_is_shown(
+    kind: str, frozen_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's files are read in a thread before the switch and drawn with the screen: the view starts no read of
+    its own, and a second opening shows the same screen, with what was read the first time."""
+    view_class, method = OWN_READS[kind]
+    own_reads: list[object] = []
+    monkeypatch.setattr(view_class, method, lambda self, *args: own_reads.append(args))
+    monkeypatch.setattr(results_screen, "PREREAD_WAIT_S", 60.0)  # however slow the machine, the read comes first
+    reads: list[str] = []
+    read_finished = view_class.read_finished.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[Any], info: Any) -> Any:
+        reads.append(info.id)
+        return read_finished(cls, info)
+
+    monkeypatch.setattr(view_class, "read_finished", classmethod(counted))
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        first = await open_from_runs(pilot, app, RUNS[kind])
+        await wait_for(pilot, lambda: READY[kind](first.view))
+        await settle(pilot)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ResultsScreen))
+        again = await open_from_runs(pilot, app, RUNS[kind])
+        assert again is first
+        await wait_for(pilot, lambda: READY[kind](again.view))
+        await settle(pilot)
+        assert RUNS[kind] in flat_text(app)
+    assert own_reads == [] and reads == [RUNS[kind]]
+
+
+async def results_picture(kind: str, warmed: bool) -> str:
+    """The results screen of the frozen run of `kind` as an SVG, opened once the warm-up is done (`warmed`) or at
+    once."""
+    app = make_app(screen="runs", telemetry=GpuTelemetry(NoGpuSource("no GPU in this test")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        made = None
+        if warmed:
+            await wait_for(pilot, lambda: app.warmup.done)
+            made = app.get_screen(screen_name(kind))  # made, laid out and never shown
+            assert made.is_mounted and not made.stack_updates and made.size == app.size
+        screen = await open_from_runs(pilot, app, RUNS[kind])
+        assert screen is made or not warmed
+        await wait_for(pilot, lambda: READY[kind](screen.view))
+        await settle(pilot)
+        return app.export_screenshot()
+
+
+@pytest.mark.parametrize("kind", sorted(READY))
+async def test_a_results_screen_made_ahead_looks_as_one_made_on_opening(
+    kind: str, frozen_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up makes each kind's results screen ahead; the first opening shows that screen, drawn as a screen
+    made by the opening itself is."""
+    warmed = await results_picture(kind, warmed=True)
+    monkeypatch.setattr(ScreenWarmup, "_results_steps", lambda self: iter(()))  # none made ahead
+    assert await results_picture(kind, warmed=False) == warmed

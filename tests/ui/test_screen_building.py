@@ -7,8 +7,8 @@ import pytest
 from textual.widgets import DataTable, TabbedContent, Tabs
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.ui.screens.ablation import ProbingResults
 from gpuopt_tui.ui.widgets.ablation_view import CachePanel
+from gpuopt_tui.ui.widgets.probing_results import ProbingResults
 from gpuopt_tui.ui.widgets.profile_form import MIN_VALUE_WIDTH, NOTE_WIDTH, VALUE_WIDTH, ProfileForm, fitted_widths
 from gpuopt_tui.ui.widgets.run_results import RunResults
 

@@ -27,7 +27,7 @@ from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import create_run
 from gpuopt_tui.ui.widgets.choice_field import ChoiceField
-from gpuopt_tui.ui.widgets.tracin_view import PAGE, score_text
+from gpuopt_tui.ui.widgets.tracin_view import FIRST_PAGE, PAGE, score_text
 
 from .conftest import flat_text, frozen_run, frozen_source, screen_text, settle, wait_for, widget_text
 
@@ -139,8 +139,8 @@ async def test_self_influence_tab_lists_training_examples_in_rank_order(run_dir:
             "flipped",
             "text",
         ]
-        assert len(ranked) == N_TRAIN > 2 * PAGE and ranking.row_count == PAGE  # one page read at first
-        assert [row[:5] for row in rows(ranking)] == expected[:PAGE]
+        assert len(ranked) == N_TRAIN > 2 * PAGE and ranking.row_count == FIRST_PAGE  # the first rows only at first
+        assert [row[:5] for row in rows(ranking)] == expected[:FIRST_PAGE]
         assert f"{len(ranked)} training examples" in widget_text(app, "#tracin-self-note")
         ranking.focus()
         while ranking.row_count < len(ranked):  # going down reads the following pages

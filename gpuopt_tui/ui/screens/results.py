@@ -1,12 +1,27 @@
 """One run's results on the whole screen, in the view of its kind (the same views the kind screens show for
 their latest run), for any run: opened with enter from the Runs screen or the dashboard, closed with escape.
-`f` lists the run's files and opens one in $PAGER (or $EDITOR with `e`)."""
+`f` lists the run's files and opens one in $PAGER (or $EDITOR with `e`).
+
+A finished run's screen is shown once its view's files are read and parsed in a thread (`ResultsOpener`), so that
+its first frame is drawn with them: one layout and one repaint, instead of the screen, then the views mounted, then
+the tables filled, each a frame of its own. A read that takes longer than PREREAD_WAIT_S (a large run) does not
+hold the screen back: the view reads its files itself then, as it does for a run that goes on. The reads of the
+last RECENT_RUNS runs opened are kept: opening one again reads nothing while the run is unchanged.
+
+The screen of each kind is kept (installed) once made: a later opening of a run of that kind draws into its
+widgets again rather than composing, mounting and styling new ones, and the screen keeps its layout. The app's
+warm-up makes each kind's screen ahead (`ResultsOpener.prepare`, ui/warmup.py), views included, laid out and
+focused as when shown: the first opening after it is drawn as a later one is.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
-from typing import ClassVar
+from collections import OrderedDict
+from contextlib import suppress
+from functools import partial
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -14,17 +29,27 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import DataTable, Input, Static, Tabs
 
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_time
 from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.external import open_file
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
-from gpuopt_tui.ui.screens.registry import spec
+from gpuopt_tui.ui.screens.registry import SCREEN_NAMES, spec
 from gpuopt_tui.ui.widgets.file_picker import FilePicker, Picked
+from gpuopt_tui.ui.widgets.nav_bar import NavBar
 from gpuopt_tui.ui.widgets.run_progress import RunProgress
-from gpuopt_tui.ui.widgets.run_results import RunResults
+from gpuopt_tui.ui.widgets.run_results import Preread, RunResults, run_state
 from gpuopt_tui.ui.widgets.tab_switch import TabTitles
+
+if TYPE_CHECKING:
+    from textual.screen import Screen
+
+    from gpuopt_tui.app import GpuOptApp
+
+PREREAD_WAIT_S = 0.25  # the longest an opening waits for the run's files to be read before it shows the screen
+RECENT_RUNS = 8  # runs whose reads are kept for their next opening
 
 
 def results_view(kind: str) -> type[RunResults]:
@@ -57,11 +82,14 @@ class ResultsScreen(AppScreen):
     ResultsScreen #browse-results { height: 1fr; }
     """
 
-    def __init__(self, info: RunInfo, nav: str) -> None:
+    def __init__(self, info: RunInfo | None, nav: str, preread: Preread | None = None, kind: str = "") -> None:
+        """`info` None: a screen for runs of `kind` made ahead of their first opening (`show_run` shows one)."""
         super().__init__()
         self.info: RunInfo | None = info
-        self.run_id = info.id
+        self.run_id = info.id if info is not None else ""
+        self._kind = info.kind if info is not None else kind
         self._nav = nav
+        self._preread = preread
 
     @property
     def nav_name(self) -> str:
@@ -71,16 +99,36 @@ class ResultsScreen(AppScreen):
         with Vertical(id="results-frame"):
             yield Static("", id="results-head")
             yield RunProgress("", gpu=self.gapp.gpu_telemetry().source, id="results-progress")
-            view = results_view(self.info.kind if self.info else "")(id="browse-results")
+            view = results_view(self._kind)(id="browse-results")
             view.in_browser = True
+            view.preread = self._preread
+            view.views_ahead = self.info is None
             yield view
 
     @property
     def view(self) -> RunResults:
         return self.query_one("#browse-results", RunResults)
 
+    def show_run(self, info: RunInfo, nav: str, preread: Preread | None) -> None:
+        """Show another run of the same kind (before this screen, kept from an earlier opening, is shown again):
+        its widgets are drawn again, none is made; the focus goes where a first opening puts it."""
+        self.info, self.run_id, self._nav = info, info.id, nav
+        self.query_one(NavBar).set_active(nav)
+        self.view.preread = preread
+        self._show(info)
+        self._focus_as_first_shown()
+
+    def _focus_as_first_shown(self) -> None:
+        """Focus the widget Textual's auto focus picks when a screen is first shown; nothing changes (and nothing is
+        restyled) if it has the focus."""
+        auto_focus = self.AUTO_FOCUS if self.AUTO_FOCUS is not None else self.app.AUTO_FOCUS
+        self.set_focus(next((w for w in self.query(auto_focus or "*") if w.focusable), None) if auto_focus else None)
+
     def on_mount(self) -> None:
-        self._show(self.info)
+        if self.run_id:
+            self._show(self.info)
+        else:  # made ahead: focused as when shown, so that showing it restyles nothing
+            self._focus_as_first_shown()
 
     def runs_updated(self, snapshot: RunsSnapshot) -> None:
         info = snapshot.get(self.run_id)
@@ -131,3 +179,95 @@ class ResultsScreen(AppScreen):
     def _picked(self, picked: Picked | None) -> None:
         if picked is not None:
             open_file(self.app, picked.path, picked.role, dict(os.environ))
+
+
+def import_readers() -> None:
+    """Thread work: import what each kind's view reads a finished run with (the warm-up does, see ui/warmup.py)."""
+    from gpuopt_tui.core.kinds import KINDS
+
+    for kind in KINDS:
+        results_view(kind).import_reader()
+
+
+def screen_name(kind: str) -> str:
+    """The name the results screen of a run kind is kept (installed) under."""
+    return f"results-{kind}"
+
+
+class ResultsOpener:
+    """Opens runs' results screens for the app (see the module docstring)."""
+
+    def __init__(self, app: GpuOptApp) -> None:
+        self.app = app
+        self._recent: OrderedDict[str, Preread] = OrderedDict()  # by run id, the latest opened last
+        self._pending: object | None = None  # the opening waiting for its read
+
+    def open(self, info: RunInfo, nav: str) -> None:
+        """Show the results of `info` over the current screen, the navigation bar showing `nav`."""
+        opening = self._pending = object()
+        shown_from = self.app.screen
+        recent = self._recent.get(info.id)
+        if recent is not None and recent.state != run_state(info):
+            recent = None  # the run changed since
+        if recent is not None or info.status != "finished":
+            self._show(opening, shown_from, info, nav, recent)
+            return
+        read = partial(self._read, opening, shown_from, info, nav)
+        self.app.run_worker(read, name="reading results", group="results-preread", thread=True, exit_on_error=False)
+        self.app.set_timer(PREREAD_WAIT_S, partial(self._show, opening, shown_from, info, nav, None))
+
+    def _read(self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str) -> None:
+        """Thread work: read what the view of the run's kind shows, then show the screen with it."""
+        try:
+            preread: Preread | None = Preread(run_state(info), results_view(info.kind).read_finished(info))
+        except UserError as error:
+            preread = Preread(run_state(info), error=error)
+        except Exception:  # the view's own read meets it again and reports it as every failed read is reported
+            preread = None
+        with suppress(RuntimeError):  # raised when the app closed meanwhile: there is nothing to show it on
+            self.app.call_from_thread(self._read_done, opening, shown_from, info, nav, preread)
+
+    def _read_done(
+        self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, preread: Preread | None
+    ) -> None:
+        if preread is not None:
+            self._recent[info.id] = preread
+            self._recent.move_to_end(info.id)
+            while len(self._recent) > RECENT_RUNS:
+                self._recent.popitem(last=False)
+        self._show(opening, shown_from, info, nav, preread)
+
+    def _show(
+        self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, preread: Preread | None
+    ) -> None:
+        if opening is not self._pending:
+            return  # shown already (its read took longer than the wait), or another opening came since
+        self._pending = None
+        if self.app.screen is not shown_from:
+            return  # the user went elsewhere meanwhile
+        name = screen_name(info.kind)
+        kept = self.app.get_screen(name) if self.app.is_screen_installed(name) else None
+        if isinstance(kept, ResultsScreen) and not self._stacked(kept):
+            kept.show_run(info, nav, preread)
+            self.app.push_screen(kept)
+            return
+        screen = ResultsScreen(info, nav, preread)
+        if kept is None:
+            self.app.install_screen(screen, name)
+        self.app.push_screen(screen)
+
+    def prepare(self, kind: str) -> ResultsScreen:
+        """The results screen of `kind`, made (and kept) ahead of its first opening; the caller starts it."""
+        screen = ResultsScreen(None, "runs", kind=kind)
+        self.app.install_screen(screen, screen_name(kind))
+        return screen
+
+    def _stacked(self, screen: ResultsScreen) -> bool:
+        """Whether `screen` is still in a screen stack (left open under another screen's mode)."""
+        for mode in SCREEN_NAMES:
+            try:
+                if screen in self.app.get_screen_stack(mode):
+                    return True
+            except KeyError:  # a mode not shown yet has no stack
+                continue
+        return False

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import on, work
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
@@ -78,6 +79,19 @@ class AttributionRunResults(RunResults):
         self._check_run: RunInfo | None = None  # a check run started beside the run shown (see show_check_run)
         self._check_run_result: CheckResult | str | None = None  # its check.json, or why it cannot be read
 
+    @classmethod
+    def read_finished(cls, info: RunInfo) -> RunFiles | None:
+        return load_run_files(info.dir)
+
+    @classmethod
+    def views_for(cls, value: Any) -> bool:
+        return isinstance(value, RunFiles) and value.has_results
+
+    def compose(self) -> ComposeResult:
+        if self.views_composed:  # likely results (a screen made ahead is made for runs that have them)
+            self.add_class("-has-results")  # before mounting: adding it later restyles every widget inside
+        yield from super().compose()
+
     def compose_views(self) -> list[Widget]:
         table = DataTable[Text](id="overall-top", cursor_type="none", show_cursor=False)
         table.add_columns(*TOP_COLUMNS)
@@ -109,7 +123,8 @@ class AttributionRunResults(RunResults):
     def run_changed(self, info: RunInfo | None) -> None:
         if info is None or self._info is None or info.id != self._info.id:
             self._files, self._read_artifacts, self._loading = None, None, False
-            self.set_class(False, "-has-results")
+            if self._info is not None:  # another run's results were shown (the first run's may come composed)
+                self.set_class(False, "-has-results")
         self._info = info
         # read the files when the run reports a new one, and once when it ends (not when only its status moves on)
         artifacts = info.artifacts if info is not None else 0
@@ -120,7 +135,10 @@ class AttributionRunResults(RunResults):
         super().run_changed(info)  # the header, and the log of a failed run
         if info is not None and reload:
             self._read_artifacts = artifacts
-            self._load(info.id, info.dir)
+            if (preread := self.take_preread(info, RunFilesRead, info.id)) is not None:
+                self._files_read(preread)
+            else:
+                self._load(info.id, info.dir)
         elif self._files is not None:
             self._show_check(self._files.check)  # what it says depends on whether the run goes on
 

@@ -19,6 +19,13 @@ class NavBar(Static):
     def on_mount(self) -> None:
         self._draw(self.app.size.width)
 
+    def set_active(self, active: str) -> None:
+        """Highlight the screen `active` as the current one."""
+        if active != self._active:
+            self._active = active
+            if self.is_mounted:
+                self._draw(self.app.size.width)
+
     def on_resize(self, event: Resize) -> None:
         self._draw(event.size.width)
 

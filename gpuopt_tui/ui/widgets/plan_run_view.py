@@ -3,6 +3,8 @@ recommendation beside the other candidates, and each value with where it came fr
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual import on, work
 from textual.app import ComposeResult
 from textual.content import Content
@@ -33,6 +35,14 @@ class PlanRunResults(RunResults):
 
     _run_id: str | None = None  # the run shown
 
+    @classmethod
+    def read_finished(cls, info: RunInfo) -> Any:
+        return planner_tasks().read_plan_run(info)
+
+    @classmethod
+    def import_reader(cls) -> None:
+        planner_tasks()
+
     def run_changed(self, info: RunInfo | None) -> None:
         super().run_changed(info)
         self._run_id = info.id if info is not None else None
@@ -43,8 +53,11 @@ class PlanRunResults(RunResults):
         if info is None or info.status != "finished":
             view.show_message("" if info is None or not info.active else "The plan shows here when the run finishes.")
             return
-        view.show_message("Reading the plan…")
-        self._read(info)
+        if (preread := self.take_preread(info, PlanRunRead, info.id)) is not None:
+            self._plan_read(preread)
+        else:
+            view.show_message("Reading the plan…")
+            self._read(info)
 
     @work(thread=True, exclusive=True, group="saved-plan", exit_on_error=False)
     def _read(self, info: RunInfo) -> None:

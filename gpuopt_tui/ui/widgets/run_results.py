@@ -3,12 +3,17 @@
 Kind screens may use a subclass that draws richer views of the same files; this base shows only what the run
 wrote, never anything computed here. A subclass's views (tabs, tables) are mounted the first time there is
 something to show in them: a screen whose run has no results yet builds only the summary text.
+
+A finished run's files can be read before the view is made (`read_finished`, in a thread: see
+ui/screens/results.py): the view is then composed with its views and draws what was read at once, in the frame
+that shows it, instead of reading in a worker and mounting its views a few frames later.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -22,6 +27,7 @@ from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import is_partial_write
 from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.ui.loading import Loaded
 from gpuopt_tui.ui.textual_internals import place_underline
 from gpuopt_tui.ui.widgets.log_view import LogView
 
@@ -75,6 +81,20 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
+def run_state(info: RunInfo | None) -> object:
+    """What a view's drawing of a run depends on: its id, status, end time and number of result files."""
+    return (info.id, info.status, info.ended, info.artifacts) if info else None
+
+
+@dataclass(frozen=True)
+class Preread:
+    """What a view's `read_finished` returned for a run in the state `state` (or the UserError it raised)."""
+
+    state: object
+    value: Any = None
+    error: Exception | None = None
+
+
 class ResultTabs(TabbedContent):
     """A TabbedContent that places its tab underline again once its active tab has been laid out.
 
@@ -121,14 +141,57 @@ class RunResults(VerticalScroll):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="run-results")
-        self._key: object = object()  # what is shown: (run id, status, end time, artifacts), or None for no run
+        self._key: object = object()  # what is shown: run_state(the run)
         self._views: Literal["none", "mounting", "ready"] = "none"
+        self.preread: Preread | None = None  # set before the view is mounted; used once, by the first draw
+        self.views_ahead = False  # set before the view is mounted: its views are made with it, before any run
+
+    @classmethod
+    def read_finished(cls, info: RunInfo) -> Any:
+        """Thread work: what the view reads to show the finished run `info` (what its own read would give it);
+        None where it reads nothing ahead. Raises what that read raises."""
+        return None
+
+    @classmethod
+    def import_reader(cls) -> None:
+        """Thread work: import the modules `read_finished` needs, where it imports them when first called."""
+
+    @classmethod
+    def views_for(cls, value: Any) -> bool:
+        """Whether `value` (from `read_finished`) is drawn in the views: then they are composed with the view."""
+        return False
+
+    def take_preread(self, info: RunInfo, reply_type: type[Loaded], key: Any) -> Any:
+        """The read made before the view was shown, as the `reply_type` message (for `key`) its own read would
+        post (see loading.reply), if it was made for `info` in its present state; once (a later change of the run
+        is read again). None otherwise."""
+        preread, self.preread = self.preread, None
+        if preread is None or preread.state != run_state(info):
+            return None
+        return reply_type(key, preread.value, preread.error)
+
+    @property
+    def views_composed(self) -> bool:
+        """Whether the views are made with the view (`views_ahead`, or a read made ahead has something for them)."""
+        preread = self.preread
+        return self.views_ahead or (preread is not None and self.views_for(preread.value))
 
     def compose(self) -> ComposeResult:
+        views = self.compose_views() if self.views_composed else []
+        if views:
+            self._views = "ready"  # composed here: mounted with the view, before its first draw
+        if self.VIEWS_FIRST:
+            yield from views
         yield Static("", id="results-text", markup=False)
         log = LogView(lines=40, id="results-log")
         log.display = False
         yield log
+        if not self.VIEWS_FIRST:
+            yield from views
+
+    def on_mount(self) -> None:
+        if self.views_ready:
+            self.views_mounted()
 
     def compose_views(self) -> list[Widget]:
         """The widgets that show a run's results beyond the summary text (none here), made when first needed."""
@@ -162,7 +225,7 @@ class RunResults(VerticalScroll):
 
     def show(self, info: RunInfo | None) -> None:
         """Called with the latest run on each poll; `run_changed` only when its state moved on."""
-        key = (info.id, info.status, info.ended, info.artifacts) if info else None
+        key = run_state(info)
         if key == self._key:
             return
         self._key = key

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from rich.text import Text
 from textual import on, work
@@ -37,6 +37,7 @@ from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
 from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content
 
 PAGE = 200  # rows read at a time
+FIRST_PAGE = 60  # rows read before a run is shown: a screenful and more (every row added is measured at once)
 LOAD_MARGIN = 20  # the next page is read when the cursor comes this close to the last row read
 TEXT_CELL = 100  # characters of a text in a table cell; the line under the table shows all of it
 
@@ -183,7 +184,7 @@ class FileTable(DataTable[Text]):
 
 @dataclass
 class TracInFiles:
-    """A run's results with the first page of each row file (read in a worker thread)."""
+    """A run's results with the first rows of each row file (read in a worker thread)."""
 
     results: TracInResults
     n_tests: int
@@ -194,15 +195,15 @@ class TracInFiles:
 
 
 def read_results(results_dir: Path) -> TracInFiles:
-    """Open a run's result files and read the first page of each row file (UserError for unreadable ones)."""
+    """Open a run's result files and read the first rows of each row file (UserError for unreadable ones)."""
     results = load_results(results_dir)
     influence, ranking = results.influence, results.self_influence
     return TracInFiles(
         results=results,
         n_tests=0 if influence is None else len(influence),
-        tests=[] if influence is None else influence.page(0, PAGE),
+        tests=[] if influence is None else influence.page(0, FIRST_PAGE),
         n_ranked=0 if ranking is None else len(ranking),
-        ranked=[] if ranking is None else ranking.page(0, PAGE),
+        ranked=[] if ranking is None else ranking.page(0, FIRST_PAGE),
         files=results.files(),
     )
 
@@ -229,6 +230,14 @@ class TracInResultsView(RunResults):
         super().__init__(id=id)
         self._token = 0  # bumped for each read: results of an earlier read are dropped
         self.loaded: TracInFiles | None = None
+
+    @classmethod
+    def read_finished(cls, info: RunInfo) -> TracInFiles:
+        return read_results(RunDir(info.dir).results)
+
+    @classmethod
+    def views_for(cls, value: Any) -> bool:
+        return isinstance(value, TracInFiles) and not value.results.empty
 
     def compose_views(self) -> list[Widget]:
         return [
@@ -272,7 +281,10 @@ class TracInResultsView(RunResults):
         if info is None:
             self._show(None)
             return
-        self._read(self._token, RunDir(info.dir).results)
+        if (preread := self.take_preread(info, TracInResultsRead, self._token)) is not None:
+            self._results_read(preread)
+        else:
+            self._read(self._token, RunDir(info.dir).results)
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:
