@@ -19,6 +19,7 @@ from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail
 from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress, stage_text
 from gpuopt_tui.core.runs import cancel_run
+from gpuopt_tui.core.startup import StartupStage, slowest, startup_headline, startup_stages
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)
@@ -84,11 +85,13 @@ def show_progress(progress: Progress, task: TaskID, event: dict[str, Any], name:
     )
 
 
-def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
-    """Print how a run ended; returns the CLI exit code for it."""
+def print_outcome(run_dir: Path, event: dict[str, Any], startup: list[StartupStage] | None = None) -> int:
+    """Print how a run ended (with its start-up's slowest stages, `startup`); returns the CLI exit code for it."""
     kind = event["type"]
     if kind == "finished":
         console.print(f"[green]finished[/] {run_dir.name}")
+        if startup:
+            console.print(f"  start-up: {startup_headline(startup)}; slowest: {slowest(startup)}", markup=False)
         for key, value in (event.get("summary") or {}).items():
             if isinstance(value, float):
                 console.print(f"  {safe_text(key)}: {value:.4g}", markup=False)
@@ -144,13 +147,14 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
     progress, task = new_progress(run_dir.name)
     outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
     ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
+    startup: list[dict[str, Any]] = []  # the current attempt's `startup` events
     try:
         with progress:
             while True:
                 for event in tail.read():
                     etype = event["type"]
                     if etype == "started":
-                        outcome, ranks = None, {}
+                        outcome, ranks, startup = None, {}, []
                         progress.update(
                             task, stats=escape(f"attempt {event.get('attempt', 1)} on {event.get('host', '')}")
                         )
@@ -167,6 +171,8 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                         progress.console.print(
                             f"rank {event.get('rank')} failed: {event.get('message', '')}", style="red", markup=False
                         )
+                    elif etype == "startup":
+                        startup.append(event)
                     elif etype in TERMINAL_TYPES:
                         outcome = event
                 info = watcher.info(run_dir)
@@ -176,7 +182,7 @@ def follow(run_dir: Path, *, cancel_on_interrupt: bool) -> int:
                     return gone
                 if outcome is not None and not info.active:
                     progress.stop()
-                    code = print_outcome(run_dir, outcome)
+                    code = print_outcome(run_dir, outcome, startup_stages(startup))
                     # a cancel that this command asked for exits 130; one from elsewhere is a failure to the caller
                     return 1 if code == 130 and not interrupted else code
                 if info.status == "crashed":

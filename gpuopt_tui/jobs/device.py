@@ -34,6 +34,15 @@ def resolve_device(spec: str) -> torch.device:
     raise UserError(f'device = "{spec}": expected auto, cpu, cuda or cuda:N')
 
 
+def start_cuda(spec: str) -> None:
+    """Start CUDA on the device `spec` names (its driver and context) now, at a stage of its own: otherwise the
+    first tensor on the GPU pays for it, inside whatever stage comes first."""
+    device = resolve_device(spec)
+    if device.type == "cuda":
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+
+
 def _cpu() -> torch.device:
     return torch.device("cpu")
 

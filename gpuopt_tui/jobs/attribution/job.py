@@ -248,6 +248,7 @@ def _attribute_pending(
         batch = to_device(trim_batch(ds.batch(indices), ds.token_fields), adapter.device)
         start = time.perf_counter()
         values = attribute(batch, done)
+        ctx.first_batch_done()
         values["index"] = torch.tensor(indices, dtype=torch.long)
         metadata = {"seconds": f"{time.perf_counter() - start:.6f}", "rank": str(ctx.rank)}
         ctx.save_shard(shard_name(j), _shard_writer(values, metadata))
