@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from gpuopt_tui.commands import add_overrides_option
-from gpuopt_tui.commands.follow import console, follow
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import start_run
 from gpuopt_tui.core.startup import this_process_started
@@ -25,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     path = find_profile(args.profile)
     profile = load_profile(path, args.overrides)
     run_dir = start_run(profile, source=path, launched_at=this_process_started())
+    from gpuopt_tui.commands.follow import console, follow  # after the launch: the run starts meanwhile
+
     console.print(f"started {run_dir.name}  ({profile.kind}: {profile.name})")
     console.print(f"  run directory: {run_dir}")
     if args.detach:
