@@ -84,9 +84,11 @@ def test_a_run_reports_its_start_up_stage_by_stage(tmp_path: Path, demo_classifi
     for before, stage in itertools.pairwise(profile):
         assert stage.at - stage.seconds == pytest.approx(before.at, abs=2e-3)  # a chain: no gaps, no overlaps
     assert profile[0].at - profile[0].seconds == pytest.approx(0.0, abs=2e-3)  # from the launch
-    first_batch = types.index("startup") + len(profile) - 1
-    assert "startup" not in types[first_batch + 1 :]  # nothing after the first batch
+    written = [e for e in events if e["type"] == "startup"]
+    assert len(written) == len(profile) and written[-1].get("first_batch") is True  # nothing after the first batch
     assert f"start-up: {profile[-1].at:.2f} s from the launch {FIRST_BATCH}" in " ".join(result.stderr.split())
+    assert "the demo model runs on one CPU thread" in RunDir(run_dir).log.read_text()
+    assert "labels, on cpu (1 thread);" in RunDir(run_dir).log.read_text()
     shown = cli("show", run_dir.name, runs=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert all(name in shown.stdout for name in names if len(name) < 60)
