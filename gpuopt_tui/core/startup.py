@@ -114,7 +114,7 @@ def startup_stages(events: Iterable[dict[str, Any]]) -> list[StartupStage]:
 
 
 def startup_headline(stages: list[StartupStage]) -> str:
-    """ "3.42 s from the launch to the first computed batch" (or so far, while it starts)."""
+    """A line such as "3.42 s from the launch to the first computed batch" (or "so far", while it starts)."""
     if not stages:
         return ""
     end = FIRST_BATCH if stages[-1].first_batch else f"so far (to the end of: {stages[-1].name})"
