@@ -224,12 +224,16 @@ def table(rounds: list[dict[str, Any]]) -> list[str]:
 
 
 def versions(env: dict[str, str], source: Path) -> str:
-    code = "import torch, transformers, safetensors; print(torch.__version__, transformers.__version__, safetensors.__version__)"
+    code = (
+        "import torch, transformers, safetensors; print(torch.__version__, transformers.__version__, "
+        "safetensors.__version__); print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=source, capture_output=True, text=True)
-    torch_v, tf_v, st_v = out.stdout.split()
+    first, card = out.stdout.splitlines()[:2]
+    torch_v, tf_v, st_v = first.split()
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True)
     return (
-        f"Python {platform.python_version()}, torch {torch_v}, transformers {tf_v}, safetensors {st_v}; "
+        f"Python {platform.python_version()}, torch {torch_v}, transformers {tf_v}, safetensors {st_v}; {card}; "
         f"gpuopt-tui tree {source} (commit {rev.stdout.strip() or 'not a git checkout'})"
     )
 
@@ -259,8 +263,9 @@ def main() -> int:
         env["PYTHONPATH"] = str(src)
     sets = ["--set", f"run.device={args.device}"] if args.device else []
     profiles = list(args.profiles) if args.profiles is not None else ([] if args.model_size else list(DEMOS))
-    if args.model_size:
-        profiles.append(str(build_30m(Path(tempfile.mkdtemp(prefix="startup-model-")))))
+    model_dir = Path(tempfile.mkdtemp(prefix="startup-model-")) if args.model_size else None
+    if model_dir is not None:
+        profiles.append(str(build_30m(model_dir)))
 
     started = datetime.datetime.now(datetime.UTC)
     report = [
@@ -297,6 +302,8 @@ def main() -> int:
         f"- load average (1 min) at the launches: min {min(loads):.2f}, median "
         f"{statistics.median(loads):.2f}, max {max(loads):.2f}; finished {ended:%H:%M} UTC",
     )
+    if model_dir is not None:
+        shutil.rmtree(model_dir, ignore_errors=True)
     text = "\n".join(report) + "\n"
     print(text)
     if args.out:
