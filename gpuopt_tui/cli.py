@@ -24,9 +24,9 @@ COMMAND_MODULES = ("run", "runs", "show", "attach", "cancel", "resume", "profile
 SSH_HINT = "Over SSH colours may fall back to 256: set TEXTUAL_COLOR_SYSTEM=truecolor if your terminal supports it."
 
 
-def _commands() -> list[ModuleType]:
+def _commands(names: tuple[str, ...] = COMMAND_MODULES) -> list[ModuleType]:
     found = []
-    for name in COMMAND_MODULES:
+    for name in names:
         try:
             found.append(importlib.import_module(f"gpuopt_tui.commands.{name}"))
         except ModuleNotFoundError as e:
@@ -72,11 +72,11 @@ def _global_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser)
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser: every subcommand, with its module imported."""
+def build_parser(names: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The parser with the subcommands `names` (default: all), their modules imported."""
     parser = _global_parser()
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _commands():
+    for module in _commands(names):
         sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.configure(sub)
         sub.set_defaults(handler=module.run)
@@ -85,11 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The TUI's command line is parsed without importing a subcommand module (they are not needed to start
-    the app); a subcommand, --help, or anything the options alone do not explain takes the full parser."""
+    the app), a subcommand's with its own module only (importing all of them takes a tenth of a second or more,
+    which `gpuopt-tui run` would wait before its run starts); --help, or anything else the options alone do not
+    explain takes the full parser."""
     try:
         args, rest = _global_parser(_OptionsOnlyParser).parse_known_args(argv)
         if not rest:
             return args
+        if rest[0] in COMMAND_MODULES:
+            return build_parser((rest[0],)).parse_args(argv)
     except _Unparsed:
         pass
     return build_parser().parse_args(argv)

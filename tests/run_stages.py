@@ -20,3 +20,14 @@ def stages(events_file: Path) -> list[str]:
             if not seen or seen[-1] != name:
                 seen.append(name)
     return seen
+
+
+def hf_load_stages(family: str = "bert", device: str = "cpu") -> list[str]:
+    """The stages of loading a local Hugging Face model (jobs/models/hf.py), after "loading the model"."""
+    return [
+        "importing transformers",
+        f"importing the model's transformers modules ({family})",
+        "reading the weights",
+        "loading the tokenizer",
+        f"moving the model to {device}",
+    ]

@@ -57,6 +57,17 @@ def test_the_tui_command_line_imports_no_subcommand_module() -> None:
     assert result.stdout.split() == ["True", "gpu", "trace.jsonl", "[]"]
 
 
+def test_a_subcommand_line_imports_only_its_own_command_module() -> None:
+    """`gpuopt-tui run` starts its run sooner for not importing the other commands first."""
+    code = (
+        "import sys; from gpuopt_tui.cli import parse_args\n"
+        "args = parse_args(['--runs-dir', 'runs', 'run', 'demo-attribution', '--set', 'n_steps=8', '--detach'])\n"
+        "print(args.command, args.profile, args.detach, sorted(m for m in sys.modules if m.startswith('gpuopt_tui.commands.')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == ["run", "demo-attribution", "True", "['gpuopt_tui.commands.run']"]
+
+
 def test_help_runs_as_a_process_without_importing_torch() -> None:
     code = "import sys; from gpuopt_tui.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -10,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from run_stages import stages
+from run_stages import hf_load_stages, stages
 
+from gpuopt_tui.core.events import read_events
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.runs import RunWatcher
+from gpuopt_tui.core.startup import FIRST_BATCH, LAUNCH_STAGE, PYTHON_STAGE, startup_stages
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +42,10 @@ def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier
     rows = (RunDir(run_dir).results / "attributions.jsonl").read_text().splitlines()
     assert len(rows) == 8
     assert stages(run_dir / "events.jsonl") == [  # the demo is cached: no build stage
-        "loading libraries",
+        "importing torch",
+        "importing the engine",
         "loading the model",
+        *hf_load_stages(),
         "loading the demo's test data",
         "preparing the engine",
         "attribution [samples]",
@@ -49,6 +54,44 @@ def test_run_in_foreground_finishes_with_results(tmp_path: Path, demo_classifier
         "writing results",
         "attribution [samples]",
     ]
+
+
+def test_a_run_reports_its_start_up_stage_by_stage(tmp_path: Path, demo_classifier: object) -> None:
+    """From the command's launch to the first computed batch: every stage once, in order, as a chain (each ends
+    where the next begins), the last ending with the first batch; `show` and the run's own output name them."""
+    result = cli("run", "demo-attribution", "--set", "n_samples=8", "--set", "n_steps=8", runs=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = tmp_path.iterdir()
+    events, _ = read_events(RunDir(run_dir).events)
+    types = [e["type"] for e in events]
+    assert types.index("started") < types.index("startup")
+    profile = startup_stages(events)
+    names = [s.name for s in profile]
+    assert names == [
+        LAUNCH_STAGE,
+        PYTHON_STAGE,
+        "importing torch",
+        "importing the engine",
+        "loading the model",
+        *hf_load_stages(),
+        "loading the demo's test data",
+        "preparing the engine",
+        f"attribution ({FIRST_BATCH})",
+    ]
+    assert all(s.seconds >= 0 for s in profile)
+    ends = [s.at for s in profile]
+    assert ends == sorted(ends) and all(s.first_batch == (s is profile[-1]) for s in profile)
+    for before, stage in itertools.pairwise(profile):
+        assert stage.at - stage.seconds == pytest.approx(before.at, abs=2e-3)  # a chain: no gaps, no overlaps
+    assert profile[0].at - profile[0].seconds == pytest.approx(0.0, abs=2e-3)  # from the launch
+    written = [e for e in events if e["type"] == "startup"]
+    assert len(written) == len(profile) and written[-1].get("first_batch") is True  # nothing after the first batch
+    assert f"start-up: {profile[-1].at:.2f} s from the launch {FIRST_BATCH}" in " ".join(result.stderr.split())
+    assert "the demo model runs on one CPU thread" in RunDir(run_dir).log.read_text()
+    assert "labels, on cpu (1 thread);" in RunDir(run_dir).log.read_text()
+    shown = cli("show", run_dir.name, runs=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert all(name in shown.stdout for name in names if len(name) < 60)
 
 
 def test_cancel_then_resume_completes_every_sample(tmp_path: Path, demo_classifier: object) -> None:

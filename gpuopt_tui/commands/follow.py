@@ -20,6 +20,7 @@ from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail
 from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress, stage_text
 from gpuopt_tui.core.runs import cancel_run
+from gpuopt_tui.core.startup import StartupStage, slowest, startup_headline, startup_stages
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)
@@ -85,11 +86,13 @@ def show_progress(progress: Progress, task: TaskID, event: dict[str, Any], name:
     )
 
 
-def print_outcome(run_dir: Path, event: dict[str, Any]) -> int:
-    """Print how a run ended; returns the CLI exit code for it."""
+def print_outcome(run_dir: Path, event: dict[str, Any], startup: list[StartupStage] | None = None) -> int:
+    """Print how a run ended (with its start-up's slowest stages, `startup`); returns the CLI exit code for it."""
     kind = event["type"]
     if kind == "finished":
         console.print(f"[green]finished[/] {run_dir.name}")
+        if startup:
+            console.print(f"  start-up: {startup_headline(startup)}; slowest: {slowest(startup)}", markup=False)
         for key, value in (event.get("summary") or {}).items():
             if isinstance(value, float):
                 console.print(f"  {safe_text(key)}: {value:.4g}", markup=False)
@@ -154,6 +157,7 @@ class _Follower:
         self.interrupted = False
         self.outcome: dict[str, Any] | None = None  # a terminal event counts only if no later attempt started after it
         self.ranks: dict[int, dict[str, Any]] = {}  # latest progress of each rank of a run over several processes
+        self.startup: list[dict[str, Any]] = []  # the current attempt's `startup` events
 
     def run(self) -> int:
         """Draw the run's events until it ends; returns the exit code."""
@@ -175,7 +179,7 @@ class _Follower:
             return gone
         if self.outcome is not None and not info.active:
             self.progress.stop()
-            code = print_outcome(self.run_dir, self.outcome)
+            code = print_outcome(self.run_dir, self.outcome, startup_stages(self.startup))
             # a cancel that this command asked for exits 130; one from elsewhere is a failure to the caller
             return 1 if code == 130 and not self.interrupted else code
         if info.status == "crashed":
@@ -194,7 +198,7 @@ class _Follower:
             console.print(f"  {e}")
 
     def on_started(self, event: dict[str, Any]) -> None:
-        self.outcome, self.ranks = None, {}
+        self.outcome, self.ranks, self.startup = None, {}, []
         attempt = f"attempt {event.get('attempt', 1)} on {event.get('host', '')}"
         self.progress.update(self.task, stats=escape(attempt))
 
@@ -213,6 +217,9 @@ class _Follower:
         message = f"rank {event.get('rank')} failed: {event.get('message', '')}"
         self.progress.console.print(message, style="red", markup=False)
 
+    def on_startup(self, event: dict[str, Any]) -> None:
+        self.startup.append(event)
+
     def on_terminal(self, event: dict[str, Any]) -> None:
         self.outcome = event
 
@@ -224,5 +231,6 @@ EVENT_HANDLERS: dict[str, Callable[[_Follower, dict[str, Any]], None]] = {
     "log": _Follower.on_message,
     "warning": _Follower.on_message,
     "rank_failed": _Follower.on_rank_failed,
+    "startup": _Follower.on_startup,
     **dict.fromkeys(TERMINAL_TYPES, _Follower.on_terminal),
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from gpuopt_tui.commands import add_overrides_option
-from gpuopt_tui.commands.follow import console, follow
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs import start_run
+from gpuopt_tui.core.startup import this_process_started
 
 NAME = "run"
 HELP = "start a run from a profile (a .toml path or a profile name, see `gpuopt-tui profiles`)"
@@ -23,7 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     path = find_profile(args.profile)
     profile = load_profile(path, args.overrides)
-    run_dir = start_run(profile, source=path)
+    run_dir = start_run(profile, source=path, launched_at=this_process_started())
+    from gpuopt_tui.commands.follow import console, follow  # after the launch: the run starts meanwhile
+
     console.print(f"started {run_dir.name}  ({profile.kind}: {profile.name})")
     console.print(f"  run directory: {run_dir}")
     if args.detach:

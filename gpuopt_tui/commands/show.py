@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
+from gpuopt_tui.core.events import read_events
 from gpuopt_tui.core.format import human_time, safe_text
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import log_tail, result_files
 from gpuopt_tui.core.run_status import RunInfo, RunWatcher, stage_text
 from gpuopt_tui.core.runs import find_run
+from gpuopt_tui.core.startup import startup_headline, startup_lines, startup_stages
 
 NAME = "show"
 HELP = "show one run: status, message, progress, the tail of its log and its result files"
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         if stage := stage_text(progress):
             out.print(f"  stage: {stage}", markup=False)
     _print_ranks(out, info)
+    _print_startup(out, run_dir)
     if info.corrupt_lines:
         out.print(f"  [yellow]{info.corrupt_lines} unreadable line(s) in {RunDir.EVENTS} were skipped[/]")
     results = result_files(run_dir)
@@ -52,6 +56,16 @@ def run(args: argparse.Namespace) -> int:
         for line in tail:
             out.print(f"    {line}", markup=False)
     return 0
+
+
+def _print_startup(out: Console, run_dir: Path) -> None:
+    """Where the seconds went from the launch to the first computed batch, stage by stage (core/startup.py)."""
+    events, _ = read_events(RunDir(run_dir).events, skim=True)  # skimming keeps every event but old progress
+    stages = startup_stages(events)
+    if stages:
+        out.print(f"  start-up: {startup_headline(stages)}", markup=False)
+        for line in startup_lines(stages):
+            out.print(f"    {line}", markup=False)
 
 
 def _print_ranks(out: Console, info: RunInfo) -> None:

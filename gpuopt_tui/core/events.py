@@ -28,8 +28,9 @@ LIFECYCLE_TYPES = TERMINAL_TYPES | {"started"}
 RANK_END_TYPES = frozenset(f"rank_{t}" for t in TERMINAL_TYPES)
 RANK_TYPES = RANK_END_TYPES | {"rank_started"}
 # What a job reports on its way (jobs/context.py): `progress` (done, total, unit, rate, eta, stage, GPU memory),
-# `log` (level, message), `warning` (message), `metric` (name, value) and `artifact` (path, description).
-REPORT_TYPES = frozenset({"progress", "log", "warning", "metric", "artifact"})
+# `log` (level, message), `warning` (message), `metric` (name, value), `artifact` (path, description) and
+# `startup` (stage, seconds, at: one per start-up stage as it ends, up to the first computed batch; core/startup.py).
+REPORT_TYPES = frozenset({"progress", "log", "warning", "metric", "artifact", "startup"})
 # What an engine says about how it adapted to the hardware: `compiled` / `compile_failed` (torch.compile of the
 # attribution step), `chunk_probe` / `batch_probe` (the memory probe that sizes an "auto" chunk or micro-batch),
 # `oom_retry` (a chunk or micro-batch halved after running out of memory), `oom_split` (a batch of samples split
@@ -81,7 +82,9 @@ class EventWriter:
 # Known fields and the type each must have: a field of another type (a damaged or hand-edited file) is dropped,
 # so every reader can use what it finds without checking it again.
 _INT_FIELDS = frozenset({"rank", "pid", "start_time", "attempt", "nodes"})
-_NUMBER_FIELDS = frozenset({"t", "done", "total", "rate", "eta", "gpu_allocated", "gpu_reserved", "gpu_peak"})
+_NUMBER_FIELDS = frozenset(
+    {"t", "done", "total", "rate", "eta", "gpu_allocated", "gpu_reserved", "gpu_peak", "seconds", "at"}
+)
 _TEXT_FIELDS = frozenset({"message", "host", "device", "stage", "unit", "path", "kind", "scale", "level"})
 _DICT_FIELDS = frozenset({"summary"})
 

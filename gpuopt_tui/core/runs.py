@@ -44,6 +44,7 @@ from gpuopt_tui.core.run_processes import (
     verified,
 )
 from gpuopt_tui.core.run_status import RESUMABLE, RunInfo, RunWatcher, this_host
+from gpuopt_tui.core.startup import LAUNCHED_AT_ENV
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
@@ -109,8 +110,9 @@ def create_run(profile: ProfileBase, source: Path | None = None, root: Path | No
     return run_dir
 
 
-def launch(run_dir: Path) -> int:
-    """Start (or restart) the run's process in its own session; returns its pid."""
+def launch(run_dir: Path, launched_at: float | None = None) -> int:
+    """Start (or restart) the run's process in its own session; returns its pid. `launched_at` (unix time, default
+    now) is where the run's start-up profile begins (core/startup.py): the command's start, for `gpuopt-tui run`."""
     files = RunDir(run_dir)
     record, _ = read_object(files.pid)
     previous = (record or {}).get("attempt", 0)
@@ -119,6 +121,7 @@ def launch(run_dir: Path) -> int:
     remove_stale_partial_writes(run_dir)
     env = job_env()
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    env[LAUNCHED_AT_ENV] = repr(time.time() if launched_at is None else launched_at)
     try:
         with files.log.open("ab") as log, stop_signal_held():
             proc = subprocess.Popen(
@@ -142,12 +145,14 @@ def launch(run_dir: Path) -> int:
     return proc.pid
 
 
-def start_run(profile: ProfileBase, source: Path | None = None, root: Path | None = None) -> Path:
-    """Create a run and start it. A run that could not start (a full disk) is recorded as failed, so that it can
-    be resumed at once; one whose failure cannot even be recorded is removed."""
+def start_run(
+    profile: ProfileBase, source: Path | None = None, root: Path | None = None, launched_at: float | None = None
+) -> Path:
+    """Create a run and start it (`launched_at`: see `launch`). A run that could not start (a full disk) is recorded
+    as failed, so that it can be resumed at once; one whose failure cannot even be recorded is removed."""
     run_dir = create_run(profile, source, root)
     try:
-        launch(run_dir)
+        launch(run_dir, launched_at)
     except UserError as e:
         if not _record_end(run_dir, "failed", f"could not start: {e}"):
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -24,6 +24,7 @@ from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.feature_cache import file_sha256
 from gpuopt_tui.core.run_dir import RunDir
 from gpuopt_tui.core.run_files import shown
+from gpuopt_tui.core.startup import StartupClock
 
 RESUME_RECORD = "resume.json"
 CHECKSUMS = "checksums"  # in the state directory: a file per shard, written once the shard is whole (`_checksum`)
@@ -32,7 +33,9 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.]{1,40}")
 T = TypeVar("T")
 
 # Stages that several kinds of run go through (see JobContext.stage); each engine names its own others.
-LIBRARIES_STAGE = "loading libraries"  # the engine's imports (torch, transformers) take seconds
+TORCH_STAGE = "importing torch"  # seconds, before anything else can happen
+ENGINE_STAGE = "importing the engine"
+CUDA_STAGE = "starting CUDA (driver and context)"
 LOAD_STAGE = "loading the model"
 PREPARE_STAGE = "preparing the engine"  # settings, parameters, the resume record
 WRITE_STAGE = "writing results"
@@ -89,6 +92,7 @@ class JobContext:
         cache_dir: Path,
         memory_fields: Callable[[], dict[str, Any]] | None = None,
         dist: Collective | None = None,
+        startup: StartupClock | None = None,
     ) -> None:
         self.run_dir = run_dir
         layout = RunDir(run_dir)
@@ -105,6 +109,7 @@ class JobContext:
         self._stage = ""
         self._last_of_stage: dict[str, dict[str, Any]] = {}  # stage -> the fields of its last progress
         self.dist = dist or Collective()
+        self._startup = startup  # times the stages up to the first batch (core/startup.py); None: not timed
         self._record_digest = ""  # of the resume record: each shard's checksum file names it
         self._intact: set[str] = set()  # shards whose checksum was checked
 
@@ -165,7 +170,9 @@ class JobContext:
         if stage:
             fields["stage"] = stage
         self._last_of_stage[stage] = fields
-        new_stage, self._stage = stage != self._stage, stage
+        new_stage = stage != self._stage
+        if new_stage:
+            self._enter(stage)
         self.events.progress(force=done >= total or new_stage, **fields, **self._memory_fields())
 
     def stage(self, name: str, done: int | None = None, total: int | None = None, unit: str = "steps") -> None:
@@ -179,8 +186,19 @@ class JobContext:
                 self.reset_rate()
             self.progress(done, total, unit=unit, stage=name)
         elif self._stage != name:
-            self._stage = name
+            self._enter(name)
             self.events.progress(force=True, stage=name, **self._memory_fields())
+
+    def _enter(self, name: str) -> None:
+        self._stage = name
+        if self._startup is not None and name:
+            self._startup.begin(name)
+
+    def first_batch_done(self) -> None:
+        """Say that the first batch of the run's main count is computed: start-up ends there (its profile's last
+        stage, see core/startup.py). Engines call it after every batch; only the first call counts."""
+        if self._startup is not None:
+            self._startup.first_batch()
 
     def cancellable_stage(
         self, name: str, done: int | None = None, total: int | None = None, unit: str = "steps"

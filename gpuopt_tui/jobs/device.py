@@ -37,6 +37,15 @@ def _why_no_cuda() -> str:
     return f"this torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no GPU or no driver"
 
 
+def start_cuda(spec: str) -> None:
+    """Start CUDA on the device `spec` names (its driver and context) now, at a stage of its own: otherwise the
+    first tensor on the GPU pays for it, inside whatever stage comes first."""
+    device = resolve_device(spec)
+    if device.type == "cuda":
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+
+
 def _cpu() -> torch.device:
     return torch.device("cpu")
 

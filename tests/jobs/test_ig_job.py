@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from run_stages import stages
+from run_stages import hf_load_stages, stages
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
@@ -103,6 +103,7 @@ def finished(workdir: Path) -> Path:
 def test_a_run_reports_each_stage(finished: Path) -> None:
     assert stages(finished / "events.jsonl") == [
         "loading the model",
+        *hf_load_stages(),
         "reading data.jsonl",
         f"tokenizing {N_SAMPLES} examples of data.jsonl",
         "preparing the engine",

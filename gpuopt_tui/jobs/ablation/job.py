@@ -213,6 +213,8 @@ def _features(
 
     def on_batch(done: int, total: int) -> None:
         ctx.check_cancelled()
+        if done:
+            ctx.first_batch_done()  # before the progress, whose new stage would start a stage of its own
         ctx.progress(done, total, unit="samples", stage="features")
 
     features = extract(
@@ -322,6 +324,7 @@ def _probe_pending(
             ctx.progress(
                 done, total, unit="probes", stage="probes", representation=task.representation, layer=task.layer
             )
+            ctx.first_batch_done()  # where no features were extracted (all cached), start-up ends with a probe
             ctx.metric(
                 "probe_test_acc",
                 row.test_acc_mean,

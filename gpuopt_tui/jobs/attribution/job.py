@@ -263,6 +263,7 @@ def _attribute_pending(
         batch = to_device(trim_batch(ds.batch(indices), ds.token_fields), adapter.device)
         start = time.perf_counter()
         values = attribute(batch, done)
+        ctx.first_batch_done()
         if chooser is not None and (line := chooser.describe()) != said:
             ctx.log(line)
             said = line

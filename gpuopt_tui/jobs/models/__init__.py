@@ -49,7 +49,7 @@ def load_adapter(model: ModelSection, device: torch.device, cache_dir: Path, sta
     if model.adapter == "hf":
         from gpuopt_tui.jobs.models.hf import load_hf_adapter
 
-        return load_hf_adapter(Path(model.path).expanduser(), device)
+        return load_hf_adapter(Path(model.path).expanduser(), device, stage)
     if model.adapter == "plugin":
         from gpuopt_tui.jobs.models.plugin import load_plugin_adapter
 

@@ -330,7 +330,9 @@ class Adapter:
 
     def describe(self) -> str:
         params = sum(p.numel() for p in self.model.parameters())
-        return f"{self.name}: {params / 1e6:.2f} M parameters, {self.num_labels} labels, on {self.device}"
+        n = torch.get_num_threads()
+        threads = f" ({n} thread{'s' if n > 1 else ''})" if self.device.type == "cpu" else ""
+        return f"{self.name}: {params / 1e6:.2f} M parameters, {self.num_labels} labels, on {self.device}{threads}"
 
 
 def load_state_dict(path: Path) -> dict[str, Tensor]:

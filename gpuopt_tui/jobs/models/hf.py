@@ -12,8 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.models.base import Adapter
 from gpuopt_tui.jobs.models.first_token import first_token_only
+
+TRANSFORMERS_STAGE = "importing transformers"
+WEIGHTS_STAGE = "reading the weights"
+TOKENIZER_STAGE = "loading the tokenizer"
 
 
 class SequenceClassifierAdapter(Adapter):
@@ -70,33 +75,52 @@ def quiet_progress_bars() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_hf_adapter(path: Path, device: torch.device) -> Adapter:
-    """A sequence classifier, or a causal LM when config.json names a causal LM architecture."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from gpuopt_tui.jobs.models.causal_lm import is_causal_lm, load_causal_lm_adapter
-
-    quiet_progress_bars()
+def load_hf_adapter(path: Path, device: torch.device, stage: StageFn = no_stage) -> Adapter:
+    """A sequence classifier, or a causal LM when config.json names a causal LM architecture, from the local model
+    directory `path` on `device`; `stage` hears each step of a classifier's loading (their seconds are part of
+    the run's start-up profile)."""
     if not path.is_dir():
         raise UserError(f"{path}: model directory not found (expected a local Hugging Face model directory)")
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: no config.json (expected a directory written by save_pretrained)")
+    stage(TRANSFORMERS_STAGE)
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from gpuopt_tui.jobs.models.causal_lm import is_causal_lm, load_causal_lm_adapter
+
     if is_causal_lm(path):
         return load_causal_lm_adapter(path, device)
+
+    quiet_progress_bars()
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        import_model_class(config, stage)
+        stage(WEIGHTS_STAGE)
+        model = AutoModelForSequenceClassification.from_pretrained(path, config=config, local_files_only=True)
     except Exception as exc:
         raise UserError(f"{path}: cannot load a sequence-classification model: {exc}") from exc
+    stage(TOKENIZER_STAGE)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:
         raise UserError(f"{path}: cannot load the tokenizer saved with the model: {exc}") from exc
     check_tokenizer(path, tokenizer, model.get_input_embeddings().num_embeddings)
+    stage(f"moving the model to {device}")
     labels = model.config.id2label
     names = [labels[i] for i in range(model.config.num_labels)] if labels else None
     adapter = SequenceClassifierAdapter(path.name, model, tokenizer, model.config.num_labels, device, label_names=names)
     adapter.weights_dir = path
     return adapter
+
+
+def import_model_class(config: Any, stage: StageFn) -> None:
+    """Import the transformers modules of the model's family now, at a stage of their own (transformers imports
+    them on first use: a second or more, the largest part of loading a small model)."""
+    from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+    stage(f"importing the model's transformers modules ({config.model_type})")
+    with contextlib.suppress(KeyError):  # a family without one: from_pretrained says so
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)]
 
 
 def check_tokenizer(path: Path, tokenizer: Any, embedding_rows: int) -> None:

@@ -50,9 +50,14 @@ class ContextReporter(Reporter):
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
         self.last_stage = ""  # of the last progress reported: said again as the run ends
+        self._first_done: int | None = None  # the count the first report had (a resumed run starts above 0)
 
     def progress(self, done: int, total: int, stage: str) -> None:
         self.last_stage = stage
+        if self._first_done is None:
+            self._first_done = done
+        elif done > self._first_done:
+            self.ctx.first_batch_done()  # before the progress, whose new stage would start a stage of its own
         self.ctx.progress(done, total, unit="train gradients", stage=stage)
 
     def stage(self, name: str) -> None:

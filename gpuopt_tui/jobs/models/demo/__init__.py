@@ -62,7 +62,7 @@ def load_demo_adapter(
     module, _ = _kind(kind)
     bundle = demo_bundle(kind, cache_dir, seed, stage)
     stage(LOAD_STAGE)
-    return module.DemoAdapter(bundle, device)
+    return module.DemoAdapter(bundle, device, stage)
 
 
 def _kind(kind: str) -> tuple[object, int]:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuopt_tui.core.demo_architectures import bert_sizes
+from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.demo.bundle import DemoBundle, save_model_dir, save_splits
 from gpuopt_tui.jobs.models.demo.train import TrainPlan, train
@@ -146,8 +147,8 @@ def build(root: Path, seed: int, on_step: Callable[[int, int], None] | None = No
 class DemoAdapter(SequenceClassifierAdapter):
     """The demo classifier with its built-in train/test data and training checkpoints."""
 
-    def __init__(self, bundle: DemoBundle, device: torch.device) -> None:
-        hf = load_hf_adapter(bundle.model_dir, device)
+    def __init__(self, bundle: DemoBundle, device: torch.device, stage: StageFn = no_stage) -> None:
+        hf = load_hf_adapter(bundle.model_dir, device, stage)
         keep = ("rule", "positive_tokens", "negative_tokens", "signal_tokens", "flipped", "test_accuracy")
         super().__init__(
             "demo classifier",

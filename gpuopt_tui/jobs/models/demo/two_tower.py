@@ -29,11 +29,18 @@ from torch import Tensor, nn
 from gpuopt_tui.core.demo_architectures import bert_sizes
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.common import DataSection
+from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.data import Row, TextDataset, field_value, read_labels
 from gpuopt_tui.jobs.models.base import Adapter, Batch
 from gpuopt_tui.jobs.models.demo.bundle import DemoBundle, save_splits
 from gpuopt_tui.jobs.models.demo.train import TrainPlan, train
-from gpuopt_tui.jobs.models.hf import prepared_attention_mask, quiet_progress_bars
+from gpuopt_tui.jobs.models.hf import (
+    TOKENIZER_STAGE,
+    TRANSFORMERS_STAGE,
+    WEIGHTS_STAGE,
+    prepared_attention_mask,
+    quiet_progress_bars,
+)
 
 TOPICS = {
     "sports": "match goal team coach league striker season stadium trophy referee",
@@ -332,11 +339,15 @@ def build(root: Path, seed: int, on_step: Callable[[int, int], None] | None = No
 class DemoAdapter(TwoTowerAdapter):
     """The demo recommender with its built-in impressions and training checkpoints."""
 
-    def __init__(self, bundle: DemoBundle, device: torch.device) -> None:
+    def __init__(self, bundle: DemoBundle, device: torch.device, stage: StageFn = no_stage) -> None:
+        stage(TRANSFORMERS_STAGE)
         from transformers import AutoTokenizer, BertConfig
 
+        stage("building the model (importing its transformers modules: bert)")
         model = TwoTowerModel(BertConfig.from_pretrained(bundle.model_dir))
+        stage(TOKENIZER_STAGE)
         tokenizer = AutoTokenizer.from_pretrained(bundle.model_dir, local_files_only=True)
+        stage(WEIGHTS_STAGE)
         keep = ("rule", "topics", "flipped", "test_accuracy")
         super().__init__(
             "demo two-tower",
