@@ -15,6 +15,10 @@ the fp32 prediction, as `gpuopt-tui run` does):
   fp32 (up to 8193 points): where the two differ, the integrand has kinks that 2000 fixed steps do not resolve;
 - ours: n_steps = "auto" at each tolerance, with the defaults (fp16 weights, full-precision fallback) and in TF32;
 - Captum LayerIntegratedGradients as users write it (bf16 autocast, 50 steps, batches of 8).
+Rates (--rate-samples other texts, 0 for none): the auto rows at the loosest tolerance (defaults, TF32, fp16 without
+the fallback) and Captum, on enough texts that a run's one-off costs (the start precision's measurement, the first
+batch) weigh as in a long run. Several processes (one per (family, task) pair, e.g. benchmarks/gpu_session.sh
+ig-conformance-split) write one .json each; --merge renders them into one file.
 Error of a row, per sample: max |a - b| / max |b| of the token scores against a reference. For the auto rows the
 engine's own verdict (`within`) is checked: a silent miss is a sample reported within the tolerance whose error
 against the reference exceeds it. Rates are measured on the same texts after a warm-up batch.
