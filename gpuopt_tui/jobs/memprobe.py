@@ -50,6 +50,11 @@ class LoRA(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(d_out, rank, device=weight.device))
         self.scale = LORA_ALPHA / rank
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The adapted layer's weight, which some models read (T5 checks its dtype)."""
+        return self.base.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
 
@@ -134,6 +139,7 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
         AutoModel,
         AutoModelForCausalLM,
         AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
         AutoModelForSequenceClassification,
     )
 
@@ -146,13 +152,20 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
         config.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < config.vocab_size else 0
     auto = {
         "classification": AutoModelForSequenceClassification,
-        "causal_lm": AutoModelForCausalLM,
+        "causal_lm": AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM,
         "masked_lm": AutoModelForMaskedLM,
         "embedding": AutoModel,
     }[request["task"]]
     with device:
-        model = auto.from_config(config, attn_implementation="sdpa")
-    model.float().train()
+        try:
+            model = auto.from_config(config, attn_implementation="sdpa")
+        except ValueError as error:  # a model class without SDPA attention runs its own (eager) attention
+            if "scaled_dot_product_attention" not in str(error):
+                raise
+            model = auto.from_config(config, attn_implementation="eager")
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model.float()  # only when needed: converting fake tensors (the traced tier) cannot swap them in place
+    model.train()
     trainable = request["trainable"]
     if trainable != "all":
         model.requires_grad_(False)
@@ -202,11 +215,12 @@ def loss_function(model: nn.Module, request: Mapping[str, Any]) -> Callable[[dic
     return contrastive
 
 
-def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], name: str, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """The optimizer the setup names; `foreach` None is torch's default for the parameters' device."""
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-5)
+        return torch.optim.AdamW(params, lr=1e-5, foreach=foreach)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
     try:
         import bitsandbytes as bnb
     except ImportError:
@@ -223,22 +237,27 @@ def training_step(
     request: Mapping[str, Any],
     amp_dtype: torch.dtype | None,
     device: torch.device,
+    phase: Callable[[str], None] = lambda name: None,
 ) -> Callable[[], None]:
     """One optimizer step as the request's loop runs it: "hf" (the Trainer: backward, clip gradient norms to 1,
     step, zero_grad with set_to_none), "plain" (backward, step, zero_grad) or "lightning" (zero_grad between
-    the forward pass and backward, so the previous gradients live through the forward pass)."""
+    the forward pass and backward, so the previous gradients live through the forward pass). `phase` is told
+    "forward", "backward" and "optimizer step" as each begins."""
     loop = request.get("loop", "lightning")
     micro_steps = 2 if int(request.get("accumulate", 1)) > 1 else 1
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> None:
         for i in range(micro_steps):
+            phase("forward")
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                 loss = loss_of(batch)
             if loop == "lightning" and i == 0:
                 optimizer.zero_grad(set_to_none=True)  # after training_step, before backward
+            phase("backward")
             (scaler.scale(loss) if scaler else loss).backward()
             del loss
+        phase("optimizer step")
         if loop == "hf":
             if scaler:
                 scaler.unscale_(optimizer)
@@ -286,7 +305,7 @@ def probe(request: Mapping[str, Any]) -> dict[str, Any]:
         params = [p for p in model.parameters() if p.requires_grad]
         result["params"] = sum(p.numel() for p in model.parameters())
         result["trainable_params"] = sum(p.numel() for p in params)
-        optimizer = _optimizer(params, request["optimizer"])
+        optimizer = make_optimizer(params, request["optimizer"])
         scaler = torch.amp.GradScaler("cuda") if cuda and amp_dtype is torch.float16 else None
         batch = make_batch(model, request, device)
         loss_of = loss_function(model, request)

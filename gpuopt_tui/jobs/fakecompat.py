@@ -1,0 +1,79 @@
+"""Where transformers tells fake tensors from real ones, and the one place the traced tier overrides it.
+
+transformers' mask code skips building an attention mask when a batch has no padding and no packed sequences, so
+that attention takes its causal kernel without a mask tensor. It reads the batch to decide, and decides for a mask
+whenever a tensor is fake, as it cannot read one. The traced batch of a decoder has neither padding (it gets no
+attention mask) nor packed sequences (positions run 0..n-1 in every row), so a real step of it builds no mask;
+`as_real_step` makes the traced step decide the same:
+- `masking_utils.find_packed_sequence_indices` answers "not packed" (what reading the positions would say);
+- `masking_utils.is_tracing` answers "not tracing" for a fake scalar (the query offset, which the decision never
+  reads); every other tensor keeps transformers' answer, so code that would read a fake tensor still steers
+  around it.
+These module attributes are not public API: each is overridden only where it exists; without them the trace still
+runs and counts the masks that a real step would not build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+
+@contextmanager
+def _override(module: Any, name: str, replacement: Any) -> Iterator[bool]:
+    original = getattr(module, name, None)
+    if original is None:
+        yield False
+        return
+    setattr(module, name, replacement(original))
+    try:
+        yield True
+    finally:
+        setattr(module, name, original)
+
+
+def _scalars_not_tracing(original: Any) -> Any:
+    from transformers.utils.import_utils import is_torchdynamo_compiling
+
+    def is_tracing(tensor: Any = None) -> bool:
+        if tensor is not None and getattr(tensor, "ndim", None) == 0:
+            return bool(is_torchdynamo_compiling())
+        return bool(original(tensor))
+
+    return is_tracing
+
+
+def _never_packed(original: Any) -> Any:
+    return lambda position_ids: None
+
+
+@contextmanager
+def as_real_step() -> Iterator[list[str]]:
+    """Inside it, transformers' mask code decides for the traced batch as for a real one; yields the names of the
+    overrides that apply (an empty list where this transformers has none of them)."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield []
+        return
+    with ExitStack() as stack:
+        overrides = (("is_tracing", _scalars_not_tracing), ("find_packed_sequence_indices", _never_packed))
+        applied = [
+            name for name, replacement in overrides if stack.enter_context(_override(masking_utils, name, replacement))
+        ]
+        yield applied
+
+
+@contextmanager
+def no_weight_init() -> Iterator[None]:
+    """Build models without initialising their weights (fake weights have no values, and some initialisers read
+    values: truncated normals). transformers ties the embeddings in the step it skips: call the model's
+    `tie_weights()` after building it."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        yield
+        return
+    with no_init_weights():
+        yield
