@@ -31,8 +31,10 @@ from gpuopt_tui.core.plan_report import (
     candidates_table,
     header_lines,
     layout_line,
+    modules_table,
     recommendation_text,
     stages_table,
+    tiers_table,
     values_table,
     warning_lines,
 )
@@ -97,6 +99,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--yes", action="store_true", help="with --apply/--undo: do not ask for confirmation")
     what.add_argument(
         "--profile", action="store_true", help="measure with probes on the GPU, or fail when there is none"
+    )
+    what.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --show: also trace the step on fake tensors, any architecture, no GPU (default: only when the "
+        "closed form does not cover the model)",
     )
     what.add_argument(
         "--tune-samples", action="store_true", help="with stages: also write the largest n_positives/n_negatives"
@@ -226,10 +235,20 @@ def run(args: argparse.Namespace) -> int:
     search = args.auto or args.apply or args.profile or not args.show
     _header(out, inputs)
     if show:
-        _breakdown(out, session.estimate_current(inputs), inputs)
+        closed = session.estimate_current(inputs) if inputs.spec is not None else None
+        if closed is not None:
+            _breakdown(out, closed, inputs)
+        if args.trace or (args.trace is None and closed is None):
+            _traced(out, inputs, closed)
         if args.profile:
             _measured_current(out, inputs)
     if not search:
+        return 0
+    if inputs.spec is None and not (args.auto or args.apply or args.profile or profile.plan.measure):
+        out.print(
+            "[yellow]note[/] no micro-batch search: the closed form does not cover this model and the traced tier "
+            "does not search yet; --profile measures on a GPU"
+        )
         return 0
     rec = _search(out, inputs, args.profile or profile.plan.measure)
     _recommendation(out, rec)
@@ -285,13 +304,36 @@ def _breakdown(out: Console, est: Estimate, inputs: session.PlanInputs) -> None:
     )
 
 
+def _traced(out: Console, inputs: session.PlanInputs, closed: Estimate | None) -> None:
+    """Trace the current setup on fake tensors and print its breakdown beside the closed form's figure."""
+    family = inputs.model.config.get("model_type", "model")
+    out.print(
+        Text.assemble(
+            ("tracing ", "bold"),
+            f"one {family} training step on fake tensors in a child process (no GPU, no weights; seconds)",
+        )
+    )
+    traced = session.trace_current(inputs)
+    title = f"current setup: {traced.tier}, {traced.model_class}, peak in the {traced.phase} ({traced.seconds:.1f} s)"
+    out.print(breakdown_table(traced, title=title))
+    out.print(modules_table(traced, title="activations at the traced peak, by module"))
+    if closed is not None:
+        out.print(tiers_table(traced, closed))
+    else:
+        out.print(Text.assemble(("closed form ", "bold yellow"), f"no estimate: {inputs.refusal}"))
+    out.print(
+        "[dim]not traced, estimated as the closed form does: CUDA context, cuBLAS workspaces, allocator slack; "
+        "fake tensors stand in for CUDA with the CPU's autocast and attention kernels[/]"
+    )
+
+
 def _measured_current(out: Console, inputs: session.PlanInputs) -> None:
     """Probe the current setup on the GPU and print what it used beside the closed form's figure."""
     gpu = session.measuring_gpu(inputs.profile.run.device)
     setup = inputs.setup
     out.print(Text.assemble(("measuring ", "bold"), f"the current setup on {gpu.label} ({setup.loop} loop)"))
     device = f"cuda:{session.device_index(inputs.profile.run.device)}"
-    r = measure_setup(inputs.model.config, inputs.spec.task, setup, device)
+    r = measure_setup(inputs.model.config, inputs.task, setup, device)
     if r.oom:
         out.print(f"[red]measured: micro-batch {setup.micro_batch} runs out of GPU memory[/]")
         return
