@@ -325,7 +325,7 @@ class MemoryBar:
         )
 
 
-def breakdown_bar(est: Estimate, gpu_total: int, margin: float, label: str = "") -> MemoryBar:
+def breakdown_bar(est: Estimate | TracedEstimate, gpu_total: int, margin: float, label: str = "") -> MemoryBar:
     """The components at the peak, in the colours of the breakdown table (they add up to the total)."""
     return MemoryBar(
         (Segment(c.bytes, COMPONENT_COLOURS.get(c.key, "white")) for c in est.components if c.in_peak),

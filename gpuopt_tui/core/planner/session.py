@@ -112,7 +112,8 @@ class PlanInputs:
     def closed_form_spec(self) -> ModelSpec:
         """The closed form's model description; UserError (pointing at the traced tier) where it has none."""
         if self.spec is None:
-            raise UserError(f"{self.refusal}; the traced tier covers it: gpuopt-tui plan --show --trace")
+            where = "plan --show --trace, or Trace on the planner screen"
+            raise UserError(f"{self.refusal}; the traced tier covers it: {where}")
         return self.spec
 
 

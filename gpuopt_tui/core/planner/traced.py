@@ -119,7 +119,7 @@ def traced_estimate(
             "reserved but unallocated: the closed form's calibrated figure"
             + (", with its LM-loss share (the peak is at the loss)" if slack else ""),
         ),
-        Component("context", "CUDA context", oh.context, False, "outside torch's allocator; probes measure it"),
+        Component("context", "CUDA context", oh.context, True, "outside torch's allocator; probes measure it"),
     ]
     return TracedEstimate(
         components=tuple(rows),
