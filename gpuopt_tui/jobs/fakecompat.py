@@ -9,6 +9,9 @@ attention mask) nor packed sequences (positions run 0..n-1 in every row), so a r
 - `masking_utils.is_tracing` answers "not tracing" for a fake scalar (the query offset, which the decision never
   reads); every other tensor keeps transformers' answer, so code that would read a fake tensor still steers
   around it.
+And mixture-of-experts layers: torch's fake kernel of `_grouped_mm` takes bf16 inputs only, while the layers
+(fp32 master weights under autocast) pass fp32 ones; `integrations.moe._can_use_grouped_mm` answers no, so the
+trace runs transformers' own fallback op (same inputs and outputs, a fake kernel of its own).
 These module attributes are not public API: each is overridden only where it exists; without them the trace still
 runs and counts the masks that a real step would not build.
 """
@@ -48,21 +51,27 @@ def _never_packed(original: Any) -> Any:
     return lambda position_ids: None
 
 
+def _no_grouped_mm(original: Any) -> Any:
+    return lambda *args, **kwargs: False
+
+
 @contextmanager
 def as_real_step() -> Iterator[list[str]]:
     """Inside it, transformers' mask code decides for the traced batch as for a real one; yields the names of the
     overrides that apply (an empty list where this transformers has none of them)."""
     try:
         from transformers import masking_utils
+        from transformers.integrations import moe
     except ImportError:
         yield []
         return
+    overrides = (
+        (masking_utils, "is_tracing", _scalars_not_tracing),
+        (masking_utils, "find_packed_sequence_indices", _never_packed),
+        (moe, "_can_use_grouped_mm", _no_grouped_mm),
+    )
     with ExitStack() as stack:
-        overrides = (("is_tracing", _scalars_not_tracing), ("find_packed_sequence_indices", _never_packed))
-        applied = [
-            name for name, replacement in overrides if stack.enter_context(_override(masking_utils, name, replacement))
-        ]
-        yield applied
+        yield [name for module, name, new in overrides if stack.enter_context(_override(module, name, new))]
 
 
 @contextmanager

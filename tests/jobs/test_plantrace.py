@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from gpuopt_tui.core.planner.measure import probe_request  # noqa: E402
 from gpuopt_tui.core.planner.model_spec import spec_from_config  # noqa: E402
 from gpuopt_tui.core.planner.traced import traced_estimate  # noqa: E402
 from gpuopt_tui.core.planner.train_setup import TrainSetup  # noqa: E402
-from gpuopt_tui.jobs.memprobe import probe  # noqa: E402
+from gpuopt_tui.jobs import memprobe  # noqa: E402
 from gpuopt_tui.jobs.plantrace import trace  # noqa: E402
 from gpuopt_tui.jobs.tracemem import ACTIVATIONS, BACKWARD, FORWARD, OPTIMIZER_STEP, MemoryTrace  # noqa: E402
 
@@ -50,19 +51,28 @@ SETUPS = {
 }
 
 
+@pytest.fixture
+def gpu_optimizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real CPU step with the multi-tensor optimizer update, as on a GPU and in the trace (the CPU's default
+    updates one parameter at a time, with other temporaries)."""
+    monkeypatch.setattr(memprobe, "make_optimizer", partial(memprobe.make_optimizer, foreach=True))
+
+
 def _bf16_ok(family: str, setup: TrainSetup) -> bool:
     return family != "gpt2" or setup.precision == "fp32"  # CPU autocast keeps GPT-2's pow in 16 bits
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 @pytest.mark.parametrize("name", sorted(SETUPS))
-def test_trace_reproduces_the_real_step_and_agrees_with_the_closed_form(family: str, name: str) -> None:
+def test_trace_reproduces_the_real_step_and_agrees_with_the_closed_form(
+    family: str, name: str, gpu_optimizer: None
+) -> None:
     setup = SETUPS[name]
     config = CONFIGS[family].to_dict()
     request = probe_request(config, "classification", setup, device="cpu", steps=1)
     traced = trace(request)
     assert not traced.get("error"), traced.get("error")
-    live = probe(request)["max_allocated"]
+    live = memprobe.probe(request)["max_allocated"]
     assert abs(traced["max_allocated"] / live - 1) <= LIVE_TOLERANCE, (traced["max_allocated"], live)
     if _bf16_ok(family, setup):
         closed = estimate(spec_from_config(config, family, "classification"), setup).allocated
@@ -99,6 +109,12 @@ OTHER_FAMILIES = {
         ),
         "causal_lm",
     ),
+    "mixtral": (
+        transformers.MixtralConfig(
+            **SMALL, intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+        ),
+        "causal_lm",
+    ),
     "modernbert": (
         transformers.ModernBertConfig(
             **SMALL, intermediate_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
@@ -110,7 +126,7 @@ OTHER_FAMILIES = {
 
 
 @pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
-def test_families_the_closed_form_refuses_are_traced(family: str) -> None:
+def test_families_the_closed_form_refuses_are_traced(family: str, gpu_optimizer: None) -> None:
     config, task = OTHER_FAMILIES[family]
     lora = family in ("phi", "gpt_neox", "t5")  # LoRA + checkpointing for some, full training for the others
     setup = TrainSetup(
@@ -121,8 +137,11 @@ def test_families_the_closed_form_refuses_are_traced(family: str) -> None:
         lora_targets=("all-linear",),
         gradient_checkpointing=lora,
     )
-    result = trace(probe_request(config.to_dict(), task, setup))
+    request = probe_request(config.to_dict(), task, setup, device="cpu", steps=1)
+    result = trace(request)
     assert not result.get("error"), result["error"]
+    live = memprobe.probe(request)["max_allocated"]  # the same step run for real on the CPU
+    assert abs(result["max_allocated"] / live - 1) <= LIVE_TOLERANCE, (result["max_allocated"], live)
     assert 0 <= result["components"]["weights"] - 4 * result["params"] < BUFFERS
     assert result["peak_phase"] in (FORWARD, BACKWARD, OPTIMIZER_STEP)
     if lora:
