@@ -244,22 +244,17 @@ def run(args: argparse.Namespace) -> int:
             _measured_current(out, inputs)
     if not search:
         return 0
-    if inputs.spec is None and not (args.auto or args.apply or args.profile or profile.plan.measure):
-        out.print(
-            "[yellow]note[/] no micro-batch search: the closed form does not cover this model and the traced tier "
-            "does not search yet; --profile measures on a GPU"
-        )
-        return 0
-    rec = _search(out, inputs, args.profile or profile.plan.measure)
+    rec = _search(out, inputs, args.profile or profile.plan.measure, bool(args.trace))
     _recommendation(out, rec)
     if args.apply:
         return _apply(out, inputs, rec, args.tune_samples, args.yes)
     return 0
 
 
-def _search(out: Console, inputs: session.PlanInputs, measure: bool) -> Recommendation:
+def _search(out: Console, inputs: session.PlanInputs, measure: bool, trace: bool) -> Recommendation:
     """With `measure` (--profile or plan.measure) the measured tier, or an error saying why it cannot measure here;
-    otherwise the measured tier when this machine has the GPU planned for, else the closed-form estimate."""
+    otherwise the measured tier when this machine has the GPU planned for, else the traced tier with `trace`
+    (--trace) or where the closed form does not cover the model, else the closed-form estimate."""
 
     def log(line: str) -> None:
         out.print(Text(f"  {line}"))
@@ -273,6 +268,11 @@ def _search(out: Console, inputs: session.PlanInputs, measure: bool) -> Recommen
         plan = session.measure_probes(inputs, log)
         _measured(out, plan)
         return session.recommend_measured(inputs, plan)
+    if (trace or inputs.spec is None) and not session.measurable_here(inputs):
+        out.print(Text.assemble(("tracing ", "bold"), "the search: each micro-batch traced on fake tensors (seconds)"))
+        plan = session.trace_probes(inputs, log)
+        _measured(out, plan)
+        return session.recommend_traced(inputs, plan)
     rec, preferred = session.recommend_preferred(inputs, log)
     if preferred is not None:
         _measured(out, preferred)
@@ -356,13 +356,11 @@ def _recommendation(out: Console, rec: Recommendation) -> None:
 def _measured(out: Console, plan: MeasuredPlan) -> None:
     if plan.fit is not None:
         out.print(
-            f"measured: peak reserved = {human_bytes(plan.fit.intercept)} + {human_bytes(plan.fit.slope)} per "
+            f"{plan.tier}: peak reserved = {human_bytes(plan.fit.intercept)} + {human_bytes(plan.fit.slope)} per "
             f"sequence; context {human_bytes(plan.context)}; b_max {plan.b_max}"
         )
-    out.print(
-        f"confirmed micro-batch {plan.micro_batch}: {human_bytes(plan.confirmed.footprint)} "
-        f"({plan.confirmed.num_alloc_retries} allocator retries)"
-    )
+    retries = f" ({plan.confirmed.num_alloc_retries} allocator retries)" if plan.tier == "measured" else ""
+    out.print(f"confirmed micro-batch {plan.micro_batch}: {human_bytes(plan.confirmed.footprint)}{retries}")
 
 
 # --- writing -------------------------------------------------------------------------------------------------

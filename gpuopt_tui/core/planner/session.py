@@ -29,7 +29,8 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
-from gpuopt_tui.core.planner.estimate import Estimate, estimate
+from gpuopt_tui.core.planner.estimate import Estimate, Overheads, estimate
+from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import PROBE_MODULE, MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.model_spec import (
     SUPPORTED,
@@ -50,7 +51,7 @@ from gpuopt_tui.core.planner.search import (
     largest_batch,
     recommend,
 )
-from gpuopt_tui.core.planner.traced import TracedEstimate, run_trace, traced_estimate
+from gpuopt_tui.core.planner.traced import TRACED, TRACED_HEADROOM, TracedEstimate, run_trace, traced_estimate
 from gpuopt_tui.core.planner.train_setup import TrainSetup
 from gpuopt_tui.core.planner.yamledit import FilePatch, Scalar, ValueEdit
 from gpuopt_tui.core.profiles.common import ModelSection
@@ -376,24 +377,70 @@ def recommend_closed_form(inputs: PlanInputs) -> Recommendation:
     return _recommend(inputs, closed_form(spec), "closed-form estimate", CLOSED_FORM_HEADROOM)
 
 
-def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
-    """Probe the most demanding stage (or the setup) on the GPU, starting from the closed-form guess."""
-    measuring_gpu(inputs.profile.run.device)
-    index = device_index(inputs.profile.run.device)
+def _worst_setup(inputs: PlanInputs) -> TrainSetup:
+    """The most demanding stage's setup (the most sequences per example), or the setup."""
     setups = [
         dataclasses.replace(inputs.setup, n_positives=s.stage.n_positives, n_negatives=s.stage.n_negatives)
         for s in inputs.stages
     ] or [inputs.setup]
-    worst = max(setups, key=lambda s: s.sequences_per_example)
+    return max(setups, key=lambda s: s.sequences_per_example)
+
+
+def _first_guess(inputs: PlanInputs, setup: TrainSetup) -> int:
+    """Where a search by probes or traces starts: the closed form's largest batch, else the setup's."""
+    if inputs.spec is None:
+        return setup.micro_batch
     limit = inputs.budget.search_limit(CLOSED_FORM_HEADROOM)
-    start = worst.micro_batch if inputs.spec is None else largest_batch(closed_form(inputs.spec), worst, limit)
+    return max(1, largest_batch(closed_form(inputs.spec), setup, limit))
+
+
+def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
+    """Probe the most demanding stage (or the setup) on the GPU, starting from the closed-form guess."""
+    measuring_gpu(inputs.profile.run.device)
+    index = device_index(inputs.profile.run.device)
+    worst = _worst_setup(inputs)
     return measure(
         lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b), f"cuda:{index}"),
         worst.sequences_per_example,
         inputs.budget,
-        max(1, start),
+        _first_guess(inputs, worst),
         log=log,
     )
+
+
+def trace_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
+    """The measured tier's search with traces for probes (no GPU): two or three traces bracket the largest
+    micro-batch under the budget less `TRACED_HEADROOM` on a line, and one more confirms it (seconds each)."""
+    worst = _worst_setup(inputs)
+    context = Overheads().context
+
+    def traced_probe(request: Mapping[str, Any]) -> ProbeResult:
+        setup = worst.with_batch(int(request["micro_batch"]))
+        est = traced_estimate(run_trace(request), inputs.task, setup)
+        return ProbeResult(
+            setup.micro_batch,
+            setup.sequences,
+            max_reserved=est.reserved,
+            max_allocated=est.allocated,
+            context=context,
+            seconds=est.seconds,
+        )
+
+    budget = Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM))
+    plan = measure(
+        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b)),
+        worst.sequences_per_example,
+        budget,
+        _first_guess(inputs, worst),
+        probe=traced_probe,
+        log=log,
+        noun="trace",
+    )
+    return dataclasses.replace(plan, tier=TRACED)
+
+
+def recommend_traced(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
+    return _recommend(inputs, plan.peak_model(), TRACED, TRACED_HEADROOM)
 
 
 def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:

@@ -29,6 +29,10 @@ from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 TRACE_MODULE = "gpuopt_tui.jobs.plantrace"
 TIER = "traced on fake tensors (no GPU)"
+TRACED = "traced"  # the tier's name on a recommendation
+# The share of the budget a traced search keeps back: the CPU's kernels standing in for CUDA's, and the allocator
+# model's error (the closed form's figure, until GPU runs of benchmarks/planner_traced.py measure the trace's own)
+TRACED_HEADROOM = 0.05
 # Beyond this share of the traced peak, the closed form's difference is flagged
 LARGE_DIFFERENCE = 0.10
 # trace component key -> (row key for the colours, label, how)
