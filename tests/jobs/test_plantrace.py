@@ -238,3 +238,19 @@ def test_an_untraceable_model_fails_with_a_message_naming_it(
     code, out = _plan(capsys, tmp_path, "--show")
     assert code != 0
     assert "traced tier: deberta-v2 (DebertaV2ForSequenceClassification): the op aten.nonzero" in out
+
+
+def test_plan_auto_searches_on_the_traced_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No GPU and a family the closed form refuses: traces bracket the largest micro-batch on a line and one more
+    confirms it; the recommendation keeps the effective batch of 4."""
+    config, _ = OTHER_FAMILIES["phi"]
+    (tmp_path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["PhiForCausalLM"]}))
+    code = main(["plan", "--model", str(tmp_path), "--gpu-memory", "1.6", "--seq-len", "256", "--batch", "4", "--auto"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0, out
+    traced = [int(b) for b in re.findall(r"trace b=(\d+): peak reserved", out)]
+    assert 3 <= len(traced) <= 5, out
+    largest = int(re.search(r"largest micro-batch that fits: (\d+)", out).group(1))
+    assert f"confirmed micro-batch {largest}:" in out and largest == traced[-1]
+    assert "traced; 5% of the budget kept back for its error" in out
+    assert re.search(rf"> recommended \(exact\): micro-batch 4 x accumulate 1 = 4, .* fits: {largest} ", out)
