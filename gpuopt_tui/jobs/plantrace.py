@@ -5,9 +5,12 @@
 The request is the measured tier's (core/planner/measure.py `probe_request`): the Hugging Face config, the task
 and the training setup. The model is built from its config by `AutoModelFor*` (no remote code, no weights) under
 `FakeTensorMode`: tensors have shapes, dtypes and devices but no memory, so a 7B model costs no RAM. The setup is
-the measured tier's (`memprobe.build_model`: precision, the LoRA adapters the probes use, gradient checkpointing;
+the measured tier's (`memprobe.build_model`: precision, gradient checkpointing, the LoRA adapters the probes use;
 the optimizer with its multi-tensor update, torch's default on GPUs), and two steps of the setup's loop run
-(`memprobe.training_step`: the first creates the optimizer state) under `tracemem.MemoryTrace`.
+(`memprobe.training_step`: the first creates the optimizer state) under `tracemem.MemoryTrace`. LoRA does not go
+through peft (not a dependency): `memprobe.LoRA` wraps each targeted linear layer with rank-r A and B matrices,
+the weights and activations a peft LoRA layer has too (with lora_dropout > 0, peft also keeps a dropped-out copy
+of each adapted input, which this does not count).
 
 Fake tensors live on the CPU device here (this build of torch may have no CUDA), so the CPU's autocast op lists
 and attention kernel stand in for CUDA's; `trace_device` = "cuda" fakes CUDA where torch has it.

@@ -166,4 +166,9 @@ def grad_relabeller(trace: MemoryTrace, params: list[nn.Parameter]) -> Callable[
             trace.relabel(param.grad, GRADIENTS)
 
     handles = [p.register_post_accumulate_grad_hook(hook) for p in params]
-    return lambda: [h.remove() for h in handles] and None
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return remove
