@@ -313,7 +313,7 @@ def _traced(out: Console, inputs: session.PlanInputs, closed: Estimate | None) -
             f"one {family} training step on fake tensors in a child process (no GPU, no weights; seconds)",
         )
     )
-    traced = session.trace_current(inputs)
+    traced = session.trace_current(inputs, lambda line: out.print(Text(f"  {line}", style="dim")))
     title = f"current setup: {traced.tier}, {traced.model_class}, peak in the {traced.phase} ({traced.seconds:.1f} s)"
     out.print(breakdown_table(traced, title=title))
     out.print(modules_table(traced, title="activations at the traced peak, by module"))

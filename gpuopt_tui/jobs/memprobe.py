@@ -68,15 +68,25 @@ def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def add_lora(model: nn.Module, targets: list[str], rank: int) -> int:
-    """Wrap the targeted linear layers inside the layer stack with LoRA adapters; returns how many."""
-    swaps = []
+def _layer_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, tuple[int, int]]]:
+    """(parent, short name, layer, (d_in, d_out)) of each linear layer inside the model's stack of layers."""
+    found = []
     for path, module in model.named_modules():
         for name, child in module.named_children():
             dims = _linear_dims(child)
-            full = f"{path}.{name}"
-            if dims and _IN_LAYER.search(full + ".") and ("all-linear" in targets or name in targets):
-                swaps.append((module, name, child, dims))
+            if dims and _IN_LAYER.search(f"{path}.{name}."):
+                found.append((module, name, child, dims))
+    return found
+
+
+def layer_linear_names(model: nn.Module) -> list[str]:
+    """The short names of the linear layers inside the model's stack of layers (what LoRA targets name)."""
+    return sorted({name for _, name, _, _ in _layer_linears(model)})
+
+
+def add_lora(model: nn.Module, targets: list[str], rank: int) -> int:
+    """Wrap the targeted linear layers inside the layer stack with LoRA adapters; returns how many."""
+    swaps = [found for found in _layer_linears(model) if "all-linear" in targets or found[1] in targets]
     for module, name, child, (d_in, d_out) in swaps:
         setattr(module, name, LoRA(child, d_in, d_out, rank))
     return len(swaps)
@@ -170,7 +180,10 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
     if trainable != "all":
         model.requires_grad_(False)
         if trainable == "lora" and not add_lora(model, list(request["lora_targets"]), int(request["lora_rank"])):
-            raise ValueError(f"no linear layer named {request['lora_targets']} inside the layers")
+            raise ValueError(
+                f"LoRA targets {', '.join(request['lora_targets'])} match no linear layer inside the layers; "
+                f"they have: {', '.join(layer_linear_names(model)) or 'none'} (or use all-linear)"
+            )
         if trainable == "frozen_encoder" or request["task"] == "classification":
             for p in _head_parameters(model, request["task"]):
                 p.requires_grad_(True)

@@ -1,6 +1,6 @@
 """The traced tier: the user's model class and training step run on fake tensors, every allocation tracked.
 
-    python -m gpuopt_tui.jobs.plantrace < request.json      # prints one JSON line
+    python -m gpuopt_tui.jobs.plantrace < request.json      # progress lines, then one JSON line
 
 The request is the measured tier's (core/planner/measure.py `probe_request`): the Hugging Face config, the task
 and the training setup. The model is built from its config by `AutoModelFor*` (no remote code, no weights) under
@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from gpuopt_tui.core.planner.model_spec import ENCODERS
+from gpuopt_tui.core.planner.traced import PROGRESS
 from gpuopt_tui.jobs.fakecompat import as_real_step, no_weight_init
 from gpuopt_tui.jobs.memprobe import build_model, loss_function, make_batch, make_optimizer, training_step
 from gpuopt_tui.jobs.tracemem import (
@@ -104,8 +105,9 @@ def _failure(request: Mapping[str, Any], error: BaseException) -> str:
     return f"{model} ({arch}): tracing failed with {type(error).__name__}: {error}{_where(error)}"
 
 
-def trace(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Trace `STEPS` training steps of the request's setup; peak allocated bytes and what made them up."""
+def trace(request: Mapping[str, Any], say: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Trace `STEPS` training steps of the request's setup; peak allocated bytes and what made them up. `say` is
+    told what the trace is doing as each part begins."""
     started = time.perf_counter()
     device = torch.device(request.get("trace_device", "cpu"))
     result: dict[str, Any] = {"micro_batch": int(request["micro_batch"]), "trace_device": str(device)}
@@ -116,6 +118,7 @@ def trace(request: Mapping[str, Any]) -> dict[str, Any]:
     memory = MemoryTrace()
     try:
         with FakeTensorMode(), as_real_step():
+            say(f"building {request['config'].get('model_type', 'the model')} from its config on fake tensors")
             with no_weight_init():
                 model = build_model(request, device)
             model.tie_weights()
@@ -128,6 +131,7 @@ def trace(request: Mapping[str, Any]) -> dict[str, Any]:
 
             def phase(name: str) -> None:
                 memory.phase = name
+                say(f"step {memory.step} of {STEPS}: {name}")
 
             step = training_step(
                 model, optimizer, None, loss_function(model, request), batch, request, amp_dtype, device, phase
@@ -172,7 +176,8 @@ def trace(request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    print(json.dumps(trace(json.loads(sys.stdin.read()))), flush=True)
+    result = trace(json.loads(sys.stdin.read()), lambda message: print(PROGRESS + message, flush=True))
+    print(json.dumps(result), flush=True)
     return 0
 
 

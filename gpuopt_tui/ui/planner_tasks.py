@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,10 +113,11 @@ class Traced:
     parts: tuple[RenderableType, ...]
 
 
-def traced(profile: PlanProfile, base: Path) -> Traced:
-    """The profile's current setup traced on fake tensors in a child process (seconds), beside the closed form."""
+def traced(profile: PlanProfile, base: Path, log: Callable[[str], None]) -> Traced:
+    """The profile's current setup traced on fake tensors in a child process (seconds), beside the closed form;
+    `log` is told what the trace is doing."""
     inputs = plan_inputs(resolved(profile, base))
-    est = session.trace_current(inputs)
+    est = session.trace_current(inputs, log)
     closed = session.estimate_current(inputs) if inputs.spec is not None else None
     comparison: RenderableType = (
         tiers_table(est, closed)

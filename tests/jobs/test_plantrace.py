@@ -209,13 +209,15 @@ def _plan(capsys: pytest.CaptureFixture[str], model: Path, *args: str) -> tuple[
 def test_plan_show_traces_a_family_the_closed_form_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config, _ = OTHER_FAMILIES["phi"]
     (tmp_path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["PhiForCausalLM"]}))
-    code, out = _plan(capsys, tmp_path)
+    code, out = _plan(capsys, tmp_path, "--show")
     assert code == 0, out
     assert "phi causal_lm (a family the closed form does not cover: traced tier)" in out
     assert "traced on fake tensors (no GPU), PhiForCausalLM" in out
+    assert "building phi from its config on fake tensors step 1 of 2: forward" in out  # the trace's progress
+    assert "step 2 of 2: optimizer step" in out
     assert "model.layers.*.mlp" in out  # activations by module
     assert "closed form no estimate: " in out and 'model_type "phi"' in out
-    assert "no micro-batch search" in out
+    assert "candidates" not in out  # --show alone: no search
 
 
 def test_plan_show_trace_sets_the_tiers_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -254,3 +256,13 @@ def test_plan_auto_searches_on_the_traced_tier(tmp_path: Path, capsys: pytest.Ca
     assert f"confirmed micro-batch {largest}:" in out and largest == traced[-1]
     assert "traced; 5% of the budget kept back for its error" in out
     assert re.search(rf"> recommended \(exact\): micro-batch 4 x accumulate 1 = 4, .* fits: {largest} ", out)
+
+
+def test_lora_targets_that_match_nothing_are_named_with_the_layers_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, _ = OTHER_FAMILIES["phi"]
+    (tmp_path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["PhiForCausalLM"]}))
+    code, out = _plan(capsys, tmp_path, "--show", "--trainable", "lora", "--lora-targets", "query,value")
+    assert code != 0
+    assert "LoRA targets query, value match no linear layer inside the layers; they have: dense, fc1, fc2" in out

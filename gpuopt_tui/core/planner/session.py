@@ -366,10 +366,11 @@ def estimate_current(inputs: PlanInputs) -> Estimate:
     return estimate(inputs.closed_form_spec(), inputs.setup)
 
 
-def trace_current(inputs: PlanInputs) -> TracedEstimate:
-    """The traced tier's breakdown of the training step as configured now (seconds: a child process traces it)."""
+def trace_current(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> TracedEstimate:
+    """The traced tier's breakdown of the training step as configured now (seconds: a child process traces it,
+    telling `log` what it is doing)."""
     request = probe_request(inputs.model.config, inputs.task, inputs.setup)
-    return traced_estimate(run_trace(request), inputs.task, inputs.setup)
+    return traced_estimate(run_trace(request, log), inputs.task, inputs.setup)
 
 
 def recommend_closed_form(inputs: PlanInputs) -> Recommendation:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from gpuopt_tui.core.planner.estimate import LM_RESERVED_SLACK, Component, Overh
 from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 TRACE_MODULE = "gpuopt_tui.jobs.plantrace"
+PROGRESS = "progress: "  # how the child's progress lines start (jobs/plantrace.py writes them)
 TIER = "traced on fake tensors (no GPU)"
 TRACED = "traced"  # the tier's name on a recommendation
 # The share of the budget a traced search keeps back: the CPU's kernels standing in for CUDA's, and the allocator
@@ -65,25 +67,44 @@ class TracedEstimate:
     tier: str = TIER
 
 
-def run_trace(request: Mapping[str, Any], timeout: float = 600.0, python: str = sys.executable) -> dict[str, Any]:
-    """Trace one training step in a child process; its result, or UserError naming the model and why."""
+def run_trace(
+    request: Mapping[str, Any],
+    log: Callable[[str], None] = lambda message: None,
+    timeout: float = 600.0,
+    python: str = sys.executable,
+) -> dict[str, Any]:
+    """Trace one training step in a child process, passing its progress lines to `log`; its result, or UserError
+    naming the model and why."""
     model = str(request["config"].get("model_type", "model"))
-    try:
-        done = subprocess.run(
-            [python, "-m", TRACE_MODULE],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise UserError(f"tracing the {model} step took longer than {timeout:.0f} s") from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        raise UserError(f"tracing the {model} step failed (exit code {done.returncode}): {tail}")
-    result = json.loads(lines[-1])
+    with subprocess.Popen(
+        [python, "-m", TRACE_MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one pipe: warnings and a traceback come in order, and cannot block the child
+        text=True,
+    ) as child:
+        stop = threading.Timer(timeout, child.kill)
+        stop.start()
+        try:
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(json.dumps(request))
+            child.stdin.close()
+            lines = []
+            for line in child.stdout:
+                if line.startswith(PROGRESS):
+                    log(line[len(PROGRESS) :].strip())
+                else:
+                    lines.append(line)
+            code = child.wait()
+        finally:
+            stop.cancel()
+    results = [line for line in lines if line.startswith("{")]
+    if not results:
+        if code < 0:
+            raise UserError(f"tracing the {model} step took longer than {timeout:.0f} s (stopped)")
+        tail = " | ".join("".join(lines).strip().splitlines()[-3:])
+        raise UserError(f"tracing the {model} step failed (exit code {code}): {tail}")
+    result = json.loads(results[-1])
     if result.get("error"):
         raise UserError(f"traced tier: {result['error']}")
     return result

@@ -107,6 +107,7 @@ class PlannerScreen(KindScreen):
         self._timer: Timer | None = None
         self._plan_runs: object = None  # (id, status) of the plan runs last looked at
         self._tracing: Timer | None = None  # ticks the elapsed seconds while a trace runs
+        self._trace_stage = ""  # what the trace says it is doing (set by its worker thread)
 
     # -- layout -------------------------------------------------------------------------------------------------
 
@@ -271,19 +272,24 @@ class PlannerScreen(KindScreen):
         self.query_one("#plan-tabs", TabSwitch).active = "plan-traced"
         view = self.query_one("#plan-traced", PlanView)
         started = time.monotonic()
+        self._trace_stage = "starting a child process"
 
         def tick() -> None:
             view.show_message(
-                f"Tracing one training step on fake tensors in a child process… {time.monotonic() - started:.0f} s"
+                f"Tracing one training step on fake tensors in a child process… {time.monotonic() - started:.0f} s: "
+                f"{self._trace_stage}"
             )
 
         tick()
-        self._tracing = self.set_interval(1.0, tick)
+        self._tracing = self.set_interval(0.5, tick)
         self._trace(profile, self.base)
 
     @work(thread=True, exclusive=True, group="plan-trace", exit_on_error=False)
     def _trace(self, profile: PlanProfile, base: Path) -> None:
-        reply(self, "traced", None, lambda: self._tasks().traced(profile, base))
+        def stage(line: str) -> None:
+            self._trace_stage = line  # shown by the next tick
+
+        reply(self, "traced", None, lambda: self._tasks().traced(profile, base, stage))
 
     def _show_traced(self, message: Loaded) -> None:
         if self._tracing is not None:
