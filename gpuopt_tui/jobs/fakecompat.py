@@ -86,3 +86,10 @@ def no_weight_init() -> Iterator[None]:
         return
     with no_init_weights():
         yield
+
+
+def skips_all_ones_masks(model: Any) -> bool:
+    """Whether the model's attention is torch's SDPA, for which transformers builds no mask from an all-ones
+    attention mask (eager attention always builds one). `config._attn_implementation` is where transformers keeps
+    the implementation it chose; where it is missing, a model is taken to use SDPA, as the planner asks for."""
+    return getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"

@@ -160,6 +160,10 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
         # decoders pool the last token that is not padding, and refuse batches without a padding id
         eos = config.eos_token_id
         config.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < config.vocab_size else 0
+    if request["task"] == "classification" and config.problem_type is None and config.num_labels > 1:
+        # what models infer from integer labels; said outright, DeBERTa's loss does not look for unlabelled rows
+        # (a data-dependent nonzero() that fake tensors cannot run, over a batch-sized tensor)
+        config.problem_type = "single_label_classification"
     auto = {
         "classification": AutoModelForSequenceClassification,
         "causal_lm": AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM,

@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import (
 
 from gpuopt_tui.core.planner.model_spec import ENCODERS
 from gpuopt_tui.core.planner.traced import PROGRESS
-from gpuopt_tui.jobs.fakecompat import as_real_step, no_weight_init
+from gpuopt_tui.jobs.fakecompat import as_real_step, no_weight_init, skips_all_ones_masks
 from gpuopt_tui.jobs.memprobe import build_model, loss_function, make_batch, make_optimizer, training_step
 from gpuopt_tui.jobs.tracemem import (
     ACTIVATIONS,
@@ -125,7 +125,7 @@ def trace(request: Mapping[str, Any], say: Callable[[str], None] = lambda messag
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = make_optimizer(params, request["optimizer"], foreach=True)
             batch = make_batch(model, request, device)
-            if model.config.model_type not in ENCODERS:
+            if model.config.model_type not in ENCODERS and skips_all_ones_masks(model):
                 # all ones: a real step reads that and builds no mask; a fake one cannot read it and would
                 del batch["attention_mask"]
 

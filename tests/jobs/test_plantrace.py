@@ -36,8 +36,8 @@ from gpuopt_tui.jobs.tracemem import ACTIVATIONS, BACKWARD, FORWARD, OPTIMIZER_S
 SEQ = 128
 # the closed form against the trace on tiny models (where its per-token approximations weigh most)
 CLOSED_FORM_TOLERANCE = 0.12
-# the trace against the real step's live tensors: the decoders' all-ones attention mask, which the traced batch
-# leaves out (a real step reads it and builds no mask from it)
+# the trace against the real step's live tensors: the all-ones attention mask of a model with SDPA attention,
+# which the traced batch leaves out (a real step reads it and builds no mask from it)
 LIVE_TOLERANCE = 0.002
 BUFFERS = 64 * 1024  # position ids and rotary tables of the tiny models, counted with the weights
 SETUPS = {
@@ -115,6 +115,7 @@ OTHER_FAMILIES = {
         ),
         "causal_lm",
     ),
+    "deberta-v2": (transformers.DebertaV2Config(**SMALL, intermediate_size=128), "classification"),
     "modernbert": (
         transformers.ModernBertConfig(
             **SMALL, intermediate_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
@@ -128,7 +129,12 @@ OTHER_FAMILIES = {
 @pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
 def test_families_the_closed_form_refuses_are_traced(family: str, gpu_optimizer: None) -> None:
     config, task = OTHER_FAMILIES[family]
-    lora = family in ("phi", "gpt_neox", "t5")  # LoRA + checkpointing for some, full training for the others
+    lora = family in (
+        "phi",
+        "gpt_neox",
+        "t5",
+        "deberta-v2",
+    )  # LoRA + checkpointing for some, full training for the others
     setup = TrainSetup(
         seq_len=64,
         micro_batch=2,
@@ -152,11 +158,17 @@ def test_families_the_closed_form_refuses_are_traced(family: str, gpu_optimizer:
     assert est.reserved > est.allocated == result["max_allocated"]
 
 
+def _eager_experts() -> dict[str, object]:
+    """Mixtral with transformers' eager experts: a loop over the experts that tokens were routed to, found with
+    nonzero(), whose output shape depends on the data."""
+    config, _ = OTHER_FAMILIES["mixtral"]
+    return {**config.to_dict(), "experts_implementation": "eager", "architectures": ["MixtralForCausalLM"]}
+
+
 def test_a_model_that_cannot_run_on_fake_tensors_is_named_with_the_op() -> None:
-    config = transformers.DebertaV2Config(**SMALL, intermediate_size=128)  # its relative positions use nonzero()
-    result = trace(probe_request(config.to_dict(), "classification", TrainSetup(seq_len=32, micro_batch=2)))
-    assert "deberta-v2 (classification)" in result["error"]
-    assert "aten.nonzero" in result["error"] and "modeling_deberta_v2.py" in result["error"]
+    result = trace(probe_request(_eager_experts(), "causal_lm", TrainSetup(seq_len=32, micro_batch=2)))
+    assert "mixtral (MixtralForCausalLM)" in result["error"]
+    assert "aten.nonzero" in result["error"] and "modeling_mixtral.py" in result["error"]
 
 
 def test_the_tracker_attributes_storages_to_module_and_phase() -> None:
@@ -233,13 +245,10 @@ def test_plan_show_trace_sets_the_tiers_side_by_side(tmp_path: Path, capsys: pyt
 def test_an_untraceable_model_fails_with_a_message_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = transformers.DebertaV2Config(**SMALL, intermediate_size=128).to_dict()
-    (tmp_path / "config.json").write_text(
-        json.dumps({**config, "architectures": ["DebertaV2ForSequenceClassification"]})
-    )
+    (tmp_path / "config.json").write_text(json.dumps(_eager_experts()))
     code, out = _plan(capsys, tmp_path, "--show")
     assert code != 0
-    assert "traced tier: deberta-v2 (DebertaV2ForSequenceClassification): the op aten.nonzero" in out
+    assert "traced tier: mixtral (MixtralForCausalLM): the op aten.nonzero" in out
 
 
 def test_plan_auto_searches_on_the_traced_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
