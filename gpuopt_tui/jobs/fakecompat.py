@@ -22,6 +22,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 
 @contextmanager
 def _override(module: Any, name: str, replacement: Any) -> Iterator[bool]:
@@ -93,3 +96,38 @@ def skips_all_ones_masks(model: Any) -> bool:
     attention mask (eager attention always builds one). `config._attn_implementation` is where transformers keeps
     the implementation it chose; where it is missing, a model is taken to use SDPA, as the planner asks for."""
     return getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+
+
+@contextmanager
+def cuda_kernels() -> Iterator[None]:
+    """The memory of CUDA's dropout and attention kernels where the fake tensors live on the CPU (functions of
+    `torch.nn.functional` replaced for the trace, so that recomputed layers run the same ones):
+    - dropout: CUDA's fused kernel keeps a one-byte mask for backward; the CPU's keeps a mask of the input's dtype.
+      `F.dropout` runs as `native_dropout` (what CUDA runs), whose mask is boolean on every device.
+    - attention with dropout: CUDA's fused kernels keep the random generator's state and redraw the mask in
+      backward, so dropout costs them no memory; the CPU's fall back to the unfused path, which keeps the
+      sequence-by-sequence attention probabilities and their mask. Attention runs without dropout here, which
+      keeps what CUDA's kernels keep.
+    """
+    with _override(F, "dropout", _native_dropout), _override(F, "scaled_dot_product_attention", _no_dropout):
+        yield
+
+
+def _native_dropout(original: Any) -> Any:
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if not training or p == 0.0:
+            return input
+        return torch.native_dropout(input, p, True)[0]
+
+    return dropout
+
+
+def _no_dropout(original: Any) -> Any:
+    def attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if len(args) > 4:  # query, key, value, attn_mask, dropout_p, ...
+            args = (*args[:4], 0.0, *args[5:])
+        if "dropout_p" in kwargs:
+            kwargs = {**kwargs, "dropout_p": 0.0}
+        return original(*args, **kwargs)
+
+    return attention

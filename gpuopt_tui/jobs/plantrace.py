@@ -24,6 +24,7 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from torch._subclasses.fake_tensor import (
 
 from gpuopt_tui.core.planner.model_spec import ENCODERS
 from gpuopt_tui.core.planner.traced import PROGRESS
-from gpuopt_tui.jobs.fakecompat import as_real_step, no_weight_init, skips_all_ones_masks
+from gpuopt_tui.jobs.fakecompat import as_real_step, cuda_kernels, no_weight_init, skips_all_ones_masks
 from gpuopt_tui.jobs.memprobe import build_model, loss_function, make_batch, make_optimizer, training_step
 from gpuopt_tui.jobs.tracemem import (
     ACTIVATIONS,
@@ -137,7 +138,8 @@ def trace(request: Mapping[str, Any], say: Callable[[str], None] = lambda messag
                 model, optimizer, None, loss_function(model, request), batch, request, amp_dtype, device, phase
             )
             unhook = grad_relabeller(memory, params)
-            with memory, memory.watch(model):
+            kernels = cuda_kernels() if device.type == "cpu" else nullcontext()
+            with memory, memory.watch(model), kernels:
                 for t in (*model.parameters(), *model.buffers()):
                     memory.add(t, WEIGHTS)
                 for t in batch.values():

@@ -105,7 +105,7 @@ OTHER_FAMILIES = {
     "t5": (
         transformers.T5Config(
             vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0,
-            pad_token_id=0,
+            pad_token_id=0, dropout_rate=0.0,
         ),
         "causal_lm",
     ),
@@ -115,7 +115,12 @@ OTHER_FAMILIES = {
         ),
         "causal_lm",
     ),
-    "deberta-v2": (transformers.DebertaV2Config(**SMALL, intermediate_size=128), "classification"),
+    "deberta-v2": (
+        transformers.DebertaV2Config(
+            **SMALL, intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        ),
+        "classification",
+    ),
     "modernbert": (
         transformers.ModernBertConfig(
             **SMALL, intermediate_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
@@ -156,6 +161,23 @@ def test_families_the_closed_form_refuses_are_traced(family: str, gpu_optimizer:
         assert kept["max_allocated"] > result["max_allocated"]  # checkpointing keeps less for backward
     est = traced_estimate(result, task, setup)
     assert est.reserved > est.allocated == result["max_allocated"]
+
+
+def test_dropout_costs_what_cuda_kernels_keep(gpu_optimizer: None) -> None:
+    """Fake tensors on the CPU, CUDA's dropout memory: attention dropout costs nothing (CUDA's fused kernels redraw
+    the mask in backward; the CPU's unfused fallback keeps the probabilities), and a hidden dropout keeps a one-byte
+    mask per element (the CPU's keeps one of the input's dtype)."""
+    setup = TrainSetup(precision="fp32", seq_len=SEQ, micro_batch=4, loop="hf")
+
+    def peaks(hidden: float, attention: float) -> tuple[int, int]:
+        config = CONFIGS["bert"].to_dict() | {"hidden_dropout_prob": hidden, "attention_probs_dropout_prob": attention}
+        request = probe_request(config, "classification", setup, device="cpu", steps=1)
+        return trace(request)["max_allocated"], memprobe.probe(request)["max_allocated"]
+
+    base, hidden, attention = peaks(0.0, 0.0), peaks(0.1, 0.0), peaks(0.0, 0.1)
+    assert attention[0] == base[0] < attention[1]
+    mask = 4 * SEQ * CONFIGS["bert"].hidden_size  # one byte per element of a hidden-sized activation
+    assert (hidden[0] - base[0]) % mask == 0 and 0 < hidden[0] - base[0] < hidden[1] - base[1]
 
 
 def _eager_experts() -> dict[str, object]:
