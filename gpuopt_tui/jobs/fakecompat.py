@@ -1,4 +1,7 @@
-"""Where transformers tells fake tensors from real ones, and the one place the traced tier overrides it.
+"""Everything the traced tier replaces in transformers and torch for a step on fake tensors, in one module:
+`as_real_step` (below), `no_weight_init` (building without initialising), `skips_all_ones_masks` (which attention
+builds no mask from an all-ones one) and `cuda_kernels` (CUDA's dropout memory where the fake tensors live on the
+CPU). Each is undone on leaving its context.
 
 transformers' mask code skips building an attention mask when a batch has no padding and no packed sequences, so
 that attention takes its causal kernel without a mask tensor. It reads the batch to decide, and decides for a mask
@@ -13,7 +16,7 @@ And mixture-of-experts layers: torch's fake kernel of `_grouped_mm` takes bf16 i
 (fp32 master weights under autocast) pass fp32 ones; `integrations.moe._can_use_grouped_mm` answers no, so the
 trace runs transformers' own fallback op (same inputs and outputs, a fake kernel of its own).
 These module attributes are not public API: each is overridden only where it exists; without them the trace still
-runs and counts the masks that a real step would not build.
+runs, counting the masks a real step would not build, or stopping at a grouped matmul with a message naming it.
 """
 
 from __future__ import annotations
