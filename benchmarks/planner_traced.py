@@ -134,8 +134,8 @@ CASES = (
         "causal_lm",
         _lora(replace(HF, seq_len=1024, micro_batch=4)),
     ),
-    Case(  # T5-base, encoder-decoder
-        "t5-base-full",
+    Case(  # T5-small (T5Config's defaults), encoder-decoder
+        "t5-small-full",
         lambda: T.T5Config(dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0),
         "causal_lm",
         replace(HF, seq_len=512, micro_batch=16),
