@@ -31,8 +31,10 @@ from gpuopt_tui.core.plan_report import (
     candidates_table,
     header_lines,
     layout_line,
+    modules_table,
     recommendation_text,
     stages_table,
+    tiers_table,
     values_table,
     warning_lines,
 )
@@ -97,6 +99,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--yes", action="store_true", help="with --apply/--undo: do not ask for confirmation")
     what.add_argument(
         "--profile", action="store_true", help="measure with probes on the GPU, or fail when there is none"
+    )
+    what.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --show: also trace the step on fake tensors, any architecture, no GPU (default: only when the "
+        "closed form does not cover the model)",
     )
     what.add_argument(
         "--tune-samples", action="store_true", help="with stages: also write the largest n_positives/n_negatives"
@@ -226,21 +235,26 @@ def run(args: argparse.Namespace) -> int:
     search = args.auto or args.apply or args.profile or not args.show
     _header(out, inputs)
     if show:
-        _breakdown(out, session.estimate_current(inputs), inputs)
+        closed = session.estimate_current(inputs) if inputs.spec is not None else None
+        if closed is not None:
+            _breakdown(out, closed, inputs)
+        if args.trace or (args.trace is None and closed is None):
+            _traced(out, inputs, closed)
         if args.profile:
             _measured_current(out, inputs)
     if not search:
         return 0
-    rec = _search(out, inputs, args.profile or profile.plan.measure)
+    rec = _search(out, inputs, args.profile or profile.plan.measure, bool(args.trace))
     _recommendation(out, rec)
     if args.apply:
         return _apply(out, inputs, rec, args.tune_samples, args.yes)
     return 0
 
 
-def _search(out: Console, inputs: session.PlanInputs, measure: bool) -> Recommendation:
+def _search(out: Console, inputs: session.PlanInputs, measure: bool, trace: bool) -> Recommendation:
     """With `measure` (--profile or plan.measure) the measured tier, or an error saying why it cannot measure here;
-    otherwise the measured tier when this machine has the GPU planned for, else the closed-form estimate."""
+    otherwise the measured tier when this machine has the GPU planned for, else the traced tier with `trace`
+    (--trace) or where the closed form does not cover the model, else the closed-form estimate."""
 
     def log(line: str) -> None:
         out.print(Text(f"  {line}"))
@@ -254,6 +268,11 @@ def _search(out: Console, inputs: session.PlanInputs, measure: bool) -> Recommen
         plan = session.measure_probes(inputs, log)
         _measured(out, plan)
         return session.recommend_measured(inputs, plan)
+    if (trace or inputs.spec is None) and not session.measurable_here(inputs):
+        out.print(Text.assemble(("tracing ", "bold"), "the search: each micro-batch traced on fake tensors (seconds)"))
+        plan = session.trace_probes(inputs, log)
+        _measured(out, plan)
+        return session.recommend_traced(inputs, plan)
     rec, preferred = session.recommend_preferred(inputs, log)
     if preferred is not None:
         _measured(out, preferred)
@@ -285,13 +304,36 @@ def _breakdown(out: Console, est: Estimate, inputs: session.PlanInputs) -> None:
     )
 
 
+def _traced(out: Console, inputs: session.PlanInputs, closed: Estimate | None) -> None:
+    """Trace the current setup on fake tensors and print its breakdown beside the closed form's figure."""
+    family = inputs.model.config.get("model_type", "model")
+    out.print(
+        Text.assemble(
+            ("tracing ", "bold"),
+            f"one {family} training step on fake tensors in a child process (no GPU, no weights; seconds)",
+        )
+    )
+    traced = session.trace_current(inputs, lambda line: out.print(Text(f"  {line}", style="dim")))
+    title = f"current setup: {traced.tier}, {traced.model_class}, peak in the {traced.phase} ({traced.seconds:.1f} s)"
+    out.print(breakdown_table(traced, title=title))
+    out.print(modules_table(traced, title="activations at the traced peak, by module"))
+    if closed is not None:
+        out.print(tiers_table(traced, closed))
+    else:
+        out.print(Text.assemble(("closed form ", "bold yellow"), f"no estimate: {inputs.refusal}"))
+    out.print(
+        "[dim]not traced, estimated as the closed form does: CUDA context, cuBLAS workspaces, allocator slack; "
+        "fake tensors stand in for CUDA with the CPU's autocast and attention kernels[/]"
+    )
+
+
 def _measured_current(out: Console, inputs: session.PlanInputs) -> None:
     """Probe the current setup on the GPU and print what it used beside the closed form's figure."""
     gpu = session.measuring_gpu(inputs.profile.run.device)
     setup = inputs.setup
     out.print(Text.assemble(("measuring ", "bold"), f"the current setup on {gpu.label} ({setup.loop} loop)"))
     device = f"cuda:{session.device_index(inputs.profile.run.device)}"
-    r = measure_setup(inputs.model.config, inputs.spec.task, setup, device)
+    r = measure_setup(inputs.model.config, inputs.task, setup, device)
     if r.oom:
         out.print(f"[red]measured: micro-batch {setup.micro_batch} runs out of GPU memory[/]")
         return
@@ -314,13 +356,11 @@ def _recommendation(out: Console, rec: Recommendation) -> None:
 def _measured(out: Console, plan: MeasuredPlan) -> None:
     if plan.fit is not None:
         out.print(
-            f"measured: peak reserved = {human_bytes(plan.fit.intercept)} + {human_bytes(plan.fit.slope)} per "
+            f"{plan.tier}: peak reserved = {human_bytes(plan.fit.intercept)} + {human_bytes(plan.fit.slope)} per "
             f"sequence; context {human_bytes(plan.context)}; b_max {plan.b_max}"
         )
-    out.print(
-        f"confirmed micro-batch {plan.micro_batch}: {human_bytes(plan.confirmed.footprint)} "
-        f"({plan.confirmed.num_alloc_retries} allocator retries)"
-    )
+    retries = f" ({plan.confirmed.num_alloc_retries} allocator retries)" if plan.tier == "measured" else ""
+    out.print(f"confirmed micro-batch {plan.micro_batch}: {human_bytes(plan.confirmed.footprint)}{retries}")
 
 
 # --- writing -------------------------------------------------------------------------------------------------

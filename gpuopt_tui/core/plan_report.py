@@ -18,6 +18,7 @@ from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import fits_budget
 from gpuopt_tui.core.planner.resolve import Resolved
 from gpuopt_tui.core.planner.search import Candidate, Recommendation, StagePlan
+from gpuopt_tui.core.planner.traced import TracedEstimate, difference
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.planner.session import PlanInputs
@@ -56,12 +57,14 @@ def header_lines(inputs: PlanInputs) -> list[Text]:
     spec, s = inputs.spec, inputs.setup
     lora = f" (r={s.lora_rank}, {','.join(s.lora_targets)})" if s.trainable == "lora" else ""
     samples = f", {s.n_positives}+{s.n_negatives} samples per anchor" if s.sequences_per_example > 1 else ""
+    if spec is not None:
+        shape = f"{spec.layers} layers, hidden {spec.hidden}, {spec.params / 1e6:.1f}M parameters"
+        model = f"{inputs.model.label}: {spec.model_type} {spec.task}, {shape}"
+    else:
+        family = inputs.model.config.get("model_type")
+        model = f"{inputs.model.label}: {family} {inputs.task} (a family the closed form does not cover: traced tier)"
     return [
-        Text.assemble(
-            ("model ", "bold"),
-            f"{inputs.model.label}: {spec.model_type} {spec.task}, {spec.layers} layers, hidden {spec.hidden}, "
-            f"{spec.params / 1e6:.1f}M parameters",
-        ),
+        Text.assemble(("model ", "bold"), model),
         Text.assemble(
             ("setup ", "bold"),
             f"{s.precision}, {s.optimizer}, trains {s.trainable}{lora}, checkpointing "
@@ -104,7 +107,7 @@ def warning_lines(warnings: Sequence[str]) -> list[Text]:
     return [Text.assemble(("warning ", "bold yellow"), w) for w in warnings]
 
 
-def breakdown_table(est: Estimate, notes: bool = True, title: str | None = None) -> Table:
+def breakdown_table(est: Estimate | TracedEstimate, notes: bool = True, title: str | None = None) -> Table:
     """One row per component (a coloured swatch, its size, whether it is part of the peak), then the totals."""
     table = _table(title)
     table.add_column("component")
@@ -128,6 +131,34 @@ def breakdown_table(est: Estimate, notes: bool = True, title: str | None = None)
         "",
         *(["with the CUDA context (what nvidia-smi shows)"] if notes else []),
     )
+    return table
+
+
+def tiers_table(traced: TracedEstimate, closed: Estimate) -> Table:
+    """The traced tier beside the closed form, with the closed form's difference from the trace."""
+    table = _table("tiers side by side (the difference: closed form against the trace)")
+    for column in ("tier", "peak allocated", "peak reserved", "total on the GPU", "peak at", "difference"):
+        table.add_column(column, justify="left" if column in ("tier", "peak at") else "right")
+    for est in (traced, closed):
+        diff = difference(closed.total, traced.total) if est is closed else ""
+        table.add_row(
+            est.tier,
+            human_bytes(est.allocated),
+            human_bytes(est.reserved),
+            human_bytes(est.total),
+            est.phase,
+            Text(diff, style="yellow" if "large" in diff else ""),
+        )
+    return table
+
+
+def modules_table(traced: TracedEstimate, title: str | None = None) -> Table:
+    """Activations alive at the traced peak, by module (the layers of a stack folded into one row)."""
+    table = _table(title)
+    table.add_column("module")
+    table.add_column("at the peak", justify="right")
+    for name, nbytes in traced.modules:
+        table.add_row(name, human_bytes(nbytes))
     return table
 
 
@@ -294,7 +325,7 @@ class MemoryBar:
         )
 
 
-def breakdown_bar(est: Estimate, gpu_total: int, margin: float, label: str = "") -> MemoryBar:
+def breakdown_bar(est: Estimate | TracedEstimate, gpu_total: int, margin: float, label: str = "") -> MemoryBar:
     """The components at the peak, in the colours of the breakdown table (they add up to the total)."""
     return MemoryBar(
         (Segment(c.bytes, COMPONENT_COLOURS.get(c.key, "white")) for c in est.components if c.in_peak),

@@ -49,6 +49,11 @@ class LoRA(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(d_out, rank, device=weight.device))
         self.scale = LORA_ALPHA / rank
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The adapted layer's weight, which some models read (T5 checks its dtype)."""
+        return self.base.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
 
@@ -62,15 +67,25 @@ def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def add_lora(model: nn.Module, targets: list[str], rank: int) -> int:
-    """Wrap the targeted linear layers inside the layer stack with LoRA adapters; returns how many."""
-    swaps = []
+def _layer_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, tuple[int, int]]]:
+    """(parent, short name, layer, (d_in, d_out)) of each linear layer inside the model's stack of layers."""
+    found = []
     for path, module in model.named_modules():
         for name, child in module.named_children():
             dims = _linear_dims(child)
-            full = f"{path}.{name}"
-            if dims and _IN_LAYER.search(full + ".") and ("all-linear" in targets or name in targets):
-                swaps.append((module, name, child, dims))
+            if dims and _IN_LAYER.search(f"{path}.{name}."):
+                found.append((module, name, child, dims))
+    return found
+
+
+def layer_linear_names(model: nn.Module) -> list[str]:
+    """The short names of the linear layers inside the model's stack of layers (what LoRA targets name)."""
+    return sorted({name for _, name, _, _ in _layer_linears(model)})
+
+
+def add_lora(model: nn.Module, targets: list[str], rank: int) -> int:
+    """Wrap the targeted linear layers inside the layer stack with LoRA adapters; returns how many."""
+    swaps = [found for found in _layer_linears(model) if "all-linear" in targets or found[1] in targets]
     for module, name, child, (d_in, d_out) in swaps:
         setattr(module, name, LoRA(child, d_in, d_out, rank))
     return len(swaps)
@@ -133,6 +148,7 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
         AutoModel,
         AutoModelForCausalLM,
         AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
         AutoModelForSequenceClassification,
     )
 
@@ -143,20 +159,34 @@ def build_model(request: Mapping[str, Any], device: torch.device) -> nn.Module:
         # decoders pool the last token that is not padding, and refuse batches without a padding id
         eos = config.eos_token_id
         config.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < config.vocab_size else 0
+    if request["task"] == "classification" and config.problem_type is None and config.num_labels > 1:
+        # what models infer from integer labels; said outright, DeBERTa's loss does not look for unlabelled rows
+        # (a data-dependent nonzero() that fake tensors cannot run, over a batch-sized tensor)
+        config.problem_type = "single_label_classification"
     auto = {
         "classification": AutoModelForSequenceClassification,
-        "causal_lm": AutoModelForCausalLM,
+        "causal_lm": AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM,
         "masked_lm": AutoModelForMaskedLM,
         "embedding": AutoModel,
     }[request["task"]]
     with device:
-        model = auto.from_config(config, attn_implementation="sdpa")
-    model.float().train()
+        try:
+            model = auto.from_config(config, attn_implementation="sdpa")
+        except ValueError as error:  # a model class without SDPA attention runs its own (eager) attention
+            if "scaled_dot_product_attention" not in str(error):
+                raise
+            model = auto.from_config(config, attn_implementation="eager")
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model.float()  # only when needed: converting fake tensors (the traced tier) cannot swap them in place
+    model.train()
     trainable = request["trainable"]
     if trainable != "all":
         model.requires_grad_(False)
         if trainable == "lora" and not add_lora(model, list(request["lora_targets"]), int(request["lora_rank"])):
-            raise ValueError(f"no linear layer named {request['lora_targets']} inside the layers")
+            raise ValueError(
+                f"LoRA targets {', '.join(request['lora_targets'])} match no linear layer inside the layers; "
+                f"they have: {', '.join(layer_linear_names(model)) or 'none'} (or use all-linear)"
+            )
         if trainable == "frozen_encoder" or request["task"] == "classification":
             for p in _head_parameters(model, request["task"]):
                 p.requires_grad_(True)
@@ -201,11 +231,12 @@ def loss_function(model: nn.Module, request: Mapping[str, Any]) -> Callable[[dic
     return contrastive
 
 
-def _optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], name: str, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """The optimizer the setup names; `foreach` None is torch's default for the parameters' device."""
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-5)
+        return torch.optim.AdamW(params, lr=1e-5, foreach=foreach)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
     try:
         import bitsandbytes as bnb
     except ImportError:
@@ -222,22 +253,27 @@ def training_step(
     request: Mapping[str, Any],
     amp_dtype: torch.dtype | None,
     device: torch.device,
+    phase: Callable[[str], None] = lambda name: None,
 ) -> Callable[[], None]:
     """One optimizer step as the request's loop runs it: "hf" (the Trainer: backward, clip gradient norms to 1,
     step, zero_grad with set_to_none), "plain" (backward, step, zero_grad) or "lightning" (zero_grad between
-    the forward pass and backward, so the previous gradients live through the forward pass)."""
+    the forward pass and backward, so the previous gradients live through the forward pass). `phase` is told
+    "forward", "backward" and "optimizer step" as each begins."""
     loop = request.get("loop", "lightning")
     micro_steps = 2 if int(request.get("accumulate", 1)) > 1 else 1
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> None:
         for i in range(micro_steps):
+            phase("forward")
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                 loss = loss_of(batch)
             if loop == "lightning" and i == 0:
                 optimizer.zero_grad(set_to_none=True)  # after training_step, before backward
+            phase("backward")
             (scaler.scale(loss) if scaler else loss).backward()
             del loss
+        phase("optimizer step")
         if loop == "hf":
             if scaler:
                 scaler.unscale_(optimizer)
@@ -285,7 +321,7 @@ def probe(request: Mapping[str, Any]) -> dict[str, Any]:
         params = [p for p in model.parameters() if p.requires_grad]
         result["params"] = sum(p.numel() for p in model.parameters())
         result["trainable_params"] = sum(p.numel() for p in params)
-        optimizer = _optimizer(params, request["optimizer"])
+        optimizer = make_optimizer(params, request["optimizer"])
         scaler = torch.amp.GradScaler("cuda") if cuda and amp_dtype is torch.float16 else None
         batch = make_batch(model, request, device)
         loss_of = loss_function(model, request)

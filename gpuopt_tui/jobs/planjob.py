@@ -1,4 +1,5 @@
-"""The `plan` run kind: a memory plan as a background run (estimate, optional GPU probes, recommendation).
+"""The `plan` run kind: a memory plan as a background run (estimate, optional GPU probes, recommendation); for a
+family the closed form does not cover, the traced tier estimates and, without probes, searches.
 
 A run never edits the user's config: it saves the recommendation and the diff that would apply it, which
 `gpuopt-tui plan --apply` or the planner screen write with a preview and a backup.
@@ -25,14 +26,18 @@ from gpuopt_tui.core.planner.session import (
     prepare,
     recommend_closed_form,
     recommend_measured,
+    recommend_traced,
+    trace_current,
+    trace_probes,
 )
+from gpuopt_tui.core.planner.traced import TracedEstimate
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.jobs.context import JobContext
 
 GIB = 1024**3
 
 
-def _estimate_json(est: Estimate) -> dict[str, Any]:
+def _estimate_json(est: Estimate | TracedEstimate) -> dict[str, Any]:
     return {
         "tier": est.tier,
         "phase": est.phase,
@@ -106,7 +111,8 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
     for note in inputs.notes:
         ctx.log(note)
     ctx.progress(0, 3, unit="steps", stage="estimate")
-    current = estimate_current(inputs)
+    traced = inputs.spec is None  # a family the closed form does not cover: the traced tier instead
+    current: Estimate | TracedEstimate = trace_current(inputs, ctx.log) if traced else estimate_current(inputs)
     ctx.progress(1, 3, unit="steps", stage="estimate")
     measured = None
     if profile.plan.measure:  # the closed form's search is skipped: it may refuse a batch the probes accept
@@ -114,6 +120,9 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.stage("measuring on the GPU", 1, 3, "steps")
         measured = measure_probes(inputs, log=ctx.log)
         rec = recommend_measured(inputs, measured)
+    elif traced:
+        ctx.stage("searching by traces on fake tensors", 1, 3, "steps")
+        rec = recommend_traced(inputs, trace_probes(inputs, log=ctx.log))
     else:
         rec = recommend_closed_form(inputs)
     ctx.progress(2, 3, unit="steps", stage="recommend")

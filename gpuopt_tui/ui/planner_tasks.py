@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import RenderableType
 from rich.text import Text
 
 from gpuopt_tui.core.errors import ProfileError, UserError
@@ -21,7 +22,9 @@ from gpuopt_tui.core.plan_report import (
     candidate_bar,
     header_lines,
     layout_line,
+    modules_table,
     probes_text,
+    tiers_table,
     values_table,
 )
 from gpuopt_tui.core.planner import apply as config_write
@@ -40,6 +43,10 @@ from gpuopt_tui.ui.widgets.planner_view import TierPlan
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 
 CLOSED_FORM = "closed-form estimate"
+TRACE_LIMITS = (
+    "Not traced, estimated as the closed form does: the CUDA context, cuBLAS workspaces and the allocator's slack. "
+    "Fake tensors stand in for CUDA with the CPU's autocast and attention kernels."
+)
 
 
 def resolved(profile: PlanProfile, base: Path) -> PlanProfile:
@@ -95,6 +102,39 @@ def closed_form(profile: PlanProfile, base: Path) -> ClosedForm:
         warnings=inputs.warnings,
     )
     return ClosedForm(plan, config_line(profile), bool(inputs.stages))
+
+
+# --- the traced tier -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Traced:
+    head: Text
+    parts: tuple[RenderableType, ...]
+
+
+def traced(profile: PlanProfile, base: Path, log: Callable[[str], None]) -> Traced:
+    """The profile's current setup traced on fake tensors in a child process (seconds), beside the closed form;
+    `log` is told what the trace is doing."""
+    inputs = plan_inputs(resolved(profile, base))
+    est = session.trace_current(inputs, log)
+    closed = session.estimate_current(inputs) if inputs.spec is not None else None
+    comparison: RenderableType = (
+        tiers_table(est, closed)
+        if closed is not None
+        else Text.assemble(("closed form ", "bold"), (f"no estimate: {inputs.refusal}", "yellow"))
+    )
+    return Traced(
+        head=Text(f"{est.tier}: {est.model_class} of {inputs.model.label}, peak in the {est.phase}", style="bold"),
+        parts=(
+            breakdown_bar(est, inputs.gpu.total, inputs.budget.margin, "current setup"),
+            comparison,
+            breakdown_table(est, notes=False, title="current setup, component by component"),
+            modules_table(est, title="activations at the peak, by module"),
+            Text(TRACE_LIMITS + f" Traced in {est.seconds:.1f} s.", style="dim"),
+            *header_lines(inputs),
+        ),
+    )
 
 
 def config_line(profile: PlanProfile) -> str:

@@ -146,3 +146,30 @@ def test_measured_plan_saves_the_gpu_probes_and_fit(
         (p["micro_batch"], p["oom"], p["peak_reserved"]) for p in probes
     ]
     assert "measuring on the GPU [steps]" in stages(tmp_path / "events.jsonl")
+
+
+def test_a_plan_run_of_a_family_the_closed_form_refuses_traces_it(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    model = tmp_path / "phi"
+    model.mkdir()
+    phi = {
+        "model_type": "phi",
+        "architectures": ["PhiForCausalLM"],
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+    }
+    (model / "config.json").write_text(json.dumps(phi))
+    profile = profile_from_data(
+        {"kind": "plan", "model": {"adapter": "hf", "path": str(model)}, "plan": {"gpu_memory_gb": 2.0, "seq_len": 64}},
+        "plan.toml",
+    )
+    ctx = JobContext(tmp_path / "run", EventWriter(RunDir(tmp_path).events), tmp_path / "cache")
+    summary = planjob.run_job(profile, ctx)
+    plan = json.loads((ctx.results_dir / "plan.json").read_text())
+    assert plan["current"]["tier"] == "traced on fake tensors (no GPU)"
+    assert plan["recommendation"]["tier"] == summary["tier"] == "traced"
+    assert read_saved_plan(tmp_path / "run").recommendation.tier == "traced"
+    assert stages(tmp_path / "events.jsonl")[1:3] == ["estimate [steps]", "searching by traces on fake tensors [steps]"]

@@ -366,3 +366,34 @@ async def test_a_measured_run_shows_on_the_measured_tab_and_can_be_written(
         )
         assert "measured" in widget_text(app, ".dialog-text")
         assert f"+  batch_size: {chosen['micro_batch']} " in dialog.diff
+
+
+TINY_PHI = {  # a family the closed form does not cover
+    "model_type": "phi",
+    "architectures": ["PhiForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+}
+
+
+async def test_trace_shows_a_family_the_closed_form_refuses(work: dict[str, Path]) -> None:
+    (work["model"] / "config.json").write_text(json.dumps(TINY_PHI))
+    config = work["config"].read_text().replace("[query, value]", "[q_proj, v_proj]")  # Phi's attention linears
+    work["config"].write_text(config)
+    app = make_app(screen="planner")
+    async with app.run_test(size=(120, 150)) as pilot:
+        closed = planner(app).query_one("#plan-closed", PlanView)
+        await wait_for(pilot, lambda: "phi" in widget_text(app, "#plan-closed .plan-head"))
+        assert closed.plan is None
+        assert "Trace on the planner screen" in widget_text(app, "#plan-closed .plan-head")
+        await pilot.press("ctrl+y")
+        assert planner(app).query_one("#plan-tabs", TabSwitch).active == "plan-traced"
+        assert "Tracing one training step on fake tensors" in widget_text(app, "#plan-traced .plan-head")
+        await wait_for(pilot, lambda: "Tracing" not in widget_text(app, "#plan-traced .plan-head"), timeout=300)
+        text = " ".join(screen_text(app).split())
+        assert "traced on fake tensors (no GPU): PhiForCausalLM" in text, text
+        assert "closed form no estimate: " in text and 'model_type "phi"' in text
+        assert "model.layers.*" in text and "Activations" in text and "CUDA context" in text  # by module

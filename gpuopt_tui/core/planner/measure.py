@@ -151,8 +151,10 @@ def measure(
     probe: Probe = run_probe,
     log: Callable[[str], None] = lambda message: None,
     max_probes: int = MAX_PROBES,
+    noun: str = "probe",
 ) -> MeasuredPlan:
-    """Find the largest micro-batch by probing; `start` is the closed-form guess, `request_for(b)` a request."""
+    """Find the largest micro-batch by probing; `start` is the closed-form guess, `request_for(b)` a request.
+    `noun` names a probe in the log and messages (the traced tier's probes are traces)."""
     results: list[ProbeResult] = []
 
     def run(batch: int) -> ProbeResult:
@@ -160,19 +162,19 @@ def measure(
             if earlier.micro_batch == batch:
                 return earlier
         if len(results) >= max_probes:
-            raise UserError(f"no confirmed micro-batch after {max_probes} probes; see the probe log")
+            raise UserError(f"no confirmed micro-batch after {max_probes} {noun}s; see the {noun} log")
         result = probe(request_for(batch))
         results.append(result)
-        log(_describe(result, budget))
+        log(_describe(result, budget, noun))
         if result.error:
-            raise UserError(f"the probe at micro-batch {batch} failed: {result.error}")
+            raise UserError(f"the {noun} at micro-batch {batch} failed: {result.error}")
         return result
 
     def first_fit(batch: int) -> tuple[int, ProbeResult]:
         result = run(batch)
         while result.oom:  # the guess was far off: halve until a probe runs, the fit finds the rest
             if batch == 1:
-                raise UserError("a micro-batch of 1 runs out of GPU memory in the probe")
+                raise UserError(f"a micro-batch of 1 runs out of GPU memory in the {noun}")
             batch = max(1, batch // 2)
             result = run(batch)
         return batch, result
@@ -192,14 +194,14 @@ def measure(
                 fit = fit_line([(hi * spe, r_hi.max_reserved), (far * spe, r_far.max_reserved)])
                 b_max = max_batch(fit, budget.limit, _context(results), spe)
     if b_max < 1:
-        raise UserError("the probes show that not even a micro-batch of 1 fits in the budget")
+        raise UserError(f"the {noun}s show that not even a micro-batch of 1 fits in the budget")
     batch = b_max
     while True:
         result = run(batch)
         if fits_budget(result, budget.limit):
             break
         if batch == 1:
-            raise UserError("a micro-batch of 1 does not fit in the budget (measured)")
+            raise UserError(f"a micro-batch of 1 does not fit in the budget ({noun}d)")
         batch = shrink(batch)
     return MeasuredPlan(
         probes=tuple(results),
@@ -227,15 +229,15 @@ def _context(results: list[ProbeResult]) -> int:
     return max((r.context for r in results if r.ok), default=0)
 
 
-def _describe(r: ProbeResult, budget: Budget) -> str:
+def _describe(r: ProbeResult, budget: Budget, noun: str = "probe") -> str:
     if r.error:
-        return f"probe b={r.micro_batch}: failed: {r.error}"
+        return f"{noun} b={r.micro_batch}: failed: {r.error}"
     if r.oom:
-        return f"probe b={r.micro_batch}: out of memory"
+        return f"{noun} b={r.micro_batch}: out of memory"
     gib = 1024**3
     retries = f", {r.num_alloc_retries} allocator retries" if r.num_alloc_retries else ""
     drift = f", rose {r.drift / gib:.2f} GiB after warm-up" if r.drift else ""
     return (
-        f"probe b={r.micro_batch}: peak reserved {r.max_reserved / gib:.2f} GiB + context {r.context / gib:.2f} "
+        f"{noun} b={r.micro_batch}: peak reserved {r.max_reserved / gib:.2f} GiB + context {r.context / gib:.2f} "
         f"GiB = {r.footprint / budget.gpu_total:.0%} of the GPU{retries}{drift} ({r.seconds:.1f} s)"
     )

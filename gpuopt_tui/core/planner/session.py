@@ -2,6 +2,7 @@
 
 inputs = prepare(profile)                      # model, training setup, GPU budget, config, stages
 current = estimate_current(inputs)             # breakdown of the config as it is
+traced = trace_current(inputs)                 # the same step traced on fake tensors (any family, seconds)
 rec = recommend_closed_form(inputs)            # or: plan = measure_probes(inputs); rec = recommend_measured(...)
 rec, plan = recommend_preferred(inputs)        # measured when this machine has the planned-for GPU, else estimated
 patches = planned_patches(inputs, rec)         # previews with diffs; apply.apply(patches) writes them
@@ -15,7 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,17 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
-from gpuopt_tui.core.planner.estimate import Estimate, estimate
+from gpuopt_tui.core.planner.estimate import Estimate, Overheads, estimate
+from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
-from gpuopt_tui.core.planner.model_spec import ModelSpec, load_config, named_task, spec_from_config
+from gpuopt_tui.core.planner.model_spec import (
+    SUPPORTED,
+    TASKS,
+    ModelSpec,
+    load_config,
+    named_task,
+    spec_from_config,
+)
 from gpuopt_tui.core.planner.resolve import CONFIG, DEFAULT, PROFILE, Origins, Resolved, resolve_setup_roles, warnings
 from gpuopt_tui.core.planner.search import (
     CLOSED_FORM_HEADROOM,
@@ -39,6 +48,7 @@ from gpuopt_tui.core.planner.search import (
     largest_batch,
     recommend,
 )
+from gpuopt_tui.core.planner.traced import TRACED, TRACED_HEADROOM, TracedEstimate, run_trace, traced_estimate
 from gpuopt_tui.core.planner.train_setup import TrainSetup
 from gpuopt_tui.core.planner.yamledit import FilePatch, Scalar, ValueEdit
 from gpuopt_tui.core.profiles.common import ModelSection
@@ -63,6 +73,7 @@ DEFAULTS: dict[str, Any] = {
 LORA_TARGETS = {"bert": ("query", "value"), "roberta": ("query", "value"), "distilbert": ("q_lin", "v_lin")}
 LORA_TARGETS_DECODER = ("q_proj", "v_proj")
 LORA_TARGETS_GPT2 = ("c_attn",)
+LORA_TARGETS_OTHER = ("all-linear",)  # families the closed form does not cover: their linear layers' names vary
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ class StageFile:
 class PlanInputs:
     profile: PlanProfile
     model: ModelSource
-    spec: ModelSpec
+    spec: ModelSpec | None  # None where the closed form does not cover the model's family (`refusal` says so)
     setup: TrainSetup  # the training step as the config (and the profile's explicit values) describe it
     gpu: gpu_memory.GpuMemory
     budget: Budget
@@ -93,6 +104,15 @@ class PlanInputs:
     values: tuple[Resolved, ...] = ()  # the model and every setup value, each with its source
     warnings: tuple[str, ...] = ()  # memory-relevant values that only a default sets
     layout: str = ""  # the training config's framework layout, as detected
+    task: str = "classification"  # the head that trains (the spec's task where there is a spec)
+    refusal: str = ""  # why the closed form has no estimate of this model (its family is not one it covers)
+
+    def closed_form_spec(self) -> ModelSpec:
+        """The closed form's model description; UserError (pointing at the traced tier) where it has none."""
+        if self.spec is None:
+            where = "plan --show --trace, or Trace on the planner screen"
+            raise UserError(f"{self.refusal}; the traced tier covers it: {where}")
+        return self.spec
 
 
 def model_source(model: ModelSection) -> ModelSource:
@@ -157,16 +177,18 @@ def prepare(
         ]
     source, model = model_source_resolved(profile, config, origins)
     task = p.task if p.task != "auto" else source.task
-    spec = spec_from_config(source.config, source.label, task)
-    guessed = [] if task != "auto" or named_task(source.config) else [_guessed_task(spec)]
-    resolved = resolve_setup_roles(p, config, origins, partial_default(spec))
+    spec, refusal = _closed_form_spec(source, task)
+    guessed = [] if task != "auto" or named_task(source.config) or spec is None else [_guessed_task(spec)]
+    task = spec.task if spec is not None else _traced_task(source, task)
+    resolved = resolve_setup_roles(p, config, origins, partial_default(spec, source.config))
     values = {name: r.value for name, r in resolved.items()}
     setup = TrainSetup(optimizer=p.optimizer, **values)
     notes += [f"{r.label} {r.text} ({r.source}): {r.note}" for r in resolved.values() if r.note]
-    if setup.seq_len > spec.max_positions and spec.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+    rope = ("llama", "mistral", "qwen2", "qwen3")  # rotary positions: no table of positions to run out of
+    if spec is not None and setup.seq_len > spec.max_positions and spec.model_type not in rope:
         notes.append(f"sequence length {setup.seq_len} exceeds the model's {spec.max_positions} positions")
     setup.check()
-    if setup.trainable == "lora":
+    if spec is not None and setup.trainable == "lora":
         try:
             spec.lora_linears(setup.lora_targets)
         except UserError as e:
@@ -190,7 +212,35 @@ def prepare(
         values=every,
         warnings=tuple(model_warning(model) + guessed + warnings(resolved)),
         layout=config.layout.label if config is not None else "",
+        task=task,
+        refusal=refusal,
     )
+
+
+def _closed_form_spec(source: ModelSource, task: str) -> tuple[ModelSpec | None, str]:
+    """The closed form's spec of the model, or None and why where its family is not one the closed form covers
+    (every other problem with the config is an error)."""
+    try:
+        return spec_from_config(source.config, source.label, task), ""
+    except UserError as e:
+        if str(source.config.get("model_type", "")) in SUPPORTED or not source.config.get("model_type"):
+            raise
+        return None, str(e)
+
+
+def _traced_task(source: ModelSource, task: str) -> str:
+    """The head to trace for a model the closed form does not cover: the profile's, else the config's."""
+    if task != "auto":
+        if task not in TASKS:
+            raise UserError(f'task "{task}": expected auto or one of {", ".join(TASKS)}')
+        return task
+    named = named_task(source.config)
+    if named is None:
+        raise UserError(
+            f"{source.label}: its config names no architecture the planner knows; say which head trains with "
+            f"plan.task (--task): {', '.join(TASKS)}"
+        )
+    return named
 
 
 def _guessed_task(spec: ModelSpec) -> str:
@@ -208,19 +258,31 @@ def _shown(r: Resolved, setup: TrainSetup) -> bool:
     return r.role not in ("n_positives", "n_negatives") or r.origin != DEFAULT
 
 
-def partial_default(spec: ModelSpec) -> Callable[[str], Any]:
-    """The planner's default of a setup value for this model."""
+def partial_default(spec: ModelSpec | None, config: Mapping[str, Any] | None = None) -> Callable[[str], Any]:
+    """The planner's default of a setup value for this model (from its config where the closed form has no spec:
+    LoRA then targets every linear layer)."""
 
     def default(name: str) -> Any:
         if name == "seq_len":
-            return min(DEFAULT_SEQ_LEN, spec.max_positions)
+            positions = spec.max_positions if spec is not None else _positions(config or {})
+            return min(DEFAULT_SEQ_LEN, positions)
         if name == "lora_targets":
+            if spec is None:
+                return LORA_TARGETS_OTHER
             if spec.model_type == "gpt2":
                 return LORA_TARGETS_GPT2
             return LORA_TARGETS.get(spec.model_type, LORA_TARGETS_DECODER)
         return DEFAULTS[name]
 
     return default
+
+
+def _positions(config: Mapping[str, Any]) -> int:
+    for key in ("max_position_embeddings", "n_positions"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_SEQ_LEN
 
 
 def model_source_resolved(
@@ -271,30 +333,85 @@ def _stage(path: Path, keys: list[str]) -> StageFile:
 
 def estimate_current(inputs: PlanInputs) -> Estimate:
     """The closed-form breakdown of the training step as configured now."""
-    return estimate(inputs.spec, inputs.setup)
+    return estimate(inputs.closed_form_spec(), inputs.setup)
+
+
+def trace_current(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> TracedEstimate:
+    """The traced tier's breakdown of the training step as configured now (seconds: a child process traces it,
+    telling `log` what it is doing)."""
+    request = probe_request(inputs.model.config, inputs.task, inputs.setup)
+    return traced_estimate(run_trace(request, log), inputs.task, inputs.setup)
 
 
 def recommend_closed_form(inputs: PlanInputs) -> Recommendation:
-    return _recommend(inputs, closed_form(inputs.spec), "closed-form estimate", CLOSED_FORM_HEADROOM)
+    spec = inputs.closed_form_spec()
+    return _recommend(inputs, closed_form(spec), "closed-form estimate", CLOSED_FORM_HEADROOM)
+
+
+def _worst_setup(inputs: PlanInputs) -> TrainSetup:
+    """The most demanding stage's setup (the most sequences per example), or the setup."""
+    setups = [
+        dataclasses.replace(inputs.setup, n_positives=s.stage.n_positives, n_negatives=s.stage.n_negatives)
+        for s in inputs.stages
+    ] or [inputs.setup]
+    return max(setups, key=lambda s: s.sequences_per_example)
+
+
+def _first_guess(inputs: PlanInputs, setup: TrainSetup) -> int:
+    """Where a search by probes or traces starts: the closed form's largest batch, else the setup's."""
+    if inputs.spec is None:
+        return setup.micro_batch
+    limit = inputs.budget.search_limit(CLOSED_FORM_HEADROOM)
+    return max(1, largest_batch(closed_form(inputs.spec), setup, limit))
 
 
 def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
     """Probe the most demanding stage (or the setup) on the GPU, starting from the closed-form guess."""
     measuring_gpu(inputs.profile.run.device)
     index = device_index(inputs.profile.run.device)
-    setups = [
-        dataclasses.replace(inputs.setup, n_positives=s.stage.n_positives, n_negatives=s.stage.n_negatives)
-        for s in inputs.stages
-    ] or [inputs.setup]
-    worst = max(setups, key=lambda s: s.sequences_per_example)
-    start = max(1, largest_batch(closed_form(inputs.spec), worst, inputs.budget.search_limit(CLOSED_FORM_HEADROOM)))
+    worst = _worst_setup(inputs)
     return measure(
-        lambda b: probe_request(inputs.model.config, inputs.spec.task, worst.with_batch(b), f"cuda:{index}"),
+        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b), f"cuda:{index}"),
         worst.sequences_per_example,
         inputs.budget,
-        start,
+        _first_guess(inputs, worst),
         log=log,
     )
+
+
+def trace_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
+    """The measured tier's search with traces for probes (no GPU): two or three traces bracket the largest
+    micro-batch under the budget less `TRACED_HEADROOM` on a line, and one more confirms it (seconds each)."""
+    worst = _worst_setup(inputs)
+    context = Overheads().context
+
+    def traced_probe(request: Mapping[str, Any]) -> ProbeResult:
+        setup = worst.with_batch(int(request["micro_batch"]))
+        est = traced_estimate(run_trace(request), inputs.task, setup)
+        return ProbeResult(
+            setup.micro_batch,
+            setup.sequences,
+            max_reserved=est.reserved,
+            max_allocated=est.allocated,
+            context=context,
+            seconds=est.seconds,
+        )
+
+    budget = Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM))
+    plan = measure(
+        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b)),
+        worst.sequences_per_example,
+        budget,
+        _first_guess(inputs, worst),
+        probe=traced_probe,
+        log=log,
+        noun="trace",
+    )
+    return dataclasses.replace(plan, tier=TRACED)
+
+
+def recommend_traced(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
+    return _recommend(inputs, plan.peak_model(), TRACED, TRACED_HEADROOM)
 
 
 def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:

@@ -4,6 +4,8 @@ recommendation written into the training config.
 - Closed-form estimate: from the form, no GPU needed; it follows the form's edits. Bars of GPU memory with the
   margin, the recommended micro-batch and accumulation beside other candidates, one plan per curriculum stage,
   and the breakdown by component.
+- Traced: on demand (Trace), the current setup's step run on fake tensors in a child process (any architecture, no
+  GPU); its breakdown by component and by module beside the closed form, and the difference.
 - Measured on GPU N: a background run of the profile with plan.measure = true (probes on the GPU; the run goes on
   if this terminal closes); its saved plan is shown once it finished.
 - Preview changes: the diff that writes the candidate under the cursor into plan.config, in a dialog; confirming
@@ -16,6 +18,7 @@ switched to); their results come back as messages.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -48,9 +51,14 @@ from gpuopt_tui.ui.widgets.tab_switch import TabSwitch
 if TYPE_CHECKING:
     from gpuopt_tui.core.planner.apply import Restore
     from gpuopt_tui.core.planner.search import Candidate
-    from gpuopt_tui.ui.planner_tasks import ClosedForm, PlanRun, Preview
+    from gpuopt_tui.ui.planner_tasks import ClosedForm, PlanRun, Preview, Traced
 
 ESTIMATE_DELAY_S = 0.8  # after the last edit of the form
+NO_TRACE = (
+    "No trace yet. Trace (ctrl+y) runs one training step of the model class on fake tensors in a child process: "
+    "any architecture transformers builds from its config, no GPU, no weights, seconds. It shows the peak by "
+    "component and by module, beside the closed form."
+)
 NO_MEASUREMENT = (
     "No measurement yet. Measure on GPU (ctrl+t) starts a background run of this profile with plan.measure = true: "
     "training steps probed on the GPU in fresh processes at 2-3 micro-batches, a line fit of peak reserved memory "
@@ -64,6 +72,10 @@ class EstimateRead(Loaded):
 
 class MeasureChecked(Loaded):
     """Whether the profile can be measured: the profile to run and its GPU's label."""
+
+
+class TraceRead(Loaded):
+    """The current setup's step traced on fake tensors (planner_tasks.traced)."""
 
 
 class ConfigTaskDone(Loaded):
@@ -111,6 +123,13 @@ class PlannerScreen(KindScreen):
         Binding("ctrl+e", "estimate", "Estimate", id="planner.estimate", tooltip="Closed-form memory estimate"),
         Binding("ctrl+t", "measure", "Measure", id="planner.measure", tooltip="Measure on the GPU in a background run"),
         Binding(
+            "ctrl+y",
+            "trace",
+            "Trace",
+            id="planner.trace",
+            tooltip="Trace the training step on fake tensors: any architecture, no GPU, seconds",
+        ),
+        Binding(
             "ctrl+o",
             "preview",
             "Preview",
@@ -128,6 +147,8 @@ class PlannerScreen(KindScreen):
         self._in_flight: object = None  # the same while that estimate is being made
         self._timer: Timer | None = None
         self._plan_runs: object = None  # (id, status) of the plan runs last looked at
+        self._tracing: Timer | None = None  # ticks the elapsed seconds while a trace runs
+        self._trace_stage = ""  # what the trace says it is doing (set by its worker thread)
 
     # -- layout -------------------------------------------------------------------------------------------------
 
@@ -136,12 +157,14 @@ class PlannerScreen(KindScreen):
         with Horizontal(id="plan-actions"):
             yield Button("Estimate", id="estimate", compact=True)
             yield Button("Measure on GPU", id="measure", compact=True)
+            yield Button("Trace", id="trace", compact=True)
             yield Button("Preview changes", id="preview", variant="primary", compact=True)
             yield Button("Undo", id="undo", compact=True)
         yield Static("", id="plan-config", markup=False)
         yield Checkbox("also write the most samples per anchor into the stage files", id="plan-tune", compact=True)
         yield TabSwitch(
             ("Closed-form estimate", PlanView("estimating…", id="plan-closed")),
+            ("Traced", PlanView(NO_TRACE, id="plan-traced")),
             ("Measured", PlanView(NO_MEASUREMENT, id="plan-measured")),
             id="plan-tabs",
         )
@@ -266,6 +289,47 @@ class PlannerScreen(KindScreen):
         view.show_plan(result.plan)
         self.query_one("#plan-config", Static).update(result.config)
         self.query_one("#plan-tune", Checkbox).set_class(result.stages, "-shown")
+
+    # -- traced tier ------------------------------------------------------------------------------------------------
+
+    @on(Button.Pressed, "#trace")
+    def action_trace(self) -> None:
+        profile = self.current_profile("Not traced")
+        if not isinstance(profile, PlanProfile) or self._tracing is not None:
+            return
+        self.query_one("#plan-tabs", TabSwitch).active = "plan-traced"
+        view = self.query_one("#plan-traced", PlanView)
+        started = time.monotonic()
+        self._trace_stage = "starting a child process"
+
+        def tick() -> None:
+            view.show_message(
+                f"Tracing one training step on fake tensors in a child process… {time.monotonic() - started:.0f} s: "
+                f"{self._trace_stage}"
+            )
+
+        tick()
+        self._tracing = self.set_interval(0.5, tick)
+        self._trace(profile, self.base)
+
+    @work(thread=True, exclusive=True, group="plan-trace", exit_on_error=False)
+    def _trace(self, profile: PlanProfile, base: Path) -> None:
+        def stage(line: str) -> None:
+            self._trace_stage = line  # shown by the next tick
+
+        reply(self, TraceRead, None, lambda: self._tasks().traced(profile, base, stage))
+
+    @on(TraceRead)
+    def _show_traced(self, message: TraceRead) -> None:
+        if self._tracing is not None:
+            self._tracing.stop()
+            self._tracing = None
+        view = self.query_one("#plan-traced", PlanView)
+        if message.failed:
+            view.show_message(Content.styled(message.reason, "$error"))
+            return
+        result: Traced = message.value
+        view.show_report(result.head, *result.parts)
 
     # -- measured tier ------------------------------------------------------------------------------------------
 

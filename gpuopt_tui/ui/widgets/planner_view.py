@@ -107,6 +107,11 @@ class PlanView(VerticalScroll):
         table.display = False
         self.query_one(".plan-tail").display = False
 
+    def show_report(self, head: RenderableType, *parts: RenderableType | None) -> None:
+        """A tier without candidates (the traced tier): its label and its tables, no plan to write."""
+        self.show_message("")
+        self.query_one(".plan-head", Static).update(sections(head, *parts))
+
     def show_plan(self, plan: TierPlan) -> None:
         from gpuopt_tui.core.plan_report import (
             CANDIDATE_COLUMNS,
