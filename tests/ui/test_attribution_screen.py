@@ -155,7 +155,7 @@ async def test_the_check_action_starts_a_small_run_with_check_samples(
     finished_run: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     launched: list[Path] = []
-    monkeypatch.setattr(runs_module, "launch", lambda run_dir: launched.append(run_dir) or 0)  # no engine process
+    monkeypatch.setattr(runs_module, "launch", lambda run_dir, *_: launched.append(run_dir) or 0)  # no engine process
     app = make_app(screen="attribution")
     async with app.run_test(size=(120, 40)) as pilot:
         results = await open_results(pilot)
