@@ -11,50 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tiny_words import TINY_WORDS
 
 # Without a GPU the short_attention kernels' tests run in triton's interpreter, which has to be chosen before
 # anything imports triton (torch.compile does, in other tests). CUDA needs the /dev/nvidia<N> device nodes.
 if not any(Path("/dev").glob("nvidia[0-9]*")):
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-TINY_WORDS = [
-    "the",
-    "a",
-    "cat",
-    "dog",
-    "sat",
-    "ran",
-    "on",
-    "under",
-    "mat",
-    "rug",
-    "big",
-    "small",
-    "red",
-    "blue",
-    "happy",
-    "sad",
-    "quick",
-    "slow",
-    "jumps",
-    "sleeps",
-    "house",
-    "tree",
-    "river",
-    "hill",
-    "sun",
-    "moon",
-    "rain",
-    "snow",
-    "good",
-    "bad",
-    "very",
-    "not",
-    "and",
-    "or",
-    "but",
-    "with",
-]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,47 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tiny_words import TINY_WORDS
 
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-WORDS = [
-    "the",
-    "a",
-    "cat",
-    "dog",
-    "sat",
-    "ran",
-    "on",
-    "under",
-    "mat",
-    "rug",
-    "big",
-    "small",
-    "red",
-    "blue",
-    "happy",
-    "sad",
-    "quick",
-    "slow",
-    "jumps",
-    "sleeps",
-    "house",
-    "tree",
-    "river",
-    "hill",
-    "sun",
-    "moon",
-    "rain",
-    "snow",
-    "good",
-    "bad",
-    "very",
-    "not",
-    "and",
-    "or",
-    "but",
-    "with",
-]
+WORDS = TINY_WORDS
 VOCAB = len(SPECIAL) + len(WORDS)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
