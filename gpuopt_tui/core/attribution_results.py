@@ -130,6 +130,9 @@ class Sample:
         return max((abs(s) for seg in self.segments for s in seg.scores), default=0.0)
 
 
+#: What reading a damaged line can raise (int() of a JSON Infinity: OverflowError).
+UNREADABLE = (ValueError, KeyError, TypeError, IndexError, OverflowError)
+
 def _record(line: bytes) -> dict[str, Any]:
     record = json.loads(line)
     if not isinstance(record, dict):
@@ -355,7 +358,7 @@ class SampleIndex:
                     elif line.strip():
                         try:
                             entries.append(_entry(_list_fields(line), offset))
-                        except (ValueError, KeyError, TypeError, IndexError):
+                        except UNREADABLE:
                             corrupt += 1
                     offset += length
         except OSError as e:
@@ -384,7 +387,7 @@ class SampleIndex:
             return parse_sample(line, entry.offset)
         except OSError as e:
             raise UserError(f"{self.path}: cannot read it ({e.strerror or e})") from None
-        except (ValueError, KeyError, TypeError, IndexError) as e:
+        except UNREADABLE as e:
             raise UserError(f"{self.path}: the line at byte {entry.offset} is unreadable ({e})") from None
 
 

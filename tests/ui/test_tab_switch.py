@@ -17,7 +17,7 @@ async def test_plan_tabs_switch_by_mouse_and_keyboard() -> None:
         assert tabs.active == "plan-closed" and closed.display and not measured.display
         assert "Closed-form estimate" in screen_text(app) and "No measurement yet" not in screen_text(app)
         titles = tabs.query_one(TabTitles)
-        offset = len(" Closed-form estimate ") + 2 + 2  # inside " Measured ", after the gap
+        offset = len(" Closed-form estimate ") + 2 + len(" Traced ") + 2 + 2  # inside " Measured ", after the gaps
         await pilot.click(titles, offset=(offset, 0))
         await pilot.pause()
         assert tabs.active == "plan-measured" and measured.display and not closed.display
@@ -29,3 +29,5 @@ async def test_plan_tabs_switch_by_mouse_and_keyboard() -> None:
         assert tabs.active == "plan-closed"
         await pilot.press("left")
         assert tabs.active == "plan-measured"
+        await pilot.press("left")
+        assert tabs.active == "plan-traced"
