@@ -107,7 +107,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _active_runs() -> dict[int, str]:
-    from gpuopt_tui.core.runs import RunWatcher, active_run_pids
+    from gpuopt_tui.core.runs.lifecycle import RunWatcher, active_run_pids
 
     return active_run_pids(RunWatcher().refresh())
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core import paths
-from gpuopt_tui.core.cache_files import Cleared
+from gpuopt_tui.core.caches.files import Cleared
 
 FORMAT = 2  # 2: blocks carry their identity and checksum; checkpoints known by their content's BLAKE2b digest
 MANIFEST = "manifest.json"
