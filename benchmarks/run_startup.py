@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpuopt_tui.core import events as core_events  # noqa: E402
+from gpuopt_tui.core.runs import events as core_events  # noqa: E402
 
 DEMOS = ["demo-attribution", "demo-attribution-two-tower", "demo-tracin", "demo-ablation", "demo-ablation-lora"]
 POLL_S = 0.02

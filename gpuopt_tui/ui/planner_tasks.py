@@ -26,7 +26,7 @@ from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.results.plan import SavedPlan, config_files, read_saved_plan
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.plan_report import (
     breakdown_bar,
     breakdown_table,

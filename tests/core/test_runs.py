@@ -18,14 +18,9 @@ from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import (
-    RunWatcher,
-    cancel_run,
-    create_run,
-    find_run,
-    resume_run,
-)
+from gpuopt_tui.core.runs.lifecycle import cancel_run, create_run, find_run, resume_run
 from gpuopt_tui.core.runs.processes import JOB_MODULE, pid_alive
+from gpuopt_tui.core.runs.status import RunWatcher
 
 
 @pytest.fixture

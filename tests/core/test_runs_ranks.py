@@ -11,7 +11,8 @@ import pytest
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import RunWatcher, create_run
+from gpuopt_tui.core.runs.lifecycle import create_run
+from gpuopt_tui.core.runs.status import RunWatcher
 
 
 @pytest.fixture

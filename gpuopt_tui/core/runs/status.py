@@ -234,7 +234,7 @@ class RunWatcher:
         return infos
 
     def _json(self, path: Path) -> tuple[dict[str, Any] | None, str]:
-        """A JSON object file (see run_files.read_object), parsed again only when its stat changes (run files are
+        """A JSON object file (see runs.files.read_object), parsed again only when its stat changes (run files are
         replaced whole, by atomic writes seconds apart)."""
         try:
             st = path.stat()

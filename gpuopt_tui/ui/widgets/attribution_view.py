@@ -28,7 +28,7 @@ from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.results.attribution import MAX_LINE_BYTES, RunFiles, load_run_files
 from gpuopt_tui.core.results.attribution_summary import AttributionSummary, CheckResult, load_check
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
 from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed

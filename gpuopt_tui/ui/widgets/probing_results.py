@@ -32,7 +32,7 @@ from gpuopt_tui.core.results.ablation import (
 )
 from gpuopt_tui.core.runs.events import EventTail
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.ablation_view import AccuracyPlot, CachePanel, PlotData, ProbeTable
 from gpuopt_tui.ui.widgets.run_results import RunResults

@@ -15,8 +15,7 @@ from textual.widgets import Static
 
 from gpuopt_tui.core.format import human_duration
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import RunInfo
-from gpuopt_tui.core.runs.status import stage_text
+from gpuopt_tui.core.runs.status import RunInfo, stage_text
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
 from gpuopt_tui.core.telemetry.runmem import run_memory
 from gpuopt_tui.core.telemetry.snapshot import Snapshot

@@ -31,7 +31,7 @@ from gpuopt_tui.core.results.tracin import (
     load_results,
 )
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.core.runs.lifecycle import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
 from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content
