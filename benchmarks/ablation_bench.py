@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from safetensors.torch import save_file
 
 from gpuopt_tui.core.atomic import atomic_write_text, write_json
-from gpuopt_tui.core.feature_cache import FeatureCache
+from gpuopt_tui.core.caches.features import FeatureCache
 from gpuopt_tui.core.profiles.ablation import BASE_REPRESENTATIONS
 from gpuopt_tui.jobs.ablation.features import extract
 from gpuopt_tui.jobs.ablation.inputs import files_source

@@ -2,7 +2,7 @@
 
 Each round launches a real run through the CLI (`gpuopt-tui --runs-dir FRESH run PROFILE --detach`), follows its
 events.jsonl until its first batch is computed, then cancels it (start-up is what is measured; the rest of the run
-is not waited for). The stages come from the run's `startup` events (core/startup.py): seconds from the CLI's
+is not waited for). The stages come from the run's `startup` events (core/runs/startup.py): seconds from the CLI's
 process start. A tree from before those events existed (`--source OLD NEW` compares two trees, round by round)
 has only its progress events: their stages are timed from one stage's first event to the next, from the moment
 the CLI was spawned, up to the first progress event of the main count; that event may come up to 0.25 s (the
@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpuopt_tui.core import events as core_events  # noqa: E402
+from gpuopt_tui.core.runs import events as core_events  # noqa: E402
 
 DEMOS = ["demo-attribution", "demo-attribution-two-tower", "demo-tracin", "demo-ablation", "demo-ablation-lora"]
 POLL_S = 0.02

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from gpuopt_tui.core.attribution_results import TENSORS_NAME
-from gpuopt_tui.core.attribution_summary import SUMMARY_NAME
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.results.attribution import TENSORS_NAME
+from gpuopt_tui.core.results.attribution_summary import SUMMARY_NAME
+from gpuopt_tui.core.runs.layout import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,9 @@ from textual.worker import Worker, WorkerState
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text, with_article
 from gpuopt_tui.core.paths import runs_dir
-from gpuopt_tui.core.proc_files import seconds_running
-from gpuopt_tui.core.runs import RunInfo, active_run_pids, cancel_run, start_run
+from gpuopt_tui.core.runs.lifecycle import active_run_pids, cancel_run, start_run
+from gpuopt_tui.core.runs.proc_files import seconds_running
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
 from gpuopt_tui.ui import textual_internals
 from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry

@@ -27,9 +27,9 @@ from typing import Any
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.atomic import atomic_write_text
-from gpuopt_tui.core.events import read_events
 from gpuopt_tui.core.kinds import engine_available
-from gpuopt_tui.core.runs import find_run
+from gpuopt_tui.core.runs.events import read_events
+from gpuopt_tui.core.runs.lifecycle import find_run
 from gpuopt_tui.core.telemetry.replay import Trace, read_trace
 from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry, busiest_sample
 from gpuopt_tui.ui.screens.registry import SCREENS

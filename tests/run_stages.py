@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuopt_tui.core.events import read_events
+from gpuopt_tui.core.runs.events import read_events
 
 
 def stages(events_file: Path) -> list[str]:

@@ -1,6 +1,7 @@
 """The layers keep their imports: the TUI never loads torch or transformers (not even indirectly), core/ is
-free of Textual and torch, jobs/ never loads Textual. Checked by running the real import paths in fresh
-processes, and by reading every module's import statements."""
+free of Textual, Rich and torch, jobs/ never loads Textual. Checked by running the real import paths in fresh
+processes, and by reading every module's import statements. core/ keeps its modules in packages named by what
+they hold (runs, results, caches, planner, ...), with few at its root."""
 
 from __future__ import annotations
 
@@ -21,10 +22,20 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuopt_tui"
 HEAVY = ("torch", "transformers")
-UI_MODULES = sorted(
-    ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-    for p in (PACKAGE / "ui").rglob("*.py")
-)
+CORE_FORBIDDEN = (*HEAVY, "textual", "rich")  # core draws nothing: the CLI and the app give its data styles
+CORE = PACKAGE / "core"
+CORE_PACKAGES = sorted(p.parent.name for p in CORE.glob("*/__init__.py"))
+MAX_CORE_ROOT_MODULES = 12
+
+
+def _modules(folder: Path) -> list[str]:
+    return sorted(
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        for p in folder.rglob("*.py")
+    )
+
+
+UI_MODULES = _modules(PACKAGE / "ui")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -37,6 +48,18 @@ def test_importing_the_app_and_every_ui_module_loads_no_torch(tmp_path: Path) ->
         "import gpuopt_tui.app\n"
         f"for name in {UI_MODULES!r}: importlib.import_module(name)\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(tmp_path), timeout=60, check=True
+    )
+    assert json.loads(out.stdout) == []
+
+
+def test_importing_every_core_module_loads_neither_torch_nor_textual_nor_rich(tmp_path: Path) -> None:
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {_modules(CORE)!r}: importlib.import_module(name)\n"
+        f"print(json.dumps([m for m in {CORE_FORBIDDEN!r} if m in sys.modules]))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_env(tmp_path), timeout=60, check=True
@@ -126,7 +149,7 @@ def _offenders(folder: Path, forbidden: tuple[str, ...]) -> dict[str, list[str]]
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
-        ("core", ("torch", "transformers", "textual")),
+        ("core", CORE_FORBIDDEN),
         ("jobs", ("textual",)),
         ("ui", ("torch", "transformers", "gpuopt_tui.jobs")),
     ],
@@ -138,3 +161,18 @@ def test_layers_do_not_import_across(folder: str, forbidden: tuple[str, ...]) ->
 def test_app_module_imports_no_engine() -> None:
     names = _imports(PACKAGE / "app.py")
     assert not [n for n in names if n.split(".")[0] in HEAVY or n.startswith("gpuopt_tui.jobs")]
+
+
+@pytest.mark.parametrize("package", CORE_PACKAGES)
+def test_each_core_package_imports_neither_torch_nor_textual_nor_rich(package: str) -> None:
+    assert _offenders(CORE / package, CORE_FORBIDDEN) == {}
+
+
+def test_core_groups_its_modules_into_packages() -> None:
+    """A module added to core goes into the package of what it holds; every folder of modules is a package (so
+    the per-package check above sees it), and core's root keeps only what every part shares."""
+    root_modules = sorted(p.stem for p in CORE.glob("*.py") if p.stem != "__init__")
+    assert len(root_modules) <= MAX_CORE_ROOT_MODULES, root_modules
+    folders = {p.parent for p in CORE.rglob("*.py")} - {CORE}
+    assert sorted(str(f.relative_to(CORE)) for f in folders if not (f / "__init__.py").exists()) == []
+    assert {"runs", "results", "caches", "planner", "profiles", "telemetry"} <= set(CORE_PACKAGES)

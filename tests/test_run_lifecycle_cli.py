@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from run_stages import hf_load_stages, stages
 
-from gpuopt_tui.core.events import read_events
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunWatcher
-from gpuopt_tui.core.startup import FIRST_BATCH, LAUNCH_STAGE, PYTHON_STAGE, startup_stages
+from gpuopt_tui.core.runs.events import read_events
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.startup import FIRST_BATCH, LAUNCH_STAGE, PYTHON_STAGE, startup_stages
+from gpuopt_tui.core.runs.status import RunWatcher
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpuopt_tui.commands.follow import follow
-from gpuopt_tui.core.runs import find_run
+from gpuopt_tui.core.runs.lifecycle import find_run
 
 NAME = "attach"
 HELP = "follow a run's progress (Ctrl-C detaches; the run goes on)"

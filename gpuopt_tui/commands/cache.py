@@ -8,9 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpuopt_tui.core import gradient_cache
-from gpuopt_tui.core.cache_files import Cleared
-from gpuopt_tui.core.feature_cache import FeatureCache
+from gpuopt_tui.core.caches import gradients as gradient_cache
+from gpuopt_tui.core.caches.features import FeatureCache
+from gpuopt_tui.core.caches.files import Cleared
 from gpuopt_tui.core.format import human_bytes, human_time
 
 NAME = "cache"

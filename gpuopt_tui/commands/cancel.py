@@ -6,7 +6,7 @@ import argparse
 import math
 
 from gpuopt_tui.commands.follow import console
-from gpuopt_tui.core.runs import cancel_run, find_run, still_running, wait_stopped
+from gpuopt_tui.core.runs.lifecycle import cancel_run, find_run, still_running, wait_stopped
 
 NAME = "cancel"
 HELP = "cancel a running run (SIGTERM to its process group; partial results are flushed)"

@@ -14,13 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, Task, TaskID,
 from rich.progress_bar import ProgressBar
 from rich.text import Text
 
-from gpuopt_tui.core.events import TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import human_bytes, human_duration, safe_text
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import log_tail
-from gpuopt_tui.core.run_status import RunInfo, RunWatcher, combined_progress, stage_text
-from gpuopt_tui.core.runs import cancel_run
-from gpuopt_tui.core.startup import StartupStage, slowest, startup_headline, startup_stages
+from gpuopt_tui.core.runs.events import TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.runs.files import log_tail
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import cancel_run
+from gpuopt_tui.core.runs.startup import StartupStage, slowest, startup_headline, startup_stages
+from gpuopt_tui.core.runs.status import RunInfo, RunWatcher, combined_progress, stage_text
 
 POLL_S = 0.25
 console = Console(stderr=True, highlight=False)

@@ -107,7 +107,8 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _active_runs() -> dict[int, str]:
-    from gpuopt_tui.core.runs import RunWatcher, active_run_pids
+    from gpuopt_tui.core.runs.lifecycle import active_run_pids
+    from gpuopt_tui.core.runs.status import RunWatcher
 
     return active_run_pids(RunWatcher().refresh())
 

@@ -13,12 +13,12 @@ import subprocess
 from pathlib import Path
 
 from gpuopt_tui.commands.follow import console
-from gpuopt_tui.core.distributed import scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import NEUTRAL_CWD
-from gpuopt_tui.core.runs import find_run
+from gpuopt_tui.core.runs.distributed import scale_of, torchrun_command, torchrun_env
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import find_run
+from gpuopt_tui.core.runs.processes import NEUTRAL_CWD
 
 NAME = "join"
 HELP = "join a run over several nodes from another node (runs its torchrun command here)"

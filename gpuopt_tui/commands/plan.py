@@ -24,20 +24,6 @@ from rich.text import Text
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.plan_files import config_files
-from gpuopt_tui.core.plan_report import (
-    STAGES_TITLE,
-    breakdown_table,
-    candidates_table,
-    header_lines,
-    layout_line,
-    modules_table,
-    recommendation_text,
-    stages_table,
-    tiers_table,
-    values_table,
-    warning_lines,
-)
 from gpuopt_tui.core.planner import apply, session
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan, measure_setup
@@ -54,6 +40,20 @@ from gpuopt_tui.core.profiles.io import (
 )
 from gpuopt_tui.core.profiles.plan import PlanProfile
 from gpuopt_tui.core.profiles.schema import to_plain
+from gpuopt_tui.core.results.plan import config_files
+from gpuopt_tui.ui.plan_report import (
+    STAGES_TITLE,
+    breakdown_table,
+    candidates_table,
+    header_lines,
+    layout_line,
+    modules_table,
+    recommendation_text,
+    stages_table,
+    tiers_table,
+    values_table,
+    warning_lines,
+)
 
 NAME = "plan"
 LARGE_YAML = 256 * 1024  # bytes from which reading a config is announced

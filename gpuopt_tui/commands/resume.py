@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from gpuopt_tui.commands.follow import console, follow
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import find_run, resume_run
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import find_run, resume_run
 
 NAME = "resume"
 HELP = "resume a cancelled, failed or crashed run (finished shards are not recomputed)"

@@ -6,8 +6,8 @@ import argparse
 
 from gpuopt_tui.commands import add_overrides_option
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.runs import start_run
-from gpuopt_tui.core.startup import this_process_started
+from gpuopt_tui.core.runs.lifecycle import start_run
+from gpuopt_tui.core.runs.startup import this_process_started
 
 NAME = "run"
 HELP = "start a run from a profile (a .toml path or a profile name, see `gpuopt-tui profiles`)"

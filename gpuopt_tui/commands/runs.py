@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuopt_tui.core.format import human_duration, human_time
-from gpuopt_tui.core.run_status import RunWatcher, stage_text
-from gpuopt_tui.core.runs import unreadable_runs_dir
+from gpuopt_tui.core.runs.lifecycle import unreadable_runs_dir
+from gpuopt_tui.core.runs.status import RunWatcher, stage_text
 
 NAME = "runs"
 HELP = "list runs (running, finished, failed, cancelled, crashed, damaged)"

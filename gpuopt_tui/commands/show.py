@@ -8,13 +8,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from gpuopt_tui.core.events import read_events
 from gpuopt_tui.core.format import human_time, safe_text
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import log_tail, result_files
-from gpuopt_tui.core.run_status import RunInfo, RunWatcher, stage_text
-from gpuopt_tui.core.runs import find_run
-from gpuopt_tui.core.startup import startup_headline, startup_lines, startup_stages
+from gpuopt_tui.core.runs.events import read_events
+from gpuopt_tui.core.runs.files import log_tail, result_files
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import find_run
+from gpuopt_tui.core.runs.startup import startup_headline, startup_lines, startup_stages
+from gpuopt_tui.core.runs.status import RunInfo, RunWatcher, stage_text
 
 NAME = "show"
 HELP = "show one run: status, message, progress, the tail of its log and its result files"
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_startup(out: Console, run_dir: Path) -> None:
-    """Where the seconds went from the launch to the first computed batch, stage by stage (core/startup.py)."""
+    """Where the seconds went from the launch to the first computed batch, stage by stage (core/runs/startup.py)."""
     events, _ = read_events(RunDir(run_dir).events, skim=True)  # skimming keeps every event but old progress
     stages = startup_stages(events)
     if stages:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gpuopt_tui.core.atomic import write_atomically
+from gpuopt_tui.core.caches.features import file_sha256
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.feature_cache import file_sha256
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import shown
-from gpuopt_tui.core.startup import StartupClock
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.files import shown
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.startup import StartupClock
 
 RESUME_RECORD = "resume.json"
 CHECKSUMS = "checksums"  # in the state directory: a file per shard, written once the shard is whole (`_checksum`)
@@ -109,7 +109,7 @@ class JobContext:
         self._stage = ""
         self._last_of_stage: dict[str, dict[str, Any]] = {}  # stage -> the fields of its last progress
         self.dist = dist or Collective()
-        self._startup = startup  # times the stages up to the first batch (core/startup.py); None: not timed
+        self._startup = startup  # times the stages up to the first batch (core/runs/startup.py); None: not timed
         self._record_digest = ""  # of the resume record: each shard's checksum file names it
         self._intact: set[str] = set()  # shards whose checksum was checked
 
@@ -196,7 +196,7 @@ class JobContext:
 
     def first_batch_done(self) -> None:
         """Say that the first batch of the run's main count is computed: start-up ends there (its profile's last
-        stage, see core/startup.py). Engines call it after every batch; only the first call counts."""
+        stage, see core/runs/startup.py). Engines call it after every batch; only the first call counts."""
         if self._startup is not None:
             self._startup.first_batch()
 

@@ -3,7 +3,7 @@
 Every kind's resume record keeps them (`input_parts`, checked by JobContext.check_resume_record), so that shards
 made from other data, weights or vocabulary are never mixed with new ones. Weight files are hashed whole (SHA-256
 of their bytes), each remembered in the cache directory by its size, times and inode (see
-core.feature_cache.remembered_digest), so that a rerun on an unchanged multi-GB model reads nothing again; a
+core.caches.features.remembered_digest), so that a rerun on an unchanged multi-GB model reads nothing again; a
 model known only in memory (a plugin's) is hashed from its state dict.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpuopt_tui.core.feature_cache import remembered_digest
+from gpuopt_tui.core.caches.features import remembered_digest
 from gpuopt_tui.core.profiles.common import ModelSection
 from gpuopt_tui.jobs.context import ResumePart
 from gpuopt_tui.jobs.data import TextDataset

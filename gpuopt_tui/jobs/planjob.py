@@ -13,7 +13,6 @@ from typing import Any
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.plan_files import CONFIG_DIFF, PLAN_JSON
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import MeasuredPlan
@@ -32,6 +31,7 @@ from gpuopt_tui.core.planner.session import (
 )
 from gpuopt_tui.core.planner.traced import TracedEstimate
 from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.core.results.plan import CONFIG_DIFF, PLAN_JSON
 from gpuopt_tui.jobs.context import JobContext
 
 GIB = 1024**3

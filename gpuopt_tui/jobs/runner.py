@@ -4,7 +4,7 @@ Lifecycle events: `started` (pid, attempt), then exactly one of `finished` (with
 `failed` (a human message; the traceback goes to log.txt) or `cancelled` (after SIGTERM; shards that were
 finished are kept for `resume`).
 
-A run over several processes (see core/distributed.py) is supervised from here: this process writes the
+A run over several processes (see core/runs/distributed.py) is supervised from here: this process writes the
 lifecycle events and waits for torchrun, whose workers (jobs/worker.py) report `rank_started`, then
 `rank_finished`, `rank_failed` or `rank_cancelled`, each with its rank; the last also goes to `ranks/RANK.json`,
 from which the outcome is decided.
@@ -25,16 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.distributed import Scale, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, clean_event, read_events
 from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import read_object
-from gpuopt_tui.core.startup import StartupClock, launched_at_from_env
+from gpuopt_tui.core.runs.distributed import Scale, scale_of, torchrun_command, torchrun_env
+from gpuopt_tui.core.runs.events import EventWriter, clean_event, read_events
+from gpuopt_tui.core.runs.files import read_object
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.startup import StartupClock, launched_at_from_env
 from gpuopt_tui.jobs.context import CUDA_STAGE, ENGINE_STAGE, TORCH_STAGE, JobCancelled, JobContext
 
 CANCELLED = "cancelled on request; finished shards are kept for resume"
@@ -87,7 +87,7 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # launch() starts the process with SIGTERM held back (core.run_processes.stop_signal_held): one sent while it
+    # launch() starts the process with SIGTERM held back (core.runs.processes.stop_signal_held): one sent while it
     # started is taken now, by the handler
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 

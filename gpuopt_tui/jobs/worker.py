@@ -18,11 +18,11 @@ import torch
 
 from gpuopt_tui.core.atomic import write_json
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import proc_start_time
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.processes import proc_start_time
 from gpuopt_tui.jobs.collective import init_from_torchrun, shutdown
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.runner import EXIT_CODES, execute, on_stop_signals

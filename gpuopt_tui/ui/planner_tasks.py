@@ -15,8 +15,19 @@ from rich.text import Text
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.plan_files import SavedPlan, config_files, read_saved_plan
-from gpuopt_tui.core.plan_report import (
+from gpuopt_tui.core.planner import apply as config_write
+from gpuopt_tui.core.planner import gpu as gpu_memory
+from gpuopt_tui.core.planner import session
+from gpuopt_tui.core.planner.measure import ALLOC_CONF
+from gpuopt_tui.core.planner.search import Candidate, Recommendation
+from gpuopt_tui.core.planner.yamledit import FilePatch
+from gpuopt_tui.core.profile_paths import resolve_paths
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.profiles.plan import PlanProfile
+from gpuopt_tui.core.results.plan import SavedPlan, config_files, read_saved_plan
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.status import RunInfo
+from gpuopt_tui.ui.plan_report import (
     breakdown_bar,
     breakdown_table,
     candidate_bar,
@@ -27,17 +38,6 @@ from gpuopt_tui.core.plan_report import (
     tiers_table,
     values_table,
 )
-from gpuopt_tui.core.planner import apply as config_write
-from gpuopt_tui.core.planner import gpu as gpu_memory
-from gpuopt_tui.core.planner import session
-from gpuopt_tui.core.planner.measure import ALLOC_CONF
-from gpuopt_tui.core.planner.search import Candidate, Recommendation
-from gpuopt_tui.core.planner.yamledit import FilePatch
-from gpuopt_tui.core.profile_paths import resolve_paths
-from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.profiles.plan import PlanProfile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunInfo
 from gpuopt_tui.ui.screens.kind import display_path
 from gpuopt_tui.ui.widgets.planner_view import TierPlan
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE

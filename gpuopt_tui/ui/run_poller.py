@@ -14,7 +14,7 @@ from textual.app import App
 from textual.message import Message
 from textual.timer import Timer
 
-from gpuopt_tui.core.runs import RunInfo, RunWatcher
+from gpuopt_tui.core.runs.status import RunInfo, RunWatcher
 
 ACTIVE_INTERVAL_S = 0.5  # while a run is starting or running
 IDLE_INTERVAL_S = 1.0

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpuopt_tui.core import attribution_results
-from gpuopt_tui.core.attribution_results import JSONL_NAME, SHOWN_TOKENS, TOKEN_CHARS, SampleIndex, parse_sample
+from gpuopt_tui.core.results import attribution as attribution_results
+from gpuopt_tui.core.results.attribution import JSONL_NAME, SHOWN_TOKENS, TOKEN_CHARS, SampleIndex, parse_sample
 
 FROZEN = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "attribution"
 MiB = 1024**2

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from gpuopt_tui.core.attribution_query import SampleQuery, select
-from gpuopt_tui.core.attribution_results import JSONL_NAME, TENSORS_NAME, SampleIndex, load_run_files, page, page_count
-from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME, load_check, load_summary
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.core.results.attribution import JSONL_NAME, TENSORS_NAME, SampleIndex, load_run_files, page, page_count
+from gpuopt_tui.core.results.attribution_query import SampleQuery, select
+from gpuopt_tui.core.results.attribution_summary import CHECK_NAME, SUMMARY_NAME, load_check, load_summary
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import create_run
 
 
 def engine_run(root: Path, profile_name: str, *overrides: str) -> Path:

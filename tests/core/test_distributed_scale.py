@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuopt_tui.core.distributed import Scale, parse_devices, scale_of, torchrun_command, torchrun_env
 from gpuopt_tui.core.errors import ProfileError
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.runs.distributed import Scale, parse_devices, scale_of, torchrun_command, torchrun_env
 
 
 def attribution(**run: object) -> object:

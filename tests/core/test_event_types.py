@@ -7,7 +7,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpuopt_tui.core.events import EVENT_TYPES, RANK_END_TYPES
+from gpuopt_tui.core.runs.events import EVENT_TYPES, RANK_END_TYPES
 
 SOURCE = Path(__file__).resolve().parents[2] / "gpuopt_tui"
 WRITERS = frozenset({"emit", "event", "_emit", "on_event"})  # EventWriter, JobContext, engines' hooks
@@ -79,7 +79,7 @@ def test_every_type_written_is_listed_and_every_listed_type_is_written() -> None
         for etype in written_types(tree):
             written.setdefault(etype, []).append(path.relative_to(SOURCE).as_posix())
     unlisted = {t: where for t, where in written.items() if t not in EVENT_TYPES}
-    assert not unlisted, f"written but not in core.events.EVENT_TYPES: {unlisted}"
+    assert not unlisted, f"written but not in core.runs.events.EVENT_TYPES: {unlisted}"
     assert EVENT_TYPES - set(written) == set(), "listed in EVENT_TYPES but never written"
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuopt_tui.core.events import EventTail, EventWriter, read_events
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.events import EventTail, EventWriter, read_events
+from gpuopt_tui.core.runs.layout import RunDir
 
 
 def test_progress_is_throttled_but_forced_events_pass(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from gpuopt_tui.commands import cache as cache_command
-from gpuopt_tui.core import cache_files, feature_cache
-from gpuopt_tui.core.feature_cache import FeatureCache, cache_key
+from gpuopt_tui.core.caches import features as feature_cache
+from gpuopt_tui.core.caches import files as cache_files
+from gpuopt_tui.core.caches.features import FeatureCache, cache_key
 
 
 def _array(seed: int = 0, shape: tuple[int, ...] = (50, 7)) -> np.ndarray:
@@ -195,8 +196,8 @@ def test_cache_command_rejects_two_actions() -> None:
 
 def test_listing_the_cache_does_not_import_torch(tmp_path: Path) -> None:
     code = (
-        "import sys; from gpuopt_tui.core.feature_cache import FeatureCache; "
-        "from gpuopt_tui.core.ablation_results import load_results; import gpuopt_tui.commands.cache; "
+        "import sys; from gpuopt_tui.core.caches.features import FeatureCache; "
+        "from gpuopt_tui.core.results.ablation import load_results; import gpuopt_tui.commands.cache; "
         "FeatureCache().entries(); print('torch' in sys.modules, 'numpy' in sys.modules)"
     )
     env = {**os.environ, "GPUOPT_TUI_CACHE_DIR": str(tmp_path)}
@@ -208,7 +209,7 @@ def test_clear_leaves_a_write_in_progress_alone(tmp_path) -> None:
     import os
     import time
 
-    from gpuopt_tui.core.feature_cache import IN_PROGRESS_S, FeatureCache
+    from gpuopt_tui.core.caches.features import IN_PROGRESS_S, FeatureCache
 
     cache = FeatureCache(tmp_path)
     tmp_path.mkdir(exist_ok=True)

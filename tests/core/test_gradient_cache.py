@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.commands import cache as cache_command
-from gpuopt_tui.core import gradient_cache
-from gpuopt_tui.core.feature_cache import FeatureCache
+from gpuopt_tui.core.caches import gradients as gradient_cache
+from gpuopt_tui.core.caches.features import FeatureCache
 
 
 def _clear(capsys: pytest.CaptureFixture[str]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuopt_tui.core.proc_files import (
+from gpuopt_tui.core.runs.proc_files import (
     proc_mounted,
     read_cmdline,
     read_comm,

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from gpuopt_tui import cli
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_status import this_host
-from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import create_run
+from gpuopt_tui.core.runs.status import this_host
 from gpuopt_tui.jobs.runner import _read_reports, outcome_of_ranks
 
 NO_PROCESS = 2**22 + 1
@@ -139,7 +139,7 @@ def guarded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     sent: list[tuple[int, int]] = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setattr(os, "killpg", lambda pid, sig: sent.append((pid, sig)))
-    monkeypatch.setattr("gpuopt_tui.core.runs.subprocess.Popen", FakeProcess)
+    monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.subprocess.Popen", FakeProcess)
     monkeypatch.setenv("COLUMNS", "400")
     return sent
 

@@ -15,12 +15,12 @@ import pytest
 
 from gpuopt_tui import cli
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import remove_stale_partial_writes
-from gpuopt_tui.core.run_status import RunWatcher
-from gpuopt_tui.core.runs import cancel_run, create_run, find_run, launch, resume_run, start_run
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.files import remove_stale_partial_writes
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import cancel_run, create_run, find_run, launch, resume_run, start_run
+from gpuopt_tui.core.runs.status import RunWatcher
 
 NO_PROCESS = 2**22 + 1  # a valid pid above Linux's pid_max: no process has it
 
@@ -196,7 +196,7 @@ def test_an_unreadable_runs_directory_is_a_clear_error(
     def refused(path: object) -> object:
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("gpuopt_tui.core.run_status.os.scandir", refused)
+    monkeypatch.setattr("gpuopt_tui.core.runs.status.os.scandir", refused)
     for args in (["runs"], ["show", "2"]):
         code, output = gpuopt(capsys, *args)
         assert code == 1 and f"cannot read the runs directory {runs_root} (Permission denied)" in output
@@ -249,7 +249,7 @@ def test_a_crash_with_an_empty_log_says_what_may_have_happened(
     RunDir(run_dir).log.write_text("")
     watcher = RunWatcher(runs_root)
     assert "its log is empty (it was killed, or could not write to" in watcher.info(run_dir).message
-    monkeypatch.setattr("gpuopt_tui.core.run_files.shutil.disk_usage", lambda path: DiskUsage(10**9, 10**9, 512))
+    monkeypatch.setattr("gpuopt_tui.core.runs.files.shutil.disk_usage", lambda path: DiskUsage(10**9, 10**9, 512))
     info = watcher.info(run_dir)
     assert info.status == "crashed" and f"the disk of {run_dir} is full (512 B free)" in info.message
     with pytest.raises(UserError, match=r"is full \(512 B free\): free some space, then resume"):
@@ -261,7 +261,7 @@ def test_a_crash_with_an_empty_log_says_what_may_have_happened(
 
 def test_a_run_that_could_not_start_can_be_resumed_at_once(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as full:
-        full.setattr("gpuopt_tui.core.run_files.shutil.disk_usage", lambda path: DiskUsage(10**9, 10**9, 512))
+        full.setattr("gpuopt_tui.core.runs.files.shutil.disk_usage", lambda path: DiskUsage(10**9, 10**9, 512))
         with pytest.raises(UserError, match=r"is full \(512 B free\): free some space, then resume"):
             start_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
     [run_dir] = RunWatcher(runs_root).run_dirs()
@@ -270,7 +270,7 @@ def test_a_run_that_could_not_start_can_be_resumed_at_once(runs_root: Path, monk
     with pytest.raises(UserError, match="is not running \\(it is failed\\)"):
         cancel_run(run_dir)
     launched: list[Path] = []
-    monkeypatch.setattr("gpuopt_tui.core.runs.launch", lambda path: launched.append(path) or 1)
+    monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.launch", lambda path: launched.append(path) or 1)
     resume_run(run_dir)
     assert launched == [run_dir]
 
@@ -281,7 +281,7 @@ def test_a_run_directory_that_could_not_be_made_whole_is_removed(
     def full(path: Path, text: str) -> None:
         raise UserError(f"{path}: cannot write it (No space left on device); nothing was written")
 
-    monkeypatch.setattr("gpuopt_tui.core.runs.atomic_write_text", full)
+    monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.atomic_write_text", full)
     with pytest.raises(UserError, match="No space left on device"):
         start_run(profile_from_data({"kind": "attribution"}, "p.toml"), root=runs_root)
     assert list(runs_root.iterdir()) == []

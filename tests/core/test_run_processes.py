@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventTail, EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import JOB_MODULE, WORKER_MODULE, pid_alive, proc_start_time
-from gpuopt_tui.core.run_status import RunWatcher, this_host
-from gpuopt_tui.core.runs import cancel_run, create_run, resume_run, start_run, wait_stopped
+from gpuopt_tui.core.runs.events import EventTail, EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import cancel_run, create_run, resume_run, start_run, wait_stopped
+from gpuopt_tui.core.runs.processes import JOB_MODULE, WORKER_MODULE, pid_alive, proc_start_time
+from gpuopt_tui.core.runs.status import RunWatcher, this_host
 
 DEAD_START = 1  # a start time no live process has (clock ticks since boot)
 
@@ -168,7 +168,7 @@ def test_two_resumes_at_once_launch_once(run_dir: Path, monkeypatch: pytest.Monk
         launched.append(path)
         return 0
 
-    monkeypatch.setattr("gpuopt_tui.core.runs.launch", launch)
+    monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.launch", launch)
     resume_run(run_dir)
     assert launched == [run_dir]
     with (run_dir / ".lock").open("a") as held:  # another process holding the lock
@@ -194,7 +194,7 @@ def test_a_resumed_run_imports_nothing_from_its_directory(
     safe_path: bool, run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not safe_path:  # as on Python 3.10, which ignores PYTHONSAFEPATH: the working directory alone must do
-        monkeypatch.setattr("gpuopt_tui.core.runs.job_env", lambda: {**os.environ, "PYTHONUNBUFFERED": "1"})
+        monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.job_env", lambda: {**os.environ, "PYTHONUNBUFFERED": "1"})
     planted = tmp_path / "planted"
     for name in ("platformdirs", "json", "tomllib", "gpuopt_tui"):  # imported by the run's process at start
         (run_dir / f"{name}.py").write_text(f"open({str(planted)!r}, 'a').write('{name} ')\n")

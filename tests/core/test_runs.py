@@ -14,18 +14,13 @@ import pytest
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import load_profile, parse_toml, profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import JOB_MODULE, pid_alive
-from gpuopt_tui.core.runs import (
-    RunWatcher,
-    cancel_run,
-    create_run,
-    find_run,
-    resume_run,
-)
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import cancel_run, create_run, find_run, resume_run
+from gpuopt_tui.core.runs.processes import JOB_MODULE, pid_alive
+from gpuopt_tui.core.runs.status import RunWatcher
 
 
 @pytest.fixture
@@ -234,7 +229,7 @@ def test_finished_runs_are_listed_without_looking_up_their_process(
     writer.emit("started", attempt=1)
     writer.emit("finished", summary={"n": 1})
     looked_up: list[int] = []
-    monkeypatch.setattr("gpuopt_tui.core.run_status.pid_alive", lambda pid, start=None: looked_up.append(pid) or False)
+    monkeypatch.setattr("gpuopt_tui.core.runs.status.pid_alive", lambda pid, start=None: looked_up.append(pid) or False)
     watcher = RunWatcher(runs_root)
     assert [(i.status, i.summary) for i in watcher.refresh()] == [("finished", {"n": 1})]
     assert looked_up == []

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunWatcher, create_run
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import create_run
+from gpuopt_tui.core.runs.status import RunWatcher
 
 
 @pytest.fixture

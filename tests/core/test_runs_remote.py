@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunWatcher, cancel_run, create_run, this_host
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import cancel_run, create_run
+from gpuopt_tui.core.runs.status import RunWatcher, this_host
 
 NO_SUCH_PID = 2**22 + 12345  # above Linux's default pid_max: no process here has it
 

@@ -1,4 +1,4 @@
-"""The start-up profile (core/startup.py): a chain of stages from the launch to the first computed batch, each
+"""The start-up profile (core/runs/startup.py): a chain of stages from the launch to the first computed batch, each
 reported once as it ends; the reader takes the last attempt's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuopt_tui.core.events import EventWriter, read_events
-from gpuopt_tui.core.startup import (
+from gpuopt_tui.core.runs.events import EventWriter, read_events
+from gpuopt_tui.core.runs.startup import (
     FIRST_BATCH,
     LAUNCH_STAGE,
     LAUNCHED_AT_ENV,

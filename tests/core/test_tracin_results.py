@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuopt_tui.core import gradient_cache
+from gpuopt_tui.core.caches import gradients as gradient_cache
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.tracin_results import (
+from gpuopt_tui.core.results.tracin import (
     SELF_CSV_NAME,
     SELF_JSONL_NAME,
     PagedRecords,
@@ -29,7 +27,9 @@ from gpuopt_tui.core.tracin_results import (
     parse_influence,
     parse_ranked,
 )
-from gpuopt_tui.core.tracin_summary import Agreement, CacheUse, Projection, parse_summary
+from gpuopt_tui.core.results.tracin_summary import Agreement, CacheUse, Projection, parse_summary
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
 
 #: the demo over all layers, gradients projected to 8 x 8 per layer, training gradients cached, checked against
 #: exact all-parameter TracIn on 40 training examples

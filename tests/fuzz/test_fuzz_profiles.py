@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpuopt_tui.core.kinds import KINDS
 from gpuopt_tui.core.paths import shipped_profiles_dir
 from gpuopt_tui.core.profiles.schema import describe
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.layout import RunDir
 
 from .inputs import FUZZ, TOKENS, Result, check_result, damaged, run_cli, unchanged
 

@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuopt_tui.core.attribution_results import JSONL_NAME, SHOWN_TOKENS, SampleIndex
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.results.attribution import JSONL_NAME, SHOWN_TOKENS, SampleIndex
 from gpuopt_tui.ui.widgets.token_heatmap import heatmap
 
 from .inputs import FUZZ, JSON_VALUES, damaged

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from gpuopt_tui.core.ablation_results import TABLE_HEADER, load_results
-from gpuopt_tui.core.events import EventWriter, read_events
-from gpuopt_tui.core.feature_cache import FeatureCache
+from gpuopt_tui.core.caches.features import FeatureCache
 from gpuopt_tui.core.profiles.ablation import AblationProfile
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import create_run, launch, wait_for
+from gpuopt_tui.core.results.ablation import TABLE_HEADER, load_results
+from gpuopt_tui.core.runs.events import EventWriter, read_events
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import create_run, launch, wait_for
 from gpuopt_tui.jobs.ablation.features import BatchShares, LayerFeatures, extract
 from gpuopt_tui.jobs.ablation.inputs import LayerSource, synthetic_source
 from gpuopt_tui.jobs.ablation.job import run_job

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from gpuopt_tui.core.caches.features import FeatureCache
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.jobs.ablation.inputs import LayerSource, files_source, lora_source, synthetic_source
 from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec, generate

@@ -14,14 +14,14 @@ import torch
 from run_stages import stages
 from safetensors.torch import save_file
 
-from gpuopt_tui.core.ablation_results import ALL_LAYERS, TABLE_HEADER, AblationResults, load_results
+from gpuopt_tui.core.caches.features import FeatureCache
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
-from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.profiles.ablation import BASE_REPRESENTATIONS, AblationProfile
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.results.ablation import ALL_LAYERS, TABLE_HEADER, AblationResults, load_results
+from gpuopt_tui.core.runs.events import EventWriter, read_events
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.ablation.features import extract
 from gpuopt_tui.jobs.ablation.inputs import synthetic_source
 from gpuopt_tui.jobs.ablation.job import probe_tasks, run_job, sample_layers

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpuopt_tui.core.feature_cache import cache_key
+from gpuopt_tui.core.caches.features import cache_key
 from gpuopt_tui.core.profiles.ablation import BASE_REPRESENTATIONS, REPRESENTATIONS, split_representation
 from gpuopt_tui.jobs.ablation.features import feature_key
 from gpuopt_tui.jobs.ablation.inputs import synthetic_source

@@ -15,9 +15,9 @@ import torch
 from lm_cases import save_tiny_decoder
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.attribution.job import run_job
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.models import load_adapter

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.runs.events import EventWriter, read_events
 from gpuopt_tui.jobs import runner
 from gpuopt_tui.jobs.context import CHECKSUMS, RESUME_RECORD, JobCancelled, JobContext, ResumePart
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpuopt_tui.core.events import TERMINAL_TYPES
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunInfo, start_run, wait_for
+from gpuopt_tui.core.runs.events import TERMINAL_TYPES
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import start_run, wait_for
+from gpuopt_tui.core.runs.status import RunInfo
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.events import EventWriter, read_events
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.attribution import integrated_gradients
 from gpuopt_tui.jobs.attribution.check import CHECK_STAGES
 from gpuopt_tui.jobs.attribution.engine import Settings

@@ -12,10 +12,10 @@ from captum.attr import IntegratedGradients
 from safetensors.torch import load_file
 from torch import nn
 
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.attribution import integrated_gradients, integrated_gradients_reference
 from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch

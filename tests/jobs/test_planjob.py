@@ -12,14 +12,14 @@ import pytest
 from run_stages import stages
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
-from gpuopt_tui.core.plan_files import read_saved_plan
 from gpuopt_tui.core.planner import session
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
 from gpuopt_tui.core.planner.search import CLOSED_FORM_HEADROOM
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.results.plan import read_saved_plan
+from gpuopt_tui.core.runs.events import EventWriter, read_events
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.tracin.job import run_job
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_tracin_support import bert_adapter, save_checkpoints, text_dataset
 
-from gpuopt_tui.core import gradient_cache
+from gpuopt_tui.core.caches import gradients as gradient_cache
 from gpuopt_tui.jobs.tracin import TracInOptions, select_parameters, tracin_scores
 from gpuopt_tui.jobs.tracin.grad_cache import CheckpointGradients, TrainGradientCache, rounded, to_features
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer

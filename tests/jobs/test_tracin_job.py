@@ -18,9 +18,9 @@ from test_tracin_support import max_rel_error, save_checkpoints
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter, read_events
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.events import EventWriter, read_events
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.jobs.data import load_dataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint

@@ -19,10 +19,10 @@ from textual.pilot import Pilot
 from textual.widgets import Tabs
 
 from gpuopt_tui.core.atomic import atomic_write_text
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.run_processes import JOB_MODULE
-from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.lifecycle import create_run
+from gpuopt_tui.core.runs.processes import JOB_MODULE
 from gpuopt_tui.ui.gpu_poller import GpuPoller
 
 FROZEN_RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
@@ -52,7 +52,7 @@ def user_profiles(data_home: Path) -> Path:
 
 
 def make_run(root: Path, *events: tuple[str, dict[str, object]], log: str = "") -> Path:
-    """A real run directory (made by core.runs.create_run from the shipped demo profile) with the given events,
+    """A real run directory (made by core.runs.lifecycle.create_run from the shipped demo profile) with the given events,
     written by the same EventWriter the jobs use. No process is started."""
     path = find_profile("demo-attribution")
     run_dir = create_run(load_profile(path), source=path, root=root)

@@ -19,12 +19,12 @@ from textual.command import CommandPalette
 from textual.pilot import Pilot
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core import runs
-from gpuopt_tui.core.ablation_results import ReportedProbe, ReportedProbes, best_of, sort_rows
 from gpuopt_tui.core.atomic import atomic_write_text
-from gpuopt_tui.core.events import TERMINAL_TYPES, EventWriter
-from gpuopt_tui.core.feature_cache import FeatureCache, group_entries
+from gpuopt_tui.core.caches.features import FeatureCache, group_entries
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.results.ablation import ReportedProbe, ReportedProbes, best_of, sort_rows
+from gpuopt_tui.core.runs import lifecycle as runs
+from gpuopt_tui.core.runs.events import TERMINAL_TYPES, EventWriter
 from gpuopt_tui.ui.widgets.ablation_view import (
     BRAILLE_BLANK,
     DOT_BITS,

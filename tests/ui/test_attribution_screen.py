@@ -16,10 +16,10 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, Static
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core import runs as runs_module
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.runs import RunWatcher
+from gpuopt_tui.core.runs import lifecycle as runs_module
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.status import RunWatcher
 from gpuopt_tui.ui.screens.attribution import CHECK_SAMPLES, AttributionScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.token_heatmap import NEGATIVE, POSITIVE, UNCOLOURED_BELOW, word_pieces

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from gpuopt_tui.core.attribution_results import Sample, SampleEntry, parse_sample
-from gpuopt_tui.core.attribution_summary import Audit, AuditedSample, StepStats
+from gpuopt_tui.core.results.attribution import Sample, SampleEntry, parse_sample
+from gpuopt_tui.core.results.attribution_summary import Audit, AuditedSample, StepStats
 from gpuopt_tui.ui.widgets.attribution_text import audit_report, sample_heading, step_report
 
 

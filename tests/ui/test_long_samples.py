@@ -11,7 +11,7 @@ from pathlib import Path
 from textual.widgets import DataTable, Static
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core.attribution_results import JSONL_NAME, SHOWN_TOKENS
+from gpuopt_tui.core.results.attribution import JSONL_NAME, SHOWN_TOKENS
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 
 from .conftest import frozen_run, wait_for

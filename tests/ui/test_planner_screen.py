@@ -22,17 +22,17 @@ from textual.widgets import DataTable
 import gpuopt_tui.app as app_module
 from gpuopt_tui.app import GpuOptApp, make_app
 from gpuopt_tui.core.atomic import atomic_write_text
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.plan_report import candidate_rows
 from gpuopt_tui.core.planner import apply, session, yamledit
 from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import measure
+from gpuopt_tui.core.planner.report import candidate_rows
 from gpuopt_tui.core.planner.yamledit import FilePatch
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.profiles.plan import PlanProfile
-from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.lifecycle import create_run
 from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
 from gpuopt_tui.ui.screens.planner import PlannerScreen

@@ -19,7 +19,7 @@ import pytest
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.kinds import KINDS
-from gpuopt_tui.core.runs import RunWatcher
+from gpuopt_tui.core.runs.status import RunWatcher
 
 from .conftest import pid_alive, wait_for
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.text import Text
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core.events import EventWriter
+from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.telemetry import CachedRunLookup, GpuSample, ProcessSample, RunLookup, Snapshot
 from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.widgets.gpu_view import ProcessList, process_text, run_label

@@ -15,8 +15,8 @@ from rich.text import Text
 from textual.widgets import Log
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core.events import EventWriter
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.core.telemetry import GpuSample, ProcessSample, ReplaySource, Snapshot
 from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.run_poller import IDLE_INTERVAL_S, RunsPolled

@@ -23,9 +23,9 @@ from textual.widgets import DataTable, TabbedContent
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.atomic import atomic_write_text
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
-from gpuopt_tui.core.runs import create_run
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.lifecycle import create_run
 from gpuopt_tui.ui.widgets.choice_field import ChoiceField
 from gpuopt_tui.ui.widgets.tracin_view import FIRST_PAGE, PAGE, score_text
 

@@ -7,6 +7,8 @@
 - `trainconfig`, `compose` and `yamledit`: reading a training YAML config (Hydra-style composition included)
   and previewing new values in it as a minimal diff.
 - `apply` and `backups`: writing previewed edits (numbered, verified backups; atomic replaces) and undoing them.
+- `report`: a plan's report as data (header lines, candidate rows, a memory bar's cells), drawn by
+  ui/plan_report.py.
 
 Importing this package imports nothing heavy; `yamledit` imports ruamel.yaml only when it parses.
 """

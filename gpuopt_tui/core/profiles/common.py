@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpuopt_tui.core.distributed import check_scale
 from gpuopt_tui.core.profiles.schema import Failure, opt
+from gpuopt_tui.core.runs.distributed import check_scale
 
 DEVICE_HELP = "Where to compute: auto (the GPU when there is one), cpu, cuda, or cuda:N"
 

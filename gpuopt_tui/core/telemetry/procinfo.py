@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
-from gpuopt_tui.core.proc_files import read_cmdline, read_comm, read_stat, read_uid
+from gpuopt_tui.core.runs.proc_files import read_cmdline, read_comm, read_stat, read_uid
 
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
 

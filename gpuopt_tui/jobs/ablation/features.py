@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpuopt_tui.core.caches.features import FeatureCache, PendingEntry, cache_key
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.feature_cache import FeatureCache, PendingEntry, cache_key
 from gpuopt_tui.jobs.ablation.inputs import LayerSource
 from gpuopt_tui.jobs.ablation.representations import BASES, FeatureSettings
 from gpuopt_tui.jobs.context import Collective

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpuopt_tui.core.caches.features import FeatureCache
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.feature_cache import FeatureCache
 from gpuopt_tui.jobs.ablation.matrices import DenseBatch, LowRankProductBatch, MatrixBatch
 from gpuopt_tui.jobs.ablation.synthetic import SyntheticSpec, generate
 from gpuopt_tui.jobs.attention import padded_batch_kernels

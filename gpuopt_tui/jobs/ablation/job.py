@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpuopt_tui.core.ablation_results import ALL_LAYERS, ResultRow, best_of, write_results
-from gpuopt_tui.core.cache_files import write_problem
+from gpuopt_tui.core.caches.features import CacheStats, FeatureCache
+from gpuopt_tui.core.caches.files import write_problem
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.feature_cache import CacheStats, FeatureCache
 from gpuopt_tui.core.profiles.ablation import AblationProfile, AblationSection, split_representation
+from gpuopt_tui.core.results.ablation import ALL_LAYERS, ResultRow, best_of, write_results
 from gpuopt_tui.jobs.ablation.features import LayerFeatures, extract
 from gpuopt_tui.jobs.ablation.inputs import LayerSource, open_source
 from gpuopt_tui.jobs.ablation.probe import (

@@ -20,10 +20,10 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_json, write_jsonl
-from gpuopt_tui.core.attribution_results import JSONL_NAME, TENSORS_NAME
-from gpuopt_tui.core.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
+from gpuopt_tui.core.results.attribution import JSONL_NAME, TENSORS_NAME
+from gpuopt_tui.core.results.attribution_summary import CHECK_NAME, SUMMARY_NAME
 from gpuopt_tui.jobs import short_attention
 from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, precision_chain, tolerance_warning
 from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_outcome, audit_warning, chosen_samples

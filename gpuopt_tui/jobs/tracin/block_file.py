@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import Tensor
 
-from gpuopt_tui.core.cache_files import digest_chunks, split
+from gpuopt_tui.core.caches.files import digest_chunks, split
 
 STORED = torch.bfloat16
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "I64": torch.int64}

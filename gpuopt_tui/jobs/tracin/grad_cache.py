@@ -1,4 +1,4 @@
-"""Projected training gradients of one checkpoint kept on disk (core/gradient_cache.py: layout and listing).
+"""Projected training gradients of one checkpoint kept on disk (core/caches/gradients.py: layout and listing).
 
 Features are stored in bf16; a run with the cache on rounds freshly computed features to bf16 too before using
 them, so a run that reads the cache and one that fills it give identical scores.
@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_atomically, write_json
-from gpuopt_tui.core.cache_files import file_digest, stamp
-from gpuopt_tui.core.gradient_cache import FORMAT, MANIFEST, entry_key
+from gpuopt_tui.core.caches.files import file_digest, stamp
+from gpuopt_tui.core.caches.gradients import FORMAT, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.digests import dataset_digest
 from gpuopt_tui.jobs.models.base import Adapter

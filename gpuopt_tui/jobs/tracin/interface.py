@@ -26,7 +26,7 @@ class TracInOptions:
     shard_size: int = 4096  # training examples per saved block
     top_k: int = 10
     keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
-    train_cache: Path | None = None  # keep the training gradients there (core/gradient_cache.py) and reuse them
+    train_cache: Path | None = None  # keep the training gradients there (core/caches/gradients.py) and reuse them
 
 
 @dataclass

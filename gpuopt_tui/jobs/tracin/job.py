@@ -24,11 +24,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_atomically, write_json, write_jsonl
+from gpuopt_tui.core.caches.gradients import default_root
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.gradient_cache import default_root
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
-from gpuopt_tui.core.tracin_results import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
+from gpuopt_tui.core.results.tracin import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device

@@ -13,7 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Button
 
 from gpuopt_tui.core.profiles.attribution import AttributionProfile
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults

@@ -24,7 +24,7 @@ from gpuopt_tui.core.paths import shipped_profiles_dir, user_profiles_dir
 from gpuopt_tui.core.profiles.common import ProfileBase
 from gpuopt_tui.core.profiles.io import ProfileEntry, read_text
 from gpuopt_tui.core.profiles.io import save_profile as write_profile
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.profile_listing import ProfileListing, read_listing, read_profile
 from gpuopt_tui.ui.run_poller import RunsSnapshot

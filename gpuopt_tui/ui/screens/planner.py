@@ -37,7 +37,7 @@ from textual.worker import get_current_worker
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.kinds import engine_available
 from gpuopt_tui.core.profiles.plan import PlanProfile
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen

@@ -32,7 +32,7 @@ from textual.widgets import DataTable, Input, Static, Tabs
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_time
 from gpuopt_tui.core.kinds import KINDS
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.external import open_file
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen

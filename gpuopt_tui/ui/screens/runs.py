@@ -14,8 +14,9 @@ from textual.widgets import DataTable, Input, Static
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_time
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RESUMABLE, RunInfo, delete_run, resume_run
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.lifecycle import delete_run, resume_run
+from gpuopt_tui.core.runs.status import RESUMABLE, RunInfo
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.base import AppScreen
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog

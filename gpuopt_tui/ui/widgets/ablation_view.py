@@ -17,9 +17,9 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Button, DataTable, Static
 
-from gpuopt_tui.core.ablation_results import TABLE_HEADER, ReportedProbe, ResultRow, best_of, sort_rows, table_cells
-from gpuopt_tui.core.feature_cache import EntryGroup, FeatureCache, group_entries, natural_key
+from gpuopt_tui.core.caches.features import EntryGroup, FeatureCache, group_entries, natural_key
 from gpuopt_tui.core.format import human_bytes, human_time
+from gpuopt_tui.core.results.ablation import TABLE_HEADER, ReportedProbe, ResultRow, best_of, sort_rows, table_cells
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.whole_cells import WholeCellsTable

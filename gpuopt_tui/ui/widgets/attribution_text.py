@@ -7,8 +7,8 @@ from typing import Any
 
 from textual.content import Content
 
-from gpuopt_tui.core.attribution_results import Sample
-from gpuopt_tui.core.attribution_summary import AttributionSummary, Audit, CheckResult, StepStats
+from gpuopt_tui.core.results.attribution import Sample
+from gpuopt_tui.core.results.attribution_summary import AttributionSummary, Audit, CheckResult, StepStats
 
 CHECK_TOLERANCE = 1e-2  # relative difference within which the optimized path counts as agreeing
 

@@ -2,7 +2,7 @@
 heatmap with its top tokens), the overall top tokens, convergence deltas, the optimized-vs-original check
 and the exported files.
 
-Everything shown comes from the run's result files, read in a thread worker (core.attribution_results); a
+Everything shown comes from the run's result files, read in a thread worker (core.results.attribution); a
 sample's tokens are read from disk when it is selected. A run that is still going shows what it has written
 (read again when its events report a new result file).
 """
@@ -24,11 +24,11 @@ from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
-from gpuopt_tui.core.attribution_results import MAX_LINE_BYTES, RunFiles, load_run_files
-from gpuopt_tui.core.attribution_summary import AttributionSummary, CheckResult, load_check
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.results.attribution import MAX_LINE_BYTES, RunFiles, load_run_files
+from gpuopt_tui.core.results.attribution_summary import AttributionSummary, CheckResult, load_check
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
 from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed

@@ -16,7 +16,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.ui.widgets.confirm import Dialog
 from gpuopt_tui.ui.widgets.run_results import result_files
 

@@ -12,8 +12,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Log, Static
 
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import log_tail
+from gpuopt_tui.core.runs.files import log_tail
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.ui.widgets.app_footer import AppFooter
 
 FOLLOW_INTERVAL_S = 1.0

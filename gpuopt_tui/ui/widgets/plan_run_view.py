@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
 
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.planner_view import PlanView, planner_tasks
 from gpuopt_tui.ui.widgets.run_results import RunResults

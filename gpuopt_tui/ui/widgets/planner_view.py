@@ -18,14 +18,14 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 if TYPE_CHECKING:
-    from gpuopt_tui.core.plan_report import MemoryBar
     from gpuopt_tui.core.planner.search import Candidate, Recommendation
+    from gpuopt_tui.ui.plan_report import MemoryBar
 
 
 def planner_tasks() -> ModuleType:
     """The planner's work: ui/planner_tasks, and core.planner under it (60-80 ms of imports on a small machine).
     Imported when first used, in the thread of the screen's first estimate (see PlannerScreen._tasks), so that the
-    planner screen and its views are drawn without waiting for it; core.plan_report likewise."""
+    planner screen and its views are drawn without waiting for it; ui/plan_report likewise."""
     from gpuopt_tui.ui import planner_tasks as tasks
 
     return tasks
@@ -46,7 +46,7 @@ class TierPlan:
 
 def bars(plan: TierPlan) -> Group:
     """The current setup's bar above the recommended configuration's, each with its caption."""
-    from gpuopt_tui.core.plan_report import candidate_bar
+    from gpuopt_tui.ui.plan_report import candidate_bar
 
     rec = plan.rec
     recommended = candidate_bar(rec.chosen, rec.budget.gpu_total, rec.budget.margin, "recommended")
@@ -113,11 +113,11 @@ class PlanView(VerticalScroll):
         self.query_one(".plan-head", Static).update(sections(head, *parts))
 
     def show_plan(self, plan: TierPlan) -> None:
-        from gpuopt_tui.core.plan_report import (
+        from gpuopt_tui.core.planner.report import candidate_rows
+        from gpuopt_tui.ui.plan_report import (
             CANDIDATE_COLUMNS,
             STAGES_TITLE,
             candidate_cells,
-            candidate_rows,
             recommendation_text,
             stages_table,
         )

@@ -16,7 +16,10 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Button, ContentSwitcher, Static, Tab, Tabs
 
-from gpuopt_tui.core.ablation_results import (
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.ablation import AblationProfile, split_representation
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.results.ablation import (
     FEATURE_METRIC,
     PROBE_METRIC,
     SPLITS,
@@ -27,12 +30,9 @@ from gpuopt_tui.core.ablation_results import (
     load_results,
     series_of,
 )
-from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventTail
-from gpuopt_tui.core.profiles.ablation import AblationProfile, split_representation
-from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.events import EventTail
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.ablation_view import AccuracyPlot, CachePanel, PlotData, ProbeTable
 from gpuopt_tui.ui.widgets.run_results import RunResults

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.text import Text
 
-from gpuopt_tui.core.run_status import RunInfo, Worker
+from gpuopt_tui.core.runs.status import RunInfo, Worker
 from gpuopt_tui.ui.widgets.keyed_table import KeyedTable
 from gpuopt_tui.ui.widgets.run_text import RANK_STATE_COLOR, first_line, rank_state, rate_text
 

@@ -14,9 +14,8 @@ from textual.events import Resize
 from textual.widgets import Static
 
 from gpuopt_tui.core.format import human_duration
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_status import stage_text
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.status import RunInfo, stage_text
 from gpuopt_tui.core.telemetry.backend import TelemetrySource
 from gpuopt_tui.core.telemetry.runmem import run_memory
 from gpuopt_tui.core.telemetry.snapshot import Snapshot

@@ -24,9 +24,9 @@ from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import is_partial_write
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.files import is_partial_write
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded
 from gpuopt_tui.ui.textual_internals import place_underline
 from gpuopt_tui.ui.widgets.log_view import LogView

@@ -8,8 +8,7 @@ from typing import Any
 from textual.content import Content
 
 from gpuopt_tui.core.format import human_bytes, human_duration
-from gpuopt_tui.core.run_status import stage_text
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo, stage_text
 from gpuopt_tui.core.telemetry.runmem import RunMemory
 
 STATUS_COLOR = {

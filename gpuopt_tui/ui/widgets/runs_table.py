@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from gpuopt_tui.core.format import human_time
-from gpuopt_tui.core.runs import RunInfo
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.widgets.keyed_table import KeyedTable
 from gpuopt_tui.ui.widgets.run_text import STATUS_COLOR, eta_text, first_line, progress_text
 

@@ -15,9 +15,9 @@ from textual.content import Content
 from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 
-from gpuopt_tui.core.attribution_query import QUERY_HELP, SORTS, SampleQuery, select
-from gpuopt_tui.core.attribution_results import Sample, SampleEntry, SampleIndex, page, page_count
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.results.attribution import Sample, SampleEntry, SampleIndex, page, page_count
+from gpuopt_tui.core.results.attribution_query import QUERY_HELP, SORTS, SampleQuery, select
 from gpuopt_tui.ui.widgets.attribution_text import sample_heading
 from gpuopt_tui.ui.widgets.token_heatmap import heatmap, legend, shade
 

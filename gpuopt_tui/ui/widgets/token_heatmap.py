@@ -11,7 +11,7 @@ import re
 
 from textual.content import Content
 
-from gpuopt_tui.core.attribution_results import JSONL_NAME, Sample, Segment
+from gpuopt_tui.core.results.attribution import JSONL_NAME, Sample, Segment
 
 # lightest to strongest, with a text colour that stays readable on each
 POSITIVE = (("#ffd7d7", "#000000"), ("#ffafaf", "#000000"), ("#ff8787", "#000000"), ("#ff5f5f", "#000000"),

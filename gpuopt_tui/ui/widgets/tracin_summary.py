@@ -7,7 +7,7 @@ from pathlib import Path
 
 from textual.content import Content
 
-from gpuopt_tui.core.tracin_summary import Agreement, TracInSummary
+from gpuopt_tui.core.results.tracin_summary import Agreement, TracInSummary
 
 MAX_TENSORS = 8  # parameter tensors named in the summary
 

@@ -1,7 +1,7 @@
 """The results of a TracIn run: each test example with its proponents and opponents, the self-influence ranking
 of the training examples, the run's summary and its result files.
 
-Everything shown comes from the run's files (core.tracin_results), read in thread workers a page at a time, so
+Everything shown comes from the run's files (core.results.tracin), read in thread workers a page at a time, so
 a ranking of millions of training examples opens as fast as a small one.
 """
 
@@ -21,9 +21,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
 
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.runs import RunInfo
-from gpuopt_tui.core.tracin_results import (
+from gpuopt_tui.core.results.tracin import (
     FILE_ROLES,
     InfluenceRecord,
     Neighbour,
@@ -32,6 +30,8 @@ from gpuopt_tui.core.tracin_results import (
     TracInResults,
     load_results,
 )
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
 from gpuopt_tui.ui.widgets.tracin_summary import status_content, summary_content

@@ -1,10 +1,10 @@
-"""A memory plan as tables and a bar of GPU memory: rich renderables shared by `gpuopt-tui plan` and the planner
-screen (no torch, no Textual)."""
+"""A memory plan as tables and a bar of GPU memory: Rich renderables shared by `gpuopt-tui plan` and the planner
+screen (no torch, no Textual: the CLI draws them without the app). What they show comes from core.planner.report
+and the planner's results; this module gives it styles and colours."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.measure import fits_budget
+from gpuopt_tui.core.planner.report import Segment, bar_cells, candidate_rows, header_facts, layout_fact
 from gpuopt_tui.core.planner.resolve import Resolved
 from gpuopt_tui.core.planner.search import Candidate, Recommendation, StagePlan
 from gpuopt_tui.core.planner.traced import TracedEstimate, difference
@@ -52,38 +53,19 @@ def _table(title: str | None = None) -> Table:
     return Table(title=title, box=None, header_style="bold", title_justify="left", pad_edge=False)
 
 
+def _labelled(label: str, text: str) -> Text:
+    return Text.assemble((label + " ", "bold"), text)
+
+
 def header_lines(inputs: PlanInputs) -> list[Text]:
     """What is planned: the model, the training setup and the memory budget, a line each."""
-    spec, s = inputs.spec, inputs.setup
-    lora = f" (r={s.lora_rank}, {','.join(s.lora_targets)})" if s.trainable == "lora" else ""
-    samples = f", {s.n_positives}+{s.n_negatives} samples per anchor" if s.sequences_per_example > 1 else ""
-    if spec is not None:
-        shape = f"{spec.layers} layers, hidden {spec.hidden}, {spec.params / 1e6:.1f}M parameters"
-        model = f"{inputs.model.label}: {spec.model_type} {spec.task}, {shape}"
-    else:
-        family = inputs.model.config.get("model_type")
-        model = f"{inputs.model.label}: {family} {inputs.task} (a family the closed form does not cover: traced tier)"
-    return [
-        Text.assemble(("model ", "bold"), model),
-        Text.assemble(
-            ("setup ", "bold"),
-            f"{s.precision}, {s.optimizer}, trains {s.trainable}{lora}, checkpointing "
-            f"{'on' if s.gradient_checkpointing else 'off'}, seq {s.seq_len}, micro-batch {s.micro_batch} x "
-            f"accumulate {s.accumulate} x {s.n_gpus} GPU(s) = {s.effective_batch}{samples}",
-        ),
-        Text.assemble(
-            ("budget ", "bold"),
-            f"{inputs.budget.margin:.0%} of {human_bytes(inputs.gpu.total)} ({inputs.gpu.label}) = "
-            f"{human_bytes(inputs.budget.limit)}",
-        ),
-    ]
+    return [_labelled(label, text) for label, text in header_facts(inputs)]
 
 
 def layout_line(inputs: PlanInputs) -> Text | None:
     """Which framework's layout the training config was read as."""
-    if inputs.config is None:
-        return None
-    return Text.assemble(("config ", "bold"), f"{inputs.config.path}, read as {inputs.layout}")
+    fact = layout_fact(inputs)
+    return _labelled(*fact) if fact else None
 
 
 VALUES_TITLE = "values and where each comes from (command line > config > profile > default)"
@@ -160,15 +142,6 @@ def modules_table(traced: TracedEstimate, title: str | None = None) -> Table:
     for name, nbytes in traced.modules:
         table.add_row(name, human_bytes(nbytes))
     return table
-
-
-def candidate_rows(rec: Recommendation) -> list[tuple[Candidate, bool]]:
-    """The current setup, the candidates and the chosen configuration (once), each with whether it is chosen."""
-    key = (rec.chosen.micro_batch, rec.chosen.accumulate)
-    same = [c for c in rec.candidates if (c.micro_batch, c.accumulate) == key]
-    chosen = same[0] if same else rec.chosen
-    rows = [c for c in (rec.current, *rec.candidates, *([] if same else [rec.chosen])) if c is not None]
-    return [(c, c is chosen) for c in rows]
 
 
 def utilisation_text(c: Candidate) -> Text:
@@ -272,12 +245,6 @@ def stages_table(stages: Sequence[StagePlan], title: str | None = None, file_nam
     return table
 
 
-@dataclass(frozen=True)
-class Segment:
-    bytes: int
-    colour: str
-
-
 class MemoryBar:
     """GPU memory as one line of coloured segments over the card's size, the budget's margin marked, and a caption
     with the figures. Drawn at whatever width it is given."""
@@ -292,23 +259,11 @@ class MemoryBar:
     def used(self) -> int:
         return sum(s.bytes for s in self.segments)
 
-    def cells(self, width: int) -> list[str]:
-        """The colour of each of `width` cells ("" for free memory); a segment ends at its rounded boundary."""
-        colours = [""] * width
-        start = 0
-        total = 0
-        for s in self.segments:
-            total += s.bytes
-            end = min(width, round(total / self.gpu_total * width))
-            colours[start:end] = [s.colour] * (end - start)
-            start = max(start, end)
-        return colours
-
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = max(10, options.max_width)
         mark = min(width - 1, int(self.margin * width))
         bar = Text()
-        for i, colour in enumerate(self.cells(width)):
+        for i, colour in enumerate(bar_cells(self.segments, self.gpu_total, width)):
             if i == mark:
                 bar.append(MARGIN_MARK, style=f"bold white on {colour}" if colour else "bold yellow")
             else:

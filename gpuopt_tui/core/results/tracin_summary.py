@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.record_fields import (
+from gpuopt_tui.core.results.record_fields import (
     RecordError,
     as_float,
     as_int,

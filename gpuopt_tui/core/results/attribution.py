@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gpuopt_tui.core.attribution_summary import (
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.results.attribution_summary import (
     CHECK_NAME,
     SUMMARY_NAME,
     AttributionSummary,
@@ -32,9 +34,7 @@ from gpuopt_tui.core.attribution_summary import (
     optional_float,
     optional_int,
 )
-from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.layout import RunDir
 
 JSONL_NAME = "attributions.jsonl"
 TENSORS_NAME = "attributions.safetensors"

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuopt_tui.core.proc_files import ProcStat, proc_mounted, read_cmdline, read_cwd, read_stat, read_uid
+from gpuopt_tui.core.runs.proc_files import ProcStat, proc_mounted, read_cmdline, read_cwd, read_stat, read_uid
 
 PID_LIMIT = 2**31  # os.kill takes a C int
 JOB_MODULE = "gpuopt_tui.jobs"  # `python -m JOB_MODULE RUN_DIR`: a run's own process

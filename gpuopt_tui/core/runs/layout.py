@@ -1,8 +1,8 @@
 """The layout of a run directory: the one place that names its files.
 
 A run directory holds `meta.json` (what was launched), `profile.toml` (the frozen profile), `pid.json` (the
-process of the current attempt), `events.jsonl` (see core.events), `log.txt` (the processes' output), `results/`
-(what the run produced: each kind's file names are in its results module, e.g. core.attribution_results) and
+process of the current attempt), `events.jsonl` (see core.runs.events), `log.txt` (the processes' output), `results/`
+(what the run produced: each kind's file names are in its results module, e.g. core.results.attribution) and
 `state/` (finished shards kept for resume); a run over several processes also `ranks/` (a JSON file per rank
 saying how it ended), and `.lock` is held while a resume checks and launches.
 """

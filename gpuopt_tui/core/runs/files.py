@@ -19,8 +19,8 @@ from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes, safe_text
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_processes import pid_alive
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.processes import pid_alive
 
 MAX_JSON_BYTES = 1 << 20  # meta.json and pid.json are a few hundred bytes
 LOW_SPACE_BYTES = 1 << 20  # less free space than this on a run's disk: it cannot start

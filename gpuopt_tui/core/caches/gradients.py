@@ -5,7 +5,7 @@ One entry per (checkpoint content, training data, gradient settings): a folder n
 and one ``block_NNNNN.safetensors`` per block of training examples, each written atomically as it is finished, so
 an interrupted run leaves only whole blocks behind and the next run computes the rest. A block carries what it
 was computed from and a checksum of its content, checked on every read (jobs/tracin/block_file.py). The checkpoint
-is known by the digest of its file's content, computed anew by every run (`cache_files.file_digest`). Pure
+is known by the digest of its file's content, computed anew by every run (`caches.files.file_digest`). Pure
 Python (the tensors are read and written in jobs/tracin/), so the TUI and `gpuopt-tui cache` can list and clear
 entries without torch. Symbolic links under the root are neither listed nor removed.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core import paths
-from gpuopt_tui.core.cache_files import Cleared
+from gpuopt_tui.core.caches.files import Cleared
 
 FORMAT = 2  # 2: blocks carry their identity and checksum; checkpoints known by their content's BLAKE2b digest
 MANIFEST = "manifest.json"

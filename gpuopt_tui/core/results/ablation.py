@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.layout import RunDir
 
 FORMAT = 1
 JSON_NAME = "results.json"

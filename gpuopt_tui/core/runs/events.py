@@ -29,7 +29,8 @@ RANK_END_TYPES = frozenset(f"rank_{t}" for t in TERMINAL_TYPES)
 RANK_TYPES = RANK_END_TYPES | {"rank_started"}
 # What a job reports on its way (jobs/context.py): `progress` (done, total, unit, rate, eta, stage, GPU memory),
 # `log` (level, message), `warning` (message), `metric` (name, value), `artifact` (path, description) and
-# `startup` (stage, seconds, at: one per start-up stage as it ends, up to the first computed batch; core/startup.py).
+# `startup` (stage, seconds, at: one per start-up stage as it ends, up to the first computed batch;
+# core/runs/startup.py).
 REPORT_TYPES = frozenset({"progress", "log", "warning", "metric", "artifact", "startup"})
 # What an engine says about how it adapted to the hardware: `compiled` / `compile_failed` (torch.compile of the
 # attribution step), `chunk_probe` / `batch_probe` (the memory probe that sizes an "auto" chunk or micro-batch),

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuopt_tui.core.attribution_results import SampleEntry
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.results.attribution import SampleEntry
 
 SORTS: dict[str, tuple[str, Callable[[SampleEntry], Any]]] = {
     "index": ("dataset order", lambda e: e.index),

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuopt_tui.core.proc_files import seconds_running
+from gpuopt_tui.core.runs.proc_files import seconds_running
 
-LAUNCHED_AT_ENV = "GPUOPT_TUI_LAUNCHED_AT"  # unix time of the launch, set by core.runs.launch
+LAUNCHED_AT_ENV = "GPUOPT_TUI_LAUNCHED_AT"  # unix time of the launch, set by core.runs.lifecycle.launch
 LAUNCH_STAGE = "launching (profile, run directory, new process)"
 PYTHON_STAGE = "starting Python and the runner (reading the profile)"
 FIRST_BATCH = "to the first computed batch"  # the last stage's name ends with it, in parentheses

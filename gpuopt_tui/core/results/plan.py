@@ -15,7 +15,7 @@ from gpuopt_tui.core.planner.fit import ProbeResult
 from gpuopt_tui.core.planner.resolve import Resolved
 from gpuopt_tui.core.planner.search import Budget, Candidate, Recommendation, Stage, StagePlan
 from gpuopt_tui.core.profiles.plan import PlanSection
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.layout import RunDir
 
 PLAN_JSON = "plan.json"
 CONFIG_DIFF = "config.diff"  # what `plan --apply` would change in the config, beside the plan

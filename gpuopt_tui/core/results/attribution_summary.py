@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.run_dir import RunDir
+from gpuopt_tui.core.runs.layout import RunDir
 
 SUMMARY_NAME = RunDir.SUMMARY
 CHECK_NAME = "check.json"

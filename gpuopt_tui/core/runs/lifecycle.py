@@ -1,6 +1,6 @@
-"""Runs: child processes that outlive the terminal, each with its own directory (laid out by core.run_dir).
+"""Runs: child processes that outlive the terminal, each with its own directory (laid out by core.runs.layout).
 
-Here runs are found, created, started, cancelled, resumed and deleted; core.run_status reads what they are doing.
+Here runs are found, created, started, cancelled, resumed and deleted; core.runs.status reads what they are doing.
 Finding and reading runs needs no profile code (the TUI does it before its first frame): the profile modules are
 imported where a run is created or resumed.
 """
@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.events import EventWriter
 from gpuopt_tui.core.paths import runs_dir
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import (
+from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.files import (
     check_free_space,
     check_run_id,
     is_int,
@@ -31,7 +30,8 @@ from gpuopt_tui.core.run_files import (
     remove_stale_partial_writes,
     run_lock,
 )
-from gpuopt_tui.core.run_processes import (
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.processes import (
     JOB_MODULE,
     NEUTRAL_CWD,
     Claim,
@@ -43,8 +43,8 @@ from gpuopt_tui.core.run_processes import (
     unverified,
     verified,
 )
-from gpuopt_tui.core.run_status import RESUMABLE, RunInfo, RunWatcher, this_host
-from gpuopt_tui.core.startup import LAUNCHED_AT_ENV
+from gpuopt_tui.core.runs.startup import LAUNCHED_AT_ENV
+from gpuopt_tui.core.runs.status import RESUMABLE, RunInfo, RunWatcher, this_host
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
@@ -112,7 +112,8 @@ def create_run(profile: ProfileBase, source: Path | None = None, root: Path | No
 
 def launch(run_dir: Path, launched_at: float | None = None) -> int:
     """Start (or restart) the run's process in its own session; returns its pid. `launched_at` (unix time, default
-    now) is where the run's start-up profile begins (core/startup.py): the command's start, for `gpuopt-tui run`."""
+    now) is where the run's start-up profile begins (core/runs/startup.py): the command's start, for
+    `gpuopt-tui run`."""
     files = RunDir(run_dir)
     record, _ = read_object(files.pid)
     previous = (record or {}).get("attempt", 0)
@@ -182,7 +183,7 @@ def _record_end(run_dir: Path, end: str, message: str) -> bool:
 def cancel_run(run_dir: Path, force: bool = False) -> RunInfo:
     """Ask a running run to stop (SIGTERM to its process group and its workers here); `force` kills it (SIGKILL).
     A crashed run's workers that outlived its process are stopped the same way. Only processes verified to be the
-    run's are signalled (see core.run_processes)."""
+    run's are signalled (see core.runs.processes)."""
     info = RunWatcher(run_dir.parent).info(run_dir)
     sig = signal.SIGKILL if force else signal.SIGTERM
     if not info.active:

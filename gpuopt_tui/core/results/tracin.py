@@ -5,7 +5,7 @@
   (training index, score, text, label), strongest first.
 - self_influence.jsonl, and the same rows in self_influence.csv: every scored training example ranked by
   self-influence, highest first; `flipped` only where the data marks deliberately flipped labels (the demo).
-- summary.json: settings, timing and summary figures (core/tracin_summary.py reads it).
+- summary.json: settings, timing and summary figures (core/results/tracin_summary.py reads it).
 
 The two row files can hold millions of rows, so they are read lazily: `PagedRecords` scans a file once for
 where its records start (keeping every STRIDE-th offset) and then reads any page by seeking there.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.record_fields import (
+from gpuopt_tui.core.results.record_fields import (
     RecordError,
     as_flag,
     as_float,
@@ -33,8 +33,8 @@ from gpuopt_tui.core.record_fields import (
     as_text,
     get_field,
 )
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.tracin_summary import TracInSummary, read_summary
+from gpuopt_tui.core.results.tracin_summary import TracInSummary, read_summary
+from gpuopt_tui.core.runs.layout import RunDir
 
 INFLUENCE_NAME = "influence.jsonl"
 SELF_JSONL_NAME = "self_influence.jsonl"

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.events import LIFECYCLE_TYPES, RANK_END_TYPES, TERMINAL_TYPES, EventTail
 from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.paths import runs_dir
-from gpuopt_tui.core.run_dir import RunDir
-from gpuopt_tui.core.run_files import crash_message, meta_problem, pid_record_problem, read_object
-from gpuopt_tui.core.run_processes import pid_alive, reap_children
+from gpuopt_tui.core.runs.events import LIFECYCLE_TYPES, RANK_END_TYPES, TERMINAL_TYPES, EventTail
+from gpuopt_tui.core.runs.files import crash_message, meta_problem, pid_record_problem, read_object
+from gpuopt_tui.core.runs.layout import RunDir
+from gpuopt_tui.core.runs.processes import pid_alive, reap_children
 
 ACTIVE = frozenset({"starting", "running"})
 RESUMABLE = frozenset({"cancelled", "failed", "crashed"})
@@ -234,7 +234,7 @@ class RunWatcher:
         return infos
 
     def _json(self, path: Path) -> tuple[dict[str, Any] | None, str]:
-        """A JSON object file (see run_files.read_object), parsed again only when its stat changes (run files are
+        """A JSON object file (see runs.files.read_object), parsed again only when its stat changes (run files are
         replaced whole, by atomic writes seconds apart)."""
         try:
             st = path.stat()

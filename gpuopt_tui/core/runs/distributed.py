@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpuopt_tui.core.run_processes import WORKER_MODULE, job_env
+from gpuopt_tui.core.runs.processes import WORKER_MODULE, job_env
 
 Failure = Callable[[str, str], NoReturn]  # as in profiles.schema: (key, message), raises
 

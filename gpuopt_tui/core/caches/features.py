@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuopt_tui.core import paths
 from gpuopt_tui.core.atomic import atomic_write_text
-from gpuopt_tui.core.cache_files import Cleared, changed_recently, file_digest, stamp
+from gpuopt_tui.core.caches.files import Cleared, changed_recently, file_digest, stamp
 from gpuopt_tui.core.errors import UserError
 
 if TYPE_CHECKING:
