@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuopt_tui.jobs.attribution import (
     ChunkPlanner,
+    IGOptions,
     integrated_gradients,
     integrated_gradients_reference,
 )
@@ -231,13 +232,15 @@ def ours(
                     base,
                     None if mode.lean and mode.unmasked and bool(mask.all()) else mask,
                     setup.target[rows],
-                    n_steps=steps or setup.steps,
-                    method=METHOD,
-                    alpha_batch_size=planner,
-                    precision=mode.precision,
-                    cast_weights=mode.cast_weights,
+                    IGOptions(
+                        n_steps=steps or setup.steps,
+                        method=METHOD,
+                        precision=mode.precision,
+                        cast_weights=mode.cast_weights,
+                        endpoint_precision=endpoint,
+                    ),
+                    planner=planner,
                     compiler=mode.compiler,
-                    endpoint_precision=endpoint,
                     model=setup.model,
                 )
             out[rows, : emb.shape[1]] = result.token_scores().float()
@@ -252,7 +255,13 @@ def naive(setup: Setup, n: int) -> Callable[[], Tensor]:
     def run() -> Tensor:
         emb, base, mask = setup.embed(slice(0, n))
         result = integrated_gradients_reference(
-            setup.forward, emb, base, mask, setup.target[:n], n_steps=setup.steps, method=METHOD, model=setup.model
+            setup.forward,
+            emb,
+            base,
+            mask,
+            setup.target[:n],
+            IGOptions(n_steps=setup.steps, method=METHOD),
+            model=setup.model,
         )
         return result.token_scores().float()
 

@@ -23,7 +23,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients
 from gpuopt_tui.jobs.attribution.check import relative_difference
 
 
@@ -59,17 +59,18 @@ def main() -> int:
     for seed in args.seeds:
         forward, emb, mask = case(seed)
         base = torch.zeros_like(emb)
-        common = {"per_dimension": False}
         exact = integrated_gradients(
-            forward, emb, base, mask, n_steps="auto", tolerance=1e-8, max_steps=30000, **common
+            forward,
+            emb,
+            base,
+            mask,
+            options=IGOptions(n_steps="auto", tolerance=1e-8, max_steps=30000, per_dimension=False),
         )
         target = exact.target
         rows = {
-            "2000 Gauss-Legendre steps": integrated_gradients(
-                forward, emb, base, mask, target, n_steps=2000, alpha_batch_size=500, **common
-            ),
-            "auto, tolerance 1e-2": integrated_gradients(forward, emb, base, mask, target, n_steps="auto", tolerance=1e-2, **common),
-            "auto, tolerance 1e-3": integrated_gradients(forward, emb, base, mask, target, n_steps="auto", tolerance=1e-3, **common),
+            "2000 Gauss-Legendre steps": integrated_gradients(forward, emb, base, mask, target, IGOptions(n_steps=2000, alpha_batch_size=500, per_dimension=False)),
+            "auto, tolerance 1e-2": integrated_gradients(forward, emb, base, mask, target, IGOptions(n_steps="auto", tolerance=1e-2, per_dimension=False)),
+            "auto, tolerance 1e-3": integrated_gradients(forward, emb, base, mask, target, IGOptions(n_steps="auto", tolerance=1e-3, per_dimension=False)),
         }  # fmt: skip
         for name, result in rows.items():
             error = relative_difference(result.token_scores(), exact.token_scores())

@@ -10,7 +10,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients
 from gpuopt_tui.jobs.attribution.adaptive import (
     accumulation_rounding,
     batch_size_note,
@@ -53,10 +53,12 @@ def test_every_sample_reaches_the_tolerance_and_agrees_with_many_fixed_steps(
     arch: str, seed: int, tolerance: float
 ) -> None:
     forward, emb, base, mask = case(arch, seed)
-    auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=tolerance, alpha_batch_size=7)
+    auto = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=tolerance, alpha_batch_size=7)
+    )
     assert (relative(auto) <= tolerance).all()  # and the token scores moved less than it at the last level
     assert set(auto.steps.tolist()) <= set(step_counts(1025)) and auto.steps.min() >= 17
-    reference = integrated_gradients(forward, emb, base, mask, n_steps=1000, alpha_batch_size=100)
+    reference = integrated_gradients(forward, emb, base, mask, options=IGOptions(n_steps=1000, alpha_batch_size=100))
     assert (relative(reference) < 1e-9).all()
     # the totals agree within the tolerance (of |F(x) - F(baseline)|), the token scores within 10x that
     change = (reference.scores - reference.baseline_scores).abs()
@@ -69,7 +71,9 @@ def test_every_sample_reaches_the_tolerance_and_agrees_with_many_fixed_steps(
 
 def test_samples_that_do_not_converge_stop_at_the_cap() -> None:
     forward, emb, base, mask = case("bert", 0)
-    auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-14, max_steps=40)
+    auto = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-14, max_steps=40)
+    )
     assert auto.steps.tolist() == [33] * 8  # 17 + 8 + 8: one more pass would take them to 41
     assert not auto.within.any()  # and every one of them is reported above the tolerance
 
@@ -105,7 +109,9 @@ def test_reused_gradients_give_what_computing_every_point_afresh_gives() -> None
     """The batched refinement keeps each pass's gradients and weights them once the panels are final: the same
     attributions, to rounding, as a sample refined alone with every gradient computed again at its point."""
     forward, emb, base, mask = case("bert", 1)
-    auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-5, alpha_batch_size=3)
+    auto = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-5, alpha_batch_size=3)
+    )
     assert len(set(auto.steps.tolist())) > 1  # samples stopped after different passes
     for i in range(emb.shape[0]):
         one = slice(i, i + 1)
@@ -118,13 +124,15 @@ def test_token_scores_alone_keep_no_gradient_and_agree() -> None:
     """Without per-dimension attributions each sample's token scores come from its panels' token integrands:
     the same steps and, to rounding, the same scores as summing the kept gradients' attributions per token."""
     forward, emb, base, mask = case("roberta", 2)
-    kept = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-4)
-    tokens = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-4, per_dimension=False)
+    kept = integrated_gradients(forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-4))
+    tokens = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-4, per_dimension=False)
+    )
     assert tokens.attributions.shape == (*emb.shape[:-1], 1)
     assert torch.equal(tokens.steps, kept.steps)
     assert torch.allclose(tokens.token_scores(), kept.token_scores(), rtol=0, atol=1e-12)
     assert torch.allclose(tokens.deltas, kept.deltas, rtol=0, atol=1e-12)
-    fixed = integrated_gradients(forward, emb, base, mask, n_steps=20, per_dimension=False)
+    fixed = integrated_gradients(forward, emb, base, mask, options=IGOptions(n_steps=20, per_dimension=False))
     assert fixed.attributions.shape == (*emb.shape[:-1], 1)
 
 
@@ -137,12 +145,12 @@ def test_chunk_sizes_do_not_change_the_result(alpha_batch_size: int | None) -> N
         emb,
         base,
         mask,
-        n_steps="auto",
-        tolerance=1e-4,
-        alpha_batch_size=alpha_batch_size,
+        options=IGOptions(n_steps="auto", tolerance=1e-4, alpha_batch_size=alpha_batch_size),
         on_chunk=lambda done, total: chunks.append((done, total)),
     )
-    whole = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-4, alpha_batch_size=64)
+    whole = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-4, alpha_batch_size=64)
+    )
     assert torch.equal(auto.steps, whole.steps)
     assert torch.allclose(auto.attributions, whole.attributions, rtol=0, atol=1e-13)
     assert all(done <= total for done, total in chunks) and chunks == sorted(chunks)
@@ -175,7 +183,7 @@ def test_boole_and_the_error_estimate_on_polynomials(degree: int) -> None:
     assert scores[0] == pytest.approx(1 / (degree + 1), abs=1e-14)
     assert (error[0] < 1e-15) == (degree <= 3)
     with pytest.raises(UserError, match="max_steps must be at least 17"):
-        integrated_gradients(*case("bert", 0)[:4], n_steps="auto", max_steps=16)
+        integrated_gradients(*case("bert", 0)[:4], options=IGOptions(n_steps="auto", max_steps=16))
 
 
 def test_a_sample_whose_input_is_its_baseline_stops_at_the_first_pass() -> None:
@@ -184,7 +192,9 @@ def test_a_sample_whose_input_is_its_baseline_stops_at_the_first_pass() -> None:
     forward, emb, base, mask = case("bert", 0)
     base = base.clone()
     base[3] = emb[3]
-    auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=1e-6, max_steps=257)
+    auto = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-6, max_steps=257)
+    )
     assert int(auto.steps[3]) == 17 and torch.equal(auto.attributions[3], torch.zeros_like(emb[3]))
     assert (auto.steps[[0, 1, 2, 4, 5, 6, 7]] > 17).all()
 
@@ -225,8 +235,10 @@ def test_a_large_output_does_not_loosen_the_token_test() -> None:
     def shifted(e: torch.Tensor, m: torch.Tensor, c: dict) -> torch.Tensor:
         return forward(e, m, c) + 1000.0
 
-    auto = integrated_gradients(shifted, emb, base, mask, n_steps="auto", tolerance=1e-2, precision="bf16")
-    fine = integrated_gradients(shifted, emb, base, mask, n_steps=1025, method="clenshaw_curtis")
+    auto = integrated_gradients(
+        shifted, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=1e-2, precision="bf16")
+    )
+    fine = integrated_gradients(shifted, emb, base, mask, options=IGOptions(n_steps=1025, method="clenshaw_curtis"))
     tokens, reference = auto.token_scores(), fine.token_scores()
     error = (tokens - reference).abs().amax(1) / reference.abs().amax(1)
     assert (error <= 1e-2).all(), error

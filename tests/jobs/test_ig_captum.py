@@ -25,6 +25,7 @@ from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attribution import (
     METHODS,
     ChunkPlanner,
+    IGOptions,
     integrated_gradients,
     integrated_gradients_reference,
 )
@@ -84,7 +85,9 @@ def rel_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 def test_equals_captum_integrated_gradients(arch: str, method: str, dtype: torch.dtype) -> None:
     model = build(arch, dtype)
     emb, base, mask = inputs(model, dtype)
-    ours = integrated_gradients(forward_of(model), emb, base, mask, n_steps=N_STEPS, method=method, alpha_batch_size=5)
+    ours = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=N_STEPS, method=method, alpha_batch_size=5)
+    )
     ig = IntegratedGradients(lambda e, m: model(inputs_embeds=e, attention_mask=m).logits)
     theirs, captum_delta = ig.attribute(
         emb,
@@ -116,7 +119,7 @@ def test_inputs_embeds_equals_layer_ig_on_word_embeddings() -> None:
     with torch.no_grad():
         emb = adapter.word_embeddings()(ids)
     base = baseline_embeddings(adapter, ids, mask, emb, tokenizer.pad_token_id)
-    ours = integrated_gradients(adapter.logits_from_embeds, emb, base, mask, n_steps=N_STEPS)
+    ours = integrated_gradients(adapter.logits_from_embeds, emb, base, mask, options=IGOptions(n_steps=N_STEPS))
 
     structure = (ids == tokenizer.cls_token_id) | (ids == tokenizer.sep_token_id) | (mask == 0)
     baseline_ids = torch.where(structure, ids, tokenizer.pad_token_id)
@@ -161,10 +164,12 @@ def test_reference_path_equals_batched_path(arch: str) -> None:
     emb, base, mask = inputs(model, torch.float64)
     target = torch.tensor([0, 2, 1, 2])
     args = (forward_of(model), emb, base, mask, target)
-    batched = integrated_gradients(*args, n_steps=N_STEPS, method="riemann_middle", alpha_batch_size=6)
+    batched = integrated_gradients(
+        *args, options=IGOptions(n_steps=N_STEPS, method="riemann_middle", alpha_batch_size=6)
+    )
     calls = []
     reference = integrated_gradients_reference(
-        *args, n_steps=N_STEPS, method="riemann_middle", on_step=lambda d, t: calls.append((d, t))
+        *args, options=IGOptions(n_steps=N_STEPS, method="riemann_middle"), on_step=lambda d, t: calls.append((d, t))
     )
     assert calls == [(d, 4 * N_STEPS) for d in range(1, 4 * N_STEPS + 1)]
     assert rel_error(batched.attributions, reference.attributions) < 1e-10
@@ -177,14 +182,15 @@ def test_chunked_equals_unchunked(alpha_batch_size: int | str) -> None:
     model = build("bert")
     emb, base, mask = inputs(model, torch.float64)
     chunks = []
-    whole = integrated_gradients(forward_of(model), emb, base, mask, n_steps=N_STEPS, alpha_batch_size=None)
+    whole = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=N_STEPS, alpha_batch_size=None)
+    )
     chunked = integrated_gradients(
         forward_of(model),
         emb,
         base,
         mask,
-        n_steps=N_STEPS,
-        alpha_batch_size=alpha_batch_size,
+        options=IGOptions(n_steps=N_STEPS, alpha_batch_size=alpha_batch_size),
         on_chunk=lambda done, total: chunks.append(done),
     )
     assert chunks[-1] == N_STEPS
@@ -198,13 +204,17 @@ def test_bucketed_equals_padded(arch: str) -> None:
     model = build(arch)
     emb, base, mask = inputs(model, torch.float64)
     base = torch.where(mask.unsqueeze(-1).bool(), base, emb)  # padding kept in the baseline, as the job does
-    padded = integrated_gradients(forward_of(model), emb, base, mask, n_steps=N_STEPS)
+    padded = integrated_gradients(forward_of(model), emb, base, mask, options=IGOptions(n_steps=N_STEPS))
     assert (padded.token_scores()[mask == 0] == 0).all()
     short = [3]  # the sample with 5 real tokens, alone in a bucket of length 5
     long = [0, 1, 2]  # the others, trimmed to their longest (12)
     for rows, length in ((short, 5), (long, 12)):
         part = integrated_gradients(
-            forward_of(model), emb[rows, :length], base[rows, :length], mask[rows, :length], n_steps=N_STEPS
+            forward_of(model),
+            emb[rows, :length],
+            base[rows, :length],
+            mask[rows, :length],
+            options=IGOptions(n_steps=N_STEPS),
         )
         assert rel_error(part.token_scores(), padded.token_scores()[rows, :length]) < 1e-10
         assert torch.allclose(part.deltas, padded.deltas[rows], rtol=0, atol=1e-10)
@@ -220,7 +230,7 @@ def test_parameters_are_frozen_during_the_run_and_restored() -> None:
         seen.append(any(p.requires_grad for p in model.parameters()))
         return model(inputs_embeds=embeds, attention_mask=m).logits
 
-    integrated_gradients(forward, emb, base, mask, n_steps=4, model=model)
+    integrated_gradients(forward, emb, base, mask, options=IGOptions(n_steps=4), model=model)
     assert seen and not any(seen)
     assert not model.classifier.bias.requires_grad
     assert all(p.requires_grad for n, p in model.named_parameters() if n != "classifier.bias")
@@ -240,8 +250,10 @@ def test_out_of_memory_halves_the_chunk_and_loses_nothing() -> None:
 
     events = []
     planner = ChunkPlanner(12, on_event=lambda type, **fields: events.append((type, fields["retry_steps"])))
-    result = integrated_gradients(forward, emb, base, mask, n_steps=N_STEPS, alpha_batch_size=planner, model=model)
-    expected = integrated_gradients(forward_of(model), emb, base, mask, n_steps=N_STEPS)
+    result = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps=N_STEPS), planner=planner, model=model
+    )
+    expected = integrated_gradients(forward_of(model), emb, base, mask, options=IGOptions(n_steps=N_STEPS))
     assert events == [("oom_retry", 4), ("oom_retry", 2)]  # 8 steps (balanced 12) -> 4 -> 2
     assert rows_seen[:3] == [8, 32, 16] and set(rows_seen[3:]) == {8}  # endpoints, 2 failures, then 2 steps
     assert rel_error(result.attributions, expected.attributions) < 1e-12
@@ -251,8 +263,7 @@ def test_out_of_memory_halves_the_chunk_and_loses_nothing() -> None:
             emb,
             base,
             mask,
-            n_steps=4,
-            alpha_batch_size=1,
+            options=IGOptions(n_steps=4, alpha_batch_size=1),
             model=model,
         )
 
@@ -260,8 +271,12 @@ def test_out_of_memory_halves_the_chunk_and_loses_nothing() -> None:
 def test_bf16_autocast_is_applied_to_the_steps_only() -> None:
     model = build("bert", torch.float32)
     emb, base, mask = inputs(model, torch.float32)
-    fp32 = integrated_gradients(forward_of(model), emb, base, mask, n_steps=N_STEPS, precision="fp32")
-    bf16 = integrated_gradients(forward_of(model), emb, base, mask, n_steps=N_STEPS, precision="bf16")
+    fp32 = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=N_STEPS, precision="fp32")
+    )
+    bf16 = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=N_STEPS, precision="bf16")
+    )
     error = rel_error(bf16.attributions, fp32.attributions)
     assert 1e-4 < error < 0.1  # bf16 really ran (8-bit mantissa), and stays close
     assert bf16.attributions.dtype == torch.float32

@@ -8,7 +8,7 @@ import pytest
 import torch
 from ig_cases import tiny_bert_case
 
-from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients
 from gpuopt_tui.jobs.attribution.adaptive import full_precision, needs_full_precision, precision_floor
 from gpuopt_tui.jobs.attribution.deltas import steps_summary
 
@@ -21,13 +21,12 @@ def case():
     return (lambda e, m, c: model(inputs_embeds=e, attention_mask=m).logits), model, emb, base, mask
 
 
-def auto(case, rows: torch.Tensor | None = None, **options):
+def auto(case, rows: torch.Tensor | None = None, target: torch.Tensor | str = "predicted", on_chunk=None, **settings):
     forward, model, emb, base, mask = case
     if rows is not None:
         emb, base, mask = emb[rows], base[rows], mask[rows]
-    return integrated_gradients(
-        forward, emb, base, mask, n_steps="auto", tolerance=TOLERANCE, alpha_batch_size=16, model=model, **options
-    )
+    options = IGOptions(n_steps="auto", tolerance=TOLERANCE, alpha_batch_size=16, **settings)
+    return integrated_gradients(forward, emb, base, mask, target, options, model=model, on_chunk=on_chunk)
 
 
 def test_the_rule_compares_the_precision_floor_with_the_tolerance_share_of_the_change() -> None:

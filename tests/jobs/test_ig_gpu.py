@@ -3,11 +3,13 @@ cast weights) against fp32, and the compiled step forward. Skipped without CUDA.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from gpuopt_tui.jobs.attribution import ChunkPlanner, integrated_gradients
+from gpuopt_tui.jobs.attribution import ChunkPlanner, IGOptions, integrated_gradients
 from gpuopt_tui.jobs.attribution.adaptive import precision_floor
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
@@ -45,8 +47,10 @@ def test_auto_chunks_probe_the_memory_and_give_the_same_result(case) -> None:
     model, emb, base, mask = case
     events = []
     planner = ChunkPlanner("auto", memory_fraction=0.5, on_event=lambda type, **f: events.append((type, f)))
-    chunked = integrated_gradients(forward_of(model), emb, base, mask, n_steps=200, alpha_batch_size=planner)
-    whole = integrated_gradients(forward_of(model), emb, base, mask, n_steps=200, alpha_batch_size=None)
+    chunked = integrated_gradients(forward_of(model), emb, base, mask, options=IGOptions(n_steps=200), planner=planner)
+    whole = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=200, alpha_batch_size=None)
+    )
     assert events[0][0] == "chunk_probe" and events[0][1]["peak_bytes"] > 0
     assert planner.bytes_per_row_token and planner.bytes_per_row_token > 0
     assert float(relative_difference(chunked.token_scores(), whole.token_scores()).max()) < 1e-5
@@ -58,9 +62,13 @@ def test_auto_chunks_probe_the_memory_and_give_the_same_result(case) -> None:
 def test_reduced_precision_stays_within_1e_2_of_fp32(case, precision: str, cast_weights: bool) -> None:
     model, emb, base, mask = case
     weights = [p.clone() for p in model.parameters()]
-    fp32 = integrated_gradients(forward_of(model), emb, base, mask, n_steps=50, precision="fp32")
+    fp32 = integrated_gradients(forward_of(model), emb, base, mask, options=IGOptions(n_steps=50, precision="fp32"))
     fast = integrated_gradients(
-        forward_of(model), emb, base, mask, n_steps=50, precision=precision, cast_weights=cast_weights
+        forward_of(model),
+        emb,
+        base,
+        mask,
+        options=IGOptions(n_steps=50, precision=precision, cast_weights=cast_weights),
     )
     error = relative_difference(fast.token_scores(), fp32.token_scores())
     assert 0 < float(error.median()) < 1e-2
@@ -74,9 +82,9 @@ def test_compiled_steps_match_eager_across_shapes(case) -> None:
     compiler = StepCompiler(on_event=lambda type, **f: events.append(type))
     for rows, length, steps in ((8, 48, 32), (5, 40, 24)):  # a second shape must not fail or recompile much
         args = (emb[:rows, :length], base[:rows, :length], mask[:rows, :length])
-        kwargs = {"n_steps": steps, "alpha_batch_size": 8, "precision": "bf16", "cast_weights": True}
-        eager = integrated_gradients(forward_of(model), *args, **kwargs)
-        compiled = integrated_gradients(forward_of(model), *args, compiler=compiler, model=model, **kwargs)
+        options = IGOptions(n_steps=steps, alpha_batch_size=8, precision="bf16", cast_weights=True)
+        eager = integrated_gradients(forward_of(model), *args, options=options)
+        compiled = integrated_gradients(forward_of(model), *args, options=options, compiler=compiler, model=model)
         assert float(relative_difference(compiled.token_scores(), eager.token_scores()).max()) < 2e-2
     assert compiler.error is None and compiler.compile_seconds > 0
     assert events == ["compiled"]
@@ -91,15 +99,13 @@ def test_auto_steps_in_fp16_weights_compiled_agree_with_many_fp32_steps(case) ->
         emb,
         base,
         mask,
-        n_steps="auto",
-        tolerance=1e-2,
-        precision="fp16",
-        cast_weights=True,
+        options=IGOptions(n_steps="auto", tolerance=1e-2, precision="fp16", cast_weights=True, alpha_batch_size="auto"),
         compiler=compiler,
         model=model,
-        alpha_batch_size="auto",
     )
-    reference = integrated_gradients(forward_of(model), emb, base, mask, n_steps=500, precision="fp32")
+    reference = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=500, precision="fp32")
+    )
     assert compiler.error is None
     assert auto.steps.min() >= 9 and int(auto.steps.sum()) < 500 * emb.shape[0]
     assert float(relative_difference(auto.token_scores(), reference.token_scores()).max()) < 2e-2
@@ -116,18 +122,17 @@ def test_full_precision_fallback_runs_its_samples_in_tf32_beside_compiled_fp16(c
         ends = out_x.gather(1, target).squeeze(1), out_b.gather(1, target).squeeze(1)
     moved = (ends[0] - ends[1]).abs() / torch.maximum(ends[0].abs(), ends[1].abs())
     tolerance = precision_floor("fp16") / float(moved.median())
-    common = {"n_steps": "auto", "tolerance": tolerance, "model": model, "alpha_batch_size": 64}
-    mixed = integrated_gradients(
-        forward_of(model), emb, base, mask, precision="fp16", cast_weights=True, full_precision_fallback=True,
-        compiler=StepCompiler(), **common,
-    )  # fmt: skip
+    common = IGOptions(n_steps="auto", tolerance=tolerance, alpha_batch_size=64)
+    fp16 = dataclasses.replace(common, precision="fp16", cast_weights=True, full_precision_fallback=True)
+    mixed = integrated_gradients(forward_of(model), emb, base, mask, options=fp16, compiler=StepCompiler(), model=model)
     full = mixed.full_precision
     assert 0 < int(full.sum()) < full.numel(), full
     flagged, rest = full.nonzero().squeeze(1), (~full).nonzero().squeeze(1)
 
     def alone(rows: torch.Tensor, **precision: object):
+        options = dataclasses.replace(common, **precision)
         return integrated_gradients(
-            forward_of(model), emb[rows], base[rows], mask[rows], mixed.target[rows], **common, **precision
+            forward_of(model), emb[rows], base[rows], mask[rows], mixed.target[rows], options, model=model
         )
 
     tf32 = alone(flagged, precision="tf32")

@@ -23,7 +23,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import profile_from_data
 from gpuopt_tui.core.runs.events import EventWriter, read_events
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients
 from gpuopt_tui.jobs.attribution.check import CHECK_STAGES
 from gpuopt_tui.jobs.attribution.engine import Settings
 from gpuopt_tui.jobs.attribution.job import run_job
@@ -173,8 +173,7 @@ def test_scores_match_a_direct_engine_call(workdir: Path, finished: Path) -> Non
             emb,
             base.detach(),
             mask,
-            n_steps=8,
-            method="riemann_middle",
+            options=IGOptions(n_steps=8, method="riemann_middle"),
         )
         assert result.token_scores()[0].tolist() == pytest.approx(records[i]["scores"], rel=1e-4, abs=1e-6)
         assert float(result.deltas[0]) == pytest.approx(records[i]["delta"], abs=1e-5)

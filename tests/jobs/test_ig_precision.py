@@ -11,8 +11,8 @@ from ig_cases import tiny_bert_case
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients, integrated_gradients_reference
 from gpuopt_tui.jobs.attribution import compiled as compiled_module
-from gpuopt_tui.jobs.attribution import integrated_gradients, integrated_gradients_reference
 from gpuopt_tui.jobs.attribution.check import relative_difference
 from gpuopt_tui.jobs.attribution.compiled import AUTO_MIN_SAMPLE_STEPS, StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.precision import StepPrecision, output_margins, weights_cast
@@ -30,9 +30,13 @@ def forward_of(model):
 def test_bf16_weights_are_close_to_fp32_and_come_back_untouched(case) -> None:
     model, emb, base, mask = case
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    fp32 = integrated_gradients(forward_of(model), emb, base, mask, n_steps=16, alpha_batch_size=8)
+    fp32 = integrated_gradients(forward_of(model), emb, base, mask, options=IGOptions(n_steps=16, alpha_batch_size=8))
     cast = integrated_gradients(
-        forward_of(model), emb, base, mask, n_steps=16, alpha_batch_size=8, precision="bf16", cast_weights=True
+        forward_of(model),
+        emb,
+        base,
+        mask,
+        options=IGOptions(n_steps=16, alpha_batch_size=8, precision="bf16", cast_weights=True),
     )
     error = relative_difference(cast.token_scores(), fp32.token_scores())
     assert 0 < float(error.max()) < 5e-2  # bf16 arithmetic, yet the same attributions
@@ -44,9 +48,9 @@ def test_bf16_weights_are_close_to_fp32_and_come_back_untouched(case) -> None:
 
 def test_batched_and_reference_paths_agree_with_cast_weights(case) -> None:
     model, emb, base, mask = case
-    kwargs = {"n_steps": 6, "method": "riemann_middle", "precision": "bf16", "cast_weights": True}
-    batched = integrated_gradients(forward_of(model), emb, base, mask, alpha_batch_size=3, **kwargs)
-    reference = integrated_gradients_reference(forward_of(model), emb, base, mask, **kwargs)
+    options = IGOptions(n_steps=6, method="riemann_middle", alpha_batch_size=3, precision="bf16", cast_weights=True)
+    batched = integrated_gradients(forward_of(model), emb, base, mask, options=options)
+    reference = integrated_gradients_reference(forward_of(model), emb, base, mask, options=options)
     assert float(relative_difference(batched.token_scores(), reference.token_scores()).max()) < 2e-2
 
 
@@ -82,9 +86,13 @@ def test_compiled_steps_equal_eager_and_compile_once(case) -> None:
     )
     for rows, length, steps in ((4, 12, 8), (3, 10, 6)):
         args = (emb[:rows, :length], base[:rows, :length], mask[:rows, :length])
-        eager = integrated_gradients(forward_of(model), *args, n_steps=steps, alpha_batch_size=4)
+        eager = integrated_gradients(forward_of(model), *args, options=IGOptions(n_steps=steps, alpha_batch_size=4))
         compiled = integrated_gradients(
-            forward_of(model), *args, n_steps=steps, alpha_batch_size=4, compiler=compiler, model=model
+            forward_of(model),
+            *args,
+            options=IGOptions(n_steps=steps, alpha_batch_size=4),
+            compiler=compiler,
+            model=model,
         )
         assert float(relative_difference(compiled.token_scores(), eager.token_scores()).max()) < 1e-5
     assert compiler.error is None and compiler.compile_seconds > 0
@@ -103,8 +111,10 @@ def test_a_failing_compilation_falls_back_to_eager(case, monkeypatch: pytest.Mon
     monkeypatch.setattr(compiled_module.torch, "compile", broken_compile)
     events = []
     compiler = StepCompiler(on_event=lambda type, **fields: events.append((type, fields)))
-    eager = integrated_gradients(forward_of(model), emb, base, mask, n_steps=8, alpha_batch_size=4)
-    result = integrated_gradients(forward_of(model), emb, base, mask, n_steps=8, alpha_batch_size=4, compiler=compiler)
+    eager = integrated_gradients(forward_of(model), emb, base, mask, options=IGOptions(n_steps=8, alpha_batch_size=4))
+    result = integrated_gradients(
+        forward_of(model), emb, base, mask, options=IGOptions(n_steps=8, alpha_batch_size=4), compiler=compiler
+    )
     assert torch.equal(result.attributions, eager.attributions)
     assert compiler.error is not None and "backend exploded" in compiler.error
     assert events == [("compile_failed", {"error": compiler.error})]
@@ -129,7 +139,9 @@ def test_non_finite_gradients_are_an_error(case) -> None:
         return logits * torch.where(e.sum() > 1e30, 1.0, float("inf"))  # finite at neither end of the path
 
     with pytest.raises(UserError, match="not finite in fp16.*amp_dtype = bf16"):
-        integrated_gradients(forward, emb, base, mask, n_steps=4, precision="fp16", target=torch.zeros(4).long())
+        integrated_gradients(
+            forward, emb, base, mask, options=IGOptions(n_steps=4, precision="fp16"), target=torch.zeros(4).long()
+        )
 
 
 class NearTie(torch.nn.Module):
@@ -160,7 +172,7 @@ def test_target_and_margin_come_from_an_fp32_forward_under_bf16(cast_weights: bo
         low = model(emb.to(step.weights or emb.dtype), None, {})
     assert low[0, 0] == low[0, 1]  # bf16 cannot tell the two outputs of sample 0 apart
     result = integrated_gradients(
-        model, emb, torch.zeros_like(emb), n_steps=4, precision="bf16", cast_weights=cast_weights
+        model, emb, torch.zeros_like(emb), options=IGOptions(n_steps=4, precision="bf16", cast_weights=cast_weights)
     )
     assert result.target.tolist() == [1, 0]  # fp32's argmax, not bf16's tie
     margin, low_margin = output_margins(result.outputs, "bf16")

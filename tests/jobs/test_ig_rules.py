@@ -8,7 +8,7 @@ import torch
 from captum.attr import IntegratedGradients
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.jobs.attribution import METHODS, ChunkPlanner, integrated_gradients, step_rule
+from gpuopt_tui.jobs.attribution import METHODS, ChunkPlanner, IGOptions, integrated_gradients, step_rule
 from gpuopt_tui.jobs.attribution.deltas import delta_summary
 from gpuopt_tui.jobs.attribution.rules import gauss_legendre_newton
 
@@ -75,7 +75,7 @@ def _linear_case() -> tuple[Linear, torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("method", METHODS)
 def test_linear_model_is_complete_for_every_rule(method: str) -> None:
     model, x, base = _linear_case()
-    result = integrated_gradients(model, x, base, None, "predicted", n_steps=7, method=method)
+    result = integrated_gradients(model, x, base, None, "predicted", IGOptions(n_steps=7, method=method))
     difference = result.scores - result.baseline_scores
     assert difference.abs().min() > 1e-2
     assert result.deltas.abs().max() < 1e-12 * difference.abs().max()
@@ -85,7 +85,7 @@ def test_captum_trapezoid_loses_one_nth_on_the_linear_model() -> None:
     """Captum's trapezoid weights sum to 1 - 1/n: its delta is -(F(x) - F(x'))/n where ours is 0."""
     model, x, base = _linear_case()
     n = 7
-    ours = integrated_gradients(model, x, base, None, "predicted", n_steps=n, method="riemann_trapezoid")
+    ours = integrated_gradients(model, x, base, None, "predicted", IGOptions(n_steps=n, method="riemann_trapezoid"))
     ig = IntegratedGradients(lambda e: model(e, None, {}))
     _, captum_delta = ig.attribute(
         x, base, target=ours.target, n_steps=n, method="riemann_trapezoid", return_convergence_delta=True
@@ -123,7 +123,7 @@ def test_quadratic_model_deltas_follow_each_rule(method, expected_delta) -> None
     x = torch.randn(3, 4, 2, dtype=torch.float64)
     model = Quadratic(8)
     n = 9
-    result = integrated_gradients(model, x, torch.zeros_like(x), None, None, n_steps=n, method=method)
+    result = integrated_gradients(model, x, torch.zeros_like(x), None, None, IGOptions(n_steps=n, method=method))
     c = 2 * result.scores  # x^T A x
     assert torch.allclose(result.deltas, expected_delta(c, n), rtol=0, atol=1e-10 * float(c.abs().max()))
 

@@ -16,7 +16,7 @@ from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.core.profiles.io import load_profile
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.jobs.attribution import integrated_gradients, integrated_gradients_reference
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients, integrated_gradients_reference
 from gpuopt_tui.jobs.attribution.baselines import baseline_embeddings
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
 from gpuopt_tui.jobs.attribution.job import run_job
@@ -80,7 +80,7 @@ def case():
 def test_cached_context_equals_uncached(case) -> None:
     model, embeds, baselines, mask, history_ids, history_mask = case
     history = {"history_ids": history_ids, "history_mask": history_mask}
-    settings = {"n_steps": 24, "method": "gausslegendre", "alpha_batch_size": 5, "model": model}
+    settings = {"options": IGOptions(n_steps=24, method="gausslegendre", alpha_batch_size=5), "model": model}
     model.history_calls = 0
     uncached = integrated_gradients(model.uncached, embeds, baselines, mask, context=history, **settings)
     assert model.history_calls == 1 + 5  # the endpoints, then every chunk recomputes the user vector
@@ -103,7 +103,13 @@ def test_only_the_target_candidate_is_attributed_and_matches_captum(case) -> Non
         user = model.user(history_ids, history_mask)
     target = torch.tensor([0, 1, 3])
     ours = integrated_gradients(
-        model.cached, embeds, baselines, mask, target, n_steps=12, method="riemann_middle", context={"user": user}
+        model.cached,
+        embeds,
+        baselines,
+        mask,
+        target,
+        IGOptions(n_steps=12, method="riemann_middle"),
+        context={"user": user},
     )
     per_candidate = ours.token_scores().abs().sum(-1)  # [3, 4]
     chosen = torch.zeros_like(per_candidate, dtype=torch.bool)
@@ -116,7 +122,13 @@ def test_only_the_target_candidate_is_attributed_and_matches_captum(case) -> Non
     )
     assert (ours.attributions - theirs).abs().max() < 1e-5 * theirs.abs().max()
     reference = integrated_gradients_reference(
-        model.cached, embeds, baselines, mask, target, n_steps=12, method="riemann_middle", context={"user": user}
+        model.cached,
+        embeds,
+        baselines,
+        mask,
+        target,
+        IGOptions(n_steps=12, method="riemann_middle"),
+        context={"user": user},
     )
     assert (reference.attributions - ours.attributions).abs().max() < 1e-12 * theirs.abs().max()
 
@@ -150,7 +162,7 @@ def test_demo_cached_user_vector_equals_recomputing_it(demo) -> None:
             return model(m, inputs_embeds=e, history_ids=context["history_ids"], history_mask=context["history_mask"])
 
         history = {"history_ids": batch["history_ids"], "history_mask": batch["history_mask"]}
-        settings = {"n_steps": 16, "alpha_batch_size": 4, "model": model}
+        settings = {"options": IGOptions(n_steps=16, alpha_batch_size=4), "model": model}
         cached = integrated_gradients(
             adapter.logits_from_embeds, embeds, baselines, mask, context=cached_context, **settings
         )

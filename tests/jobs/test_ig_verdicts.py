@@ -4,11 +4,13 @@ chain and its measured-rounding probe; the audit's verdict and words."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
 
-from gpuopt_tui.jobs.attribution import integrated_gradients
+from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients
 from gpuopt_tui.jobs.attribution.adaptive import precision_chain, probe_rounding
 from gpuopt_tui.jobs.attribution.audit import audit_count, audit_outcome, audit_warning, chosen_samples
 from gpuopt_tui.jobs.attribution.check import relative_difference
@@ -49,9 +51,16 @@ def test_no_sample_is_reported_within_a_tolerance_it_misses(family: str) -> None
         return model(inputs_embeds=e, attention_mask=m).logits
 
     base = torch.zeros_like(emb)
-    auto = integrated_gradients(forward, emb, base, mask, n_steps="auto", tolerance=TOLERANCE, per_dimension=False)
+    auto = integrated_gradients(
+        forward, emb, base, mask, options=IGOptions(n_steps="auto", tolerance=TOLERANCE, per_dimension=False)
+    )
     fine = integrated_gradients(
-        forward, emb, base, mask, auto.target, n_steps="auto", tolerance=1e-7, max_steps=8193, per_dimension=False
+        forward,
+        emb,
+        base,
+        mask,
+        auto.target,
+        IGOptions(n_steps="auto", tolerance=1e-7, max_steps=8193, per_dimension=False),
     )
     assert bool(fine.within.all())  # the reference is itself within its (much tighter) tolerance
     error = relative_difference(auto.token_scores(), fine.token_scores())
@@ -89,13 +98,12 @@ def test_samples_whose_low_precision_is_noisy_move_after_their_first_pass() -> N
         return out
 
     base = torch.zeros_like(emb)
-    common = {"n_steps": "auto", "tolerance": 5e-2, "per_dimension": False, "model": model}
-    mixed = integrated_gradients(
-        forward, emb, base, mask, precision="bf16", cast_weights=True, full_precision_fallback=True, **common
-    )
+    common = IGOptions(n_steps="auto", tolerance=5e-2, per_dimension=False)
+    bf16 = dataclasses.replace(common, precision="bf16", cast_weights=True, full_precision_fallback=True)
+    mixed = integrated_gradients(forward, emb, base, mask, options=bf16, model=model)
     assert bool(mixed.full_precision.all()) and set(mixed.fallback.tolist()) <= {1, 2}
     assert 2 in mixed.fallback.tolist()  # some moved by the measured rounding, not by the output change alone
-    alone = integrated_gradients(forward, emb, base, mask, mixed.target, **common)
+    alone = integrated_gradients(forward, emb, base, mask, mixed.target, common, model=model)
     torch.testing.assert_close(mixed.token_scores(), alone.token_scores(), rtol=0, atol=1e-6)
     assert torch.equal(mixed.within, alone.within)
 

@@ -133,6 +133,7 @@ class Sample:
 #: What reading a damaged line can raise (int() of a JSON Infinity: OverflowError).
 UNREADABLE = (ValueError, KeyError, TypeError, IndexError, OverflowError)
 
+
 def _record(line: bytes) -> dict[str, Any]:
     record = json.loads(line)
     if not isinstance(record, dict):

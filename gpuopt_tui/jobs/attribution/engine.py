@@ -20,6 +20,7 @@ from gpuopt_tui.jobs.attribution.baselines import ZERO_ALL, baseline_embeddings,
 from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler, should_compile
 from gpuopt_tui.jobs.attribution.ig import integrated_gradients
+from gpuopt_tui.jobs.attribution.options import IGOptions
 from gpuopt_tui.jobs.attribution.precision import REDUCED, output_margins
 from gpuopt_tui.jobs.attribution.reference import integrated_gradients_reference
 from gpuopt_tui.jobs.attribution.start_precision import PROBE_SAMPLES, PROBE_STEPS, StartPrecision, timer
@@ -84,6 +85,21 @@ class Settings:
             alpha_batch_size=section.alpha_batch_size,
             memory_fraction=section.memory_fraction,
             compile=section.use_optimized and should_compile(section.compile, device, samples, section.n_steps),
+        )
+
+    def options(self) -> IGOptions:
+        """The engine's integration settings for these settings (only token scores are written: per_dimension off,
+        so that "auto" steps keep no gradients). The chunk size goes through `planner`."""
+        return IGOptions(
+            n_steps=self.n_steps,
+            method=self.method,
+            tolerance=self.tolerance,
+            max_steps=self.max_steps,
+            alpha_batch_size=self.alpha_batch_size,
+            precision=self.precision,
+            cast_weights=self.cast_weights,
+            full_precision_fallback=self.full_precision_fallback,
+            per_dimension=False,
         )
 
     def planner(self, on_event: Callable[..., object] | None = None) -> ChunkPlanner:
@@ -166,14 +182,7 @@ def attribute_batch(
         target = adapter.explained_outputs(settings.target, batch)
     target = batch_target(settings.target, batch, n_outputs) if target is None else target
     forward = adapter.logits_from_embeds
-    common = {
-        "n_steps": settings.n_steps,
-        "method": settings.method,
-        "precision": settings.precision,
-        "cast_weights": settings.cast_weights,
-        "context": context,
-        "model": adapter.model,
-    }
+    options, runtime = settings.options(), {"context": context, "model": adapter.model}
     if settings.optimized:
         step_mask = adapter.step_mask(mask)  # None for a batch without padding (one check of the mask, not two)
         lean = contextlib.nullcontext() if plain else adapter.logits_only()
@@ -184,17 +193,16 @@ def attribute_batch(
                 baselines,
                 step_mask,
                 target,
-                tolerance=settings.tolerance,
-                max_steps=settings.max_steps,
-                full_precision_fallback=settings.full_precision_fallback,
-                per_dimension=False,  # only token scores are written: auto steps then keep no gradients
-                alpha_batch_size=planner,
+                options,
+                planner=planner,
                 compiler=compiler,
                 on_chunk=on_chunk,
-                **common,
+                **runtime,
             )
     else:  # the one-step-at-a-time path stays the model's own forward, for accuracy checks
-        result = integrated_gradients_reference(forward, embeds, baselines, mask, target, on_step=on_chunk, **common)
+        result = integrated_gradients_reference(
+            forward, embeds, baselines, mask, target, options, on_step=on_chunk, **runtime
+        )
     target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
     # F(x) ran in fp32 (see resolve_endpoint_precision): the prediction and the margin are the model's own
     probabilities = result.outputs.float().softmax(-1)

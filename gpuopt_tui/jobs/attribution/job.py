@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +20,20 @@ from torch import Tensor
 
 from gpuopt_tui.core.atomic import write_json, write_jsonl
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.profiles.attribution import AttributionProfile, AttributionSection
-from gpuopt_tui.core.results.attribution import JSONL_NAME, TENSORS_NAME
-from gpuopt_tui.core.results.attribution_summary import CHECK_NAME, SUMMARY_NAME
+from gpuopt_tui.core.profiles.attribution import AttributionProfile
+from gpuopt_tui.core.results.attribution_summary import CHECK_NAME
 from gpuopt_tui.jobs import short_attention
-from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, precision_chain, tolerance_warning
-from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_outcome, audit_warning, chosen_samples
+from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, tolerance_warning
+from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_warning, chosen_samples
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.completions import CompletionRun, prepare_completions
-from gpuopt_tui.jobs.attribution.deltas import delta_summary, relative_deltas, steps_outcome, steps_summary
+from gpuopt_tui.jobs.attribution.completions import prepare_completions
+from gpuopt_tui.jobs.attribution.deltas import relative_deltas
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
-from gpuopt_tui.jobs.attribution.outputs import (
-    Collected,
-    sample_records,
-    token_ranking,
-    write_tensors,
-)
+from gpuopt_tui.jobs.attribution.outputs import Collected, write_tensors
 from gpuopt_tui.jobs.attribution.panels import step_counts
-from gpuopt_tui.jobs.attribution.precision import REDUCED, RELATIVE_ERROR, NonFiniteGradients
+from gpuopt_tui.jobs.attribution.precision import REDUCED, NonFiniteGradients
+from gpuopt_tui.jobs.attribution.report import FILE_NAMES, Report, Results, build_report
 from gpuopt_tui.jobs.attribution.start_precision import StartPrecision
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
@@ -59,7 +53,6 @@ RESULT_SETTINGS = (
     "optimized",
 )
 COMPILE_STAGE = "compiling the step forward (torch.compile)"
-RANKING = "mean share of the sample's total |attribution| per occurrence (structure tokens and zeros excluded)"
 
 
 def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
@@ -104,7 +97,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     if completions is not None:  # from here on a sample is a prompt, whatever rows were attributed
         ds, collected = completions.samples, completions.per_sample(collected)
     results = Results(section, settings, seconds, compiler, stage, audited, completions)
-    summary = _write_results(ctx, adapter, ds, collected, results)
+    summary = _write_results(ctx, build_report(adapter, ds, collected, results, ctx.world_size), collected)
     if section.check_samples > 0:
         check = compare_paths(adapter, ds, settings, section.check_samples, ctx.cancellable_stage)
         write_json(ctx.results_dir / CHECK_NAME, check)
@@ -128,16 +121,6 @@ def _audit(
     if warning := audit_warning(result):
         ctx.warn(warning)
     return result
-
-
-def low_margin_summary(collected: Collected, precision: str) -> dict[str, Any]:
-    """How many samples have a top-two margin of F(x) within the steps' precision error, and that error."""
-    return {
-        "count": int(collected.low_margin.sum()),
-        "precision": precision,
-        "relative_error": RELATIVE_ERROR[precision],
-        "rule": "margin between the two largest outputs of the fp32 F(x) <= relative_error x max |output|",
-    }
 
 
 def _describe_steps(settings: Settings) -> str:
@@ -318,118 +301,19 @@ def _gather(ctx: JobContext, ds: TextDataset, n_batches: int, auto: bool) -> tup
     return collected, seconds
 
 
-@dataclass
-class Results:
-    """What the result files say besides the samples' results."""
-
-    section: AttributionSection
-    settings: Settings
-    seconds: float  # the compute seconds of all shards
-    compiler: StepCompiler | None
-    # the samples attributed by this attempt (all ranks), its wall seconds for them and, where the attempt chose
-    # it, the precision its batches started in (start_precision.py)
-    stage: dict[str, Any]
-    audited: dict[str, Any] | None  # the audit's result (audit.py), None when it was off
-    completions: CompletionRun | None  # a causal LM run's completions
-
-
-def _write_results(
-    ctx: JobContext, adapter: Adapter, ds: TextDataset, collected: Collected, results: Results
-) -> dict[str, Any]:
-    """The three result files; returns the short summary for the run's `finished` event."""
-    section, settings, seconds, compiler = results.section, results.settings, results.seconds, results.compiler
-    stage, audited, completions = results.stage, results.audited, results.completions
+def _write_results(ctx: JobContext, report: Report, collected: Collected) -> dict[str, Any]:
+    """The three result files and their events; returns the short summary for the run's `finished` event."""
     ctx.stage(WRITE_STAGE)
-    structure = adapter.special_ids.non_content()
-    files = {
-        "jsonl": ctx.results_dir / JSONL_NAME,
-        "tensors": ctx.results_dir / TENSORS_NAME,
-        "summary": ctx.results_dir / SUMMARY_NAME,
-    }
-    if completions is None:
-        records = sample_records(collected, ds.texts, adapter.tokens, structure, section.top_k_sample)
-    else:
-        records = completions.records(collected, adapter.tokens, structure, section.top_k_sample)
-    write_jsonl(files["jsonl"], records)
+    files = {key: ctx.results_dir / name for key, name in FILE_NAMES.items()}
+    write_jsonl(files["jsonl"], report.records)
     write_tensors(files["tensors"], collected)
-    deltas = delta_summary(
-        collected.deltas,
-        collected.scores,
-        collected.baseline_scores,
-        n_steps=settings.n_steps,
-        method=settings.method,
-        threshold=section.delta_warning,
-    )
-    if deltas["warning"]:
-        ctx.warn(deltas["warning"])
-    auto = settings.n_steps == "auto"
-    chain = precision_chain(settings.precision, settings.tolerance) if settings.full_precision_fallback else []
-    steps = steps_summary(
-        collected.steps,
-        collected.within,
-        tolerance=settings.tolerance if auto else None,
-        max_steps=settings.max_steps,
-        precision=settings.precision,
-        fallback=(collected.fallback, "/".join(chain[1:])) if len(chain) > 1 else None,
-    )
-    steps["start_precision"] = stage.get("start_precision")
-    if steps["full_precision"]:
-        ctx.log(steps["full_precision"]["note"])
-    if steps["warning"]:
-        ctx.warn(steps["warning"])
-    close = int(collected.low_margin.sum())
-    if close:
-        ctx.warn(
-            f"{close} samples have their two largest outputs within the {settings.precision} error of each other: "
-            "the steps may rank them the other way (`low_margin` in attributions.jsonl names them)"
-        )
-    rate = len(ds) / seconds if seconds > 0 else None
-    top = token_ranking(collected, adapter.tokens, structure, section.top_k, section.min_token_count)
-    summary = {
-        "n_samples": len(ds),
-        "model": adapter.name,
-        "data": ds.origin,
-        "settings": {
-            **dataclasses.asdict(settings),
-            "device": str(adapter.device),
-            "batch_size": section.batch_size,
-            "length_bucketing": section.length_bucketing,
-            "top_k": section.top_k,
-            "top_k_sample": section.top_k_sample,
-            "min_token_count": section.min_token_count,
-        },
-        "timing": {
-            "compute_seconds": seconds,
-            "samples_per_s": rate,
-            "processes": ctx.world_size,
-            "attempt_samples": stage["samples"],
-            "attempt_seconds": stage["seconds"],
-            "attempt_samples_per_s": stage["samples"] / stage["seconds"] if stage["samples"] else None,
-            "compile_seconds": None if compiler is None else compiler.compile_seconds,
-            "compile_error": None if compiler is None else compiler.error,
-        },
-        **({} if completions is None else {"completions": completions.summary()}),
-        "deltas": deltas,
-        "steps": steps,
-        "low_margin": low_margin_summary(collected, settings.precision),
-        "audit": audited,
-        "ranking": RANKING,
-        "top_k": top,
-        "per_sample_top": "the `top` field of each line of attributions.jsonl",
-        "files": {k: p.name for k, p in files.items()},
-    }
-    write_json(files["summary"], summary)
+    for kind, text in report.messages:
+        (ctx.warn if kind == "warn" else ctx.log)(text)
+    write_json(files["summary"], report.summary)
     ctx.artifact(files["jsonl"], "per-sample token attributions (one JSON line per sample)")
     ctx.artifact(files["tensors"], "padded score tensor, token ids, lengths and deltas (safetensors)")
     ctx.artifact(files["summary"], "top tokens, convergence deltas, settings and timing")
-    ctx.metric("samples_per_s", rate)
-    ctx.metric("delta_median_rel", deltas["median_rel"])
-    ctx.metric("steps_mean", steps["mean"])
-    return {
-        "n_samples": len(ds),
-        "samples_per_s": rate,
-        "delta_median_rel": deltas["median_rel"],
-        "top_tokens": [entry["token"] for entry in top[:5]],
-        **steps_outcome(steps),
-        **({} if audited is None else {"audit": audit_outcome(audited)}),
-    }
+    ctx.metric("samples_per_s", report.summary["timing"]["samples_per_s"])
+    ctx.metric("delta_median_rel", report.summary["deltas"]["median_rel"])
+    ctx.metric("steps_mean", report.summary["steps"]["mean"])
+    return report.outcome

@@ -21,6 +21,7 @@ from gpuopt_tui.jobs.attribution.common import (
     resolve_target,
     selected,
 )
+from gpuopt_tui.jobs.attribution.options import DEFAULT_OPTIONS, IGOptions
 from gpuopt_tui.jobs.attribution.precision import StepPrecision, check_finite, weights_cast
 from gpuopt_tui.jobs.attribution.rules import step_rule
 from gpuopt_tui.jobs.device import autocast
@@ -32,18 +33,15 @@ def integrated_gradients_reference(
     baselines: Tensor,
     attention_mask: Tensor | None = None,
     target: Target = "predicted",
+    options: IGOptions = DEFAULT_OPTIONS,
     *,
-    n_steps: int = 50,
-    method: str = "gausslegendre",
-    precision: str = "fp32",
-    cast_weights: bool = False,
-    endpoint_precision: str | None = None,
     context: Mapping[str, Tensor] | None = None,
     model: nn.Module | None = None,
     on_step: Callable[[int, int], None] | None = None,
 ) -> IGResult:
     """Same contract as `integrated_gradients` (without compilation), computed with one forward/backward per
-    (sample, step).
+    (sample, step). Of `options` it takes the steps (an integer), the rule and the precisions; the attributions are
+    always per embedding dimension.
 
     `on_step(done, total)` is called after every (sample, step) pair: done of n_samples x n_steps.
     """
@@ -52,12 +50,12 @@ def integrated_gradients_reference(
     acc = accumulation_dtype(inputs_embeds)
     inputs, baselines = inputs_embeds.detach().to(acc), baselines.detach().to(acc)
     context = dict(context or {})
-    alphas, weights = step_rule(method, n_steps)
+    alphas, weights = step_rule(options.method, options.n_steps)
     batch = inputs.shape[0]
-    step = StepPrecision.of(precision, cast_weights)
+    step = StepPrecision.of(options.precision, options.cast_weights)
     module = module_of(forward, model)
     with frozen_parameters(module):
-        endpoints = resolve_endpoint_precision(endpoint_precision)
+        endpoints = resolve_endpoint_precision(options.endpoint_precision)
         out_x, out_b = endpoint_outputs(forward, inputs, baselines, attention_mask, context, endpoints)
         target = resolve_target(target, out_x)
         grads = torch.zeros_like(inputs)
@@ -74,8 +72,8 @@ def integrated_gradients_reference(
                     grads[i] += weight * grad[0].to(acc)
                     if on_step is not None:
                         on_step(i * len(alphas) + j + 1, batch * len(alphas))
-    check_finite(grads, precision)
-    steps = torch.full((batch,), int(n_steps), dtype=torch.long, device=inputs.device)
+    check_finite(grads, options.precision)
+    steps = torch.full((batch,), int(options.n_steps), dtype=torch.long, device=inputs.device)
     return finish(path_attributions(grads, inputs, baselines), out_x, out_b, target, steps)
 
 
