@@ -135,3 +135,17 @@ def test_only_completion_tokens_count(lm64) -> None:
     after = tracin_scores(adapter, checkpoints, changed, dataset(adapter, TEST), names, TracInOptions()).matrix
     assert max_rel_error(after[:, 1:], before[:, 1:]) < 1e-12
     assert max_rel_error(after[:, :1], before[:, :1]) > 1e-3
+
+
+def test_sdpa_attention_gives_the_scores_of_eager_attention(lm64) -> None:
+    """What a loaded model runs (SDPA; its mask handed over ready-made under vmap) against the eager reference."""
+    adapter, checkpoints = lm64
+    train, test = dataset(adapter, TRAIN, "left"), dataset(adapter, TEST)
+    names = names_of(adapter, test, 3)
+    eager = tracin_scores(adapter, checkpoints, train, test, names, TracInOptions(method="vmap")).matrix
+    adapter.model.set_attn_implementation("sdpa")
+    try:
+        sdpa = tracin_scores(adapter, checkpoints, train, test, names, TracInOptions(method="vmap")).matrix
+    finally:
+        adapter.model.set_attn_implementation("eager")
+    assert max_rel_error(sdpa, eager) < 1e-6  # the same bound as against the reference

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.models.base import Adapter, Batch, SpecialIds
+from gpuopt_tui.jobs.models.hf import prepared_attention_mask
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import DataSection
@@ -165,9 +166,11 @@ class CausalLMAdapter(Adapter):
         context: Mapping[str, Tensor],
         *,
         trim: bool = True,
+        prepared_mask: bool = False,
     ) -> Tensor:
         """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them;
-        `trim`: computed for the positions from the first one needed on only, where the model can."""
+        `trim`: computed for the positions from the first one needed on only, where the model can; `prepared_mask`:
+        the attention mask given as [N, 1, L, L] (see `completion_loss`)."""
         prompt_len = inputs_embeds.shape[1]
         completion = context["completion_embeds"].to(inputs_embeds.dtype)
         if attention_mask is None:
@@ -181,7 +184,7 @@ class CausalLMAdapter(Adapter):
         kept = {"logits_to_keep": mask.shape[1] - first} if self.keeps_logits and trim else {}
         out = self.model(
             inputs_embeds=torch.cat([inputs_embeds, completion], 1),
-            attention_mask=mask,
+            attention_mask=causal_mask(mask, self.model) if prepared_mask else mask,
             position_ids=(mask.cumsum(1) - 1).clamp_min(0),
             use_cache=False,
             **kept,
@@ -195,12 +198,19 @@ class CausalLMAdapter(Adapter):
         predicted: masked, as supervised fine-tuning trainers do). Every per-token layer runs once on the whole
         [prompt | completion] sequence (`token_mask`), the output layer included: the embeddings keep their graph
         and torch.func.vmap can run it (no value-dependent size)."""
+        return self.completion_loss(batch, prepared_mask=False)
+
+    def completion_loss(self, batch: Mapping[str, Tensor], *, prepared_mask: bool) -> Tensor:
+        """`loss_per_example`; `prepared_mask`: the attention mask handed to the model ready-made, [N, 1, L, L]
+        (transformers' own preparation branches on the mask's values, which torch.func.vmap cannot trace)."""
         prompt_mask, order = _real_first(batch["attention_mask"])
         ids = torch.cat([batch["input_ids"].gather(1, order), batch["completion_ids"]], 1)
         embeds = self.word_embeddings()(ids)
         prompt_len, mask = prompt_mask.shape[1], batch["completion_mask"]
         context = {"completion_embeds": embeds[:, prompt_len:], "completion_mask": mask}
-        logits = self.next_token_logits(embeds[:, :prompt_len], prompt_mask, context, trim=False)
+        logits = self.next_token_logits(
+            embeds[:, :prompt_len], prompt_mask, context, trim=False, prepared_mask=prepared_mask
+        )
         nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["completion_ids"].long(), reduction="none")
         weights = mask.to(nll.dtype)
         return (nll * weights).sum(1) / weights.sum(1).clamp_min(1)
@@ -253,7 +263,15 @@ class _LossOf(nn.Module):
         self.adapter = adapter
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        return self.adapter.loss_per_example(batch)
+        return self.adapter.completion_loss(batch, prepared_mask=True)
+
+
+def causal_mask(mask: Tensor, model: nn.Module) -> Tensor:
+    """[N, 1, L, L]: query q sees key k <= q where k is real, built without looking at the values, in the form the
+    model's attention takes (bool for SDPA, additive float for eager attention; see hf.prepared_attention_mask)."""
+    length = mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    return prepared_attention_mask(mask, model, causal[None, None])
 
 
 def _real_first(mask: Tensor) -> tuple[Tensor, Tensor]:
