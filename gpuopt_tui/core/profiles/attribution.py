@@ -159,8 +159,8 @@ class CompletionDataSection(DataSection):
     target_field: str = opt(
         "completion",
         "Causal LMs: column or key holding the completion that follows the prompt (text_field): attribution explains "
-        'its log-probability (not needed with attribution.target = "generate"), TracIn\'s loss is its mean token '
-        "cross-entropy",
+        'its log-probability (not needed with attribution.target = "generate"), TracIn\'s loss is the mean cross '
+        "entropy of its tokens",
     )
     chat_template: bool = opt(
         False, "Causal LMs: pass each prompt as a user message through the tokenizer's chat template"
