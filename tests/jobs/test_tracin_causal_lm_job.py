@@ -65,6 +65,7 @@ checkpoints = [{listed}]
 layers = "last"
 n_last_layers = 3
 top_k = 2
+agreement_train = 4
 """
     )
     env = {**os.environ, "GPUOPT_TUI_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
@@ -76,6 +77,8 @@ top_k = 2
     records = [json.loads(line) for line in (results / "influence.jsonl").read_text().splitlines()]
     summary = json.loads((results / "summary.json").read_text())
     assert "completion" in summary["loss"] and "prompt tokens masked" in summary["loss"]
+    agreement = summary["agreement"]  # against exact all-layer gradients (factored, unprojected)
+    assert agreement["n_train"] == 4 and -1 <= agreement["spearman"] <= 1
     assert [(r["text"], r["completion"]) for r in records] == [(row["prompt"], row["answer"]) for row in TEST]
     assert all(r["completion_loss"] > 0 for r in records)
     by_text = {row["prompt"]: row["answer"] for row in TRAIN}

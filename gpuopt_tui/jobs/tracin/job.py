@@ -3,13 +3,16 @@
 Result files (in results/):
 - influence.jsonl: one line per test example: index, text, label, the model's `prediction` at the last
   checkpoint with its `probability` and the label's (`label_probability`), and its top_k `proponents` and
-  `opponents` (training index, score, text, label).
+  `opponents` (training index, score, text, label). For a causal LM, each example (and neighbour) has its
+  `completion` beside its prompt (`text`), no label and no prediction, and the test example the loss of its
+  completion at the last checkpoint (`completion_loss`).
 - self_influence.jsonl and self_influence.csv: every scored training example ranked by self-influence
   sum_c lr_c * ||g_c||^2, highest first (mislabeled examples tend to rank high).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
-- summary.json: settings, parameter count, timing, the label names (null when the model has none), the
-  checkpoint the predictions come from, and for the demo the flipped-label AUC of self-influence.
+- summary.json: settings, the loss TracIn differentiates (`loss`), parameter count, timing, the label names (null
+  when the model has none), the checkpoint the predictions come from, and for the demo the flipped-label AUC of
+  self-influence.
 """
 
 from __future__ import annotations
