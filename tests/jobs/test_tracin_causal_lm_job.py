@@ -86,6 +86,8 @@ agreement_train = 4
         for side in ("proponents", "opponents"):
             assert len(record[side]) == 2
             assert all(by_text[n["text"]] == n["completion"] for n in record[side])
+    ranked = [json.loads(line) for line in (results / "self_influence.jsonl").read_text().splitlines()]
+    assert sorted((r["text"], r["completion"]) for r in ranked) == sorted((r["prompt"], r["answer"]) for r in TRAIN)
 
     # the same scores from the engine, in this process, on the profile's data and parameters
     loaded = load_profile(profile)
