@@ -154,12 +154,13 @@ class AttributionSection:
 
 @dataclass
 class CompletionDataSection(DataSection):
-    """The data of an attribution run: a causal LM's also name its completions."""
+    """The data of an attribution or TracIn run: a causal LM's also name its completions."""
 
     target_field: str = opt(
         "completion",
-        "Causal LMs: column or key holding the completion whose log-probability given the prompt (text_field) is "
-        'attributed; not needed with attribution.target = "generate"',
+        "Causal LMs: column or key holding the completion that follows the prompt (text_field): attribution explains "
+        'its log-probability (not needed with attribution.target = "generate"), TracIn\'s loss is the mean cross '
+        "entropy of its tokens",
     )
     chat_template: bool = opt(
         False, "Causal LMs: pass each prompt as a user message through the tokenizer's chat template"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, ScaledRunSection
+from gpuopt_tui.core.profiles.attribution import CompletionDataSection
+from gpuopt_tui.core.profiles.common import ModelSection, ProfileBase, ScaledRunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
 LAYER_MODES = ("all", "last", "names")
@@ -113,5 +114,5 @@ class TracInProfile(ProfileBase):
     title: ClassVar[str] = "TracIn training-data influence"
     run: ScaledRunSection = section(ScaledRunSection, "How and where to run")
     model: ModelSection = section(ModelSection, "The model whose checkpoints are scored")
-    data: DataSection = section(DataSection, "Test examples to explain")
+    data: CompletionDataSection = section(CompletionDataSection, "Test examples to explain")
     tracin: TracInSection = section(TracInSection, "TracIn settings")

@@ -171,6 +171,8 @@ class Adapter:
         #: The directory the weights were read from (hf, demo), whose files digests.py hashes; None: the weights
         #: are known only in memory.
         self.weights_dir: Path | None = None
+        #: What `loss_per_example` computes, for reports (TracIn's summary).
+        self.loss_description = "cross-entropy of the label"
 
     # -- tokens ---------------------------------------------------------------------------------------------
     def word_embeddings(self) -> nn.Embedding:
@@ -248,6 +250,11 @@ class Adapter:
     def encode_context(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """What the forward needs besides the attributed tokens, computed once per batch (first dim N)."""
         return {}
+
+    def token_mask(self, batch: Mapping[str, Tensor]) -> Tensor | None:
+        """[N, *positions]: 1 at the real tokens of the sequence the model's per-token layers run on during
+        `loss_per_example` (the attention mask by default; None: no padding)."""
+        return batch.get("attention_mask")
 
     def step_mask(self, attention_mask: Tensor) -> Tensor | None:
         """The mask `logits_from_embeds` gets for the IG steps of a batch: the mask itself by default; None

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.models.base import Adapter, Batch, SpecialIds
+from gpuopt_tui.jobs.models.hf import prepared_attention_mask
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import DataSection
@@ -67,6 +69,7 @@ class CausalLMAdapter(Adapter):
 
     def __init__(self, name: str, model: nn.Module, tokenizer: Any, device: torch.device) -> None:
         super().__init__(name, model, tokenizer, 1, device, label_names=["log p(completion)"])
+        self.loss_description = "mean token cross-entropy over the completion's tokens (prompt tokens masked)"
         self.token_fields = {"input_ids": "attention_mask", "completion_ids": "completion_mask"}
         self.special_ids = DecoderSpecialIds(**vars(SpecialIds.of(tokenizer)), structure=frozenset(_special(tokenizer)))
         #: set when the tokenizer had no padding token and padding borrows EOS (said in `describe`)
@@ -157,30 +160,69 @@ class CausalLMAdapter(Adapter):
         return (log_probs * context["weights"].to(log_probs.dtype)).sum(1, keepdim=True)
 
     def next_token_logits(
-        self, inputs_embeds: Tensor, attention_mask: Tensor | None, context: Mapping[str, Tensor]
+        self,
+        inputs_embeds: Tensor,
+        attention_mask: Tensor | None,
+        context: Mapping[str, Tensor],
+        *,
+        trim: bool = True,
+        prepared_mask: bool = False,
     ) -> Tensor:
-        """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them."""
+        """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them;
+        `trim`: computed for the positions from the first one needed on only, where the model can; `prepared_mask`:
+        the attention mask given as [N, 1, L, L] (see `completion_loss`)."""
         prompt_len = inputs_embeds.shape[1]
         completion = context["completion_embeds"].to(inputs_embeds.dtype)
         if attention_mask is None:
             attention_mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
         else:  # real prompt tokens first: a padding position before them would have nothing to attend to (NaN)
-            order = attention_mask.sort(dim=1, descending=True, stable=True).indices
+            attention_mask, order = _real_first(attention_mask)
             inputs_embeds = inputs_embeds.gather(1, order[..., None].expand_as(inputs_embeds))
-            attention_mask = attention_mask.gather(1, order)
         mask = torch.cat([attention_mask.long(), context["completion_mask"].long()], 1)
         before = previous_real_position(mask)[:, prompt_len - 1 :]  # [N, T + 1]: the position predicting each token
-        first = int(before.min()) if self.keeps_logits else 0
-        kept = {"logits_to_keep": mask.shape[1] - first} if self.keeps_logits else {}
+        first = int(before.min()) if self.keeps_logits and trim else 0
+        kept = {"logits_to_keep": mask.shape[1] - first} if self.keeps_logits and trim else {}
         out = self.model(
             inputs_embeds=torch.cat([inputs_embeds, completion], 1),
-            attention_mask=mask,
+            attention_mask=causal_mask(mask, self.model) if prepared_mask else mask,
             position_ids=(mask.cumsum(1) - 1).clamp_min(0),
             use_cache=False,
             **kept,
         )
         logits = out.logits.gather(1, (before - first)[..., None].expand(-1, -1, out.logits.shape[-1]))
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # log-softmax over the vocabulary
+
+    # -- training loss (TracIn) -------------------------------------------------------------------------------
+    def loss_per_example(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """[N] mean token cross-entropy over each row's completion tokens; the prompt's tokens are context only (not
+        predicted: masked, as supervised fine-tuning trainers do). Every per-token layer runs once on the whole
+        [prompt | completion] sequence (`token_mask`), the output layer included: the embeddings keep their graph
+        and torch.func.vmap can run it (no value-dependent size)."""
+        return self.completion_loss(batch, prepared_mask=False)
+
+    def completion_loss(self, batch: Mapping[str, Tensor], *, prepared_mask: bool) -> Tensor:
+        """`loss_per_example`; `prepared_mask`: the attention mask handed to the model ready-made, [N, 1, L, L]
+        (transformers' own preparation branches on the mask's values, which torch.func.vmap cannot trace)."""
+        prompt_mask, order = _real_first(batch["attention_mask"])
+        ids = torch.cat([batch["input_ids"].gather(1, order), batch["completion_ids"]], 1)
+        embeds = self.word_embeddings()(ids)
+        prompt_len, mask = prompt_mask.shape[1], batch["completion_mask"]
+        context = {"completion_embeds": embeds[:, prompt_len:], "completion_mask": mask}
+        logits = self.next_token_logits(
+            embeds[:, :prompt_len], prompt_mask, context, trim=False, prepared_mask=prepared_mask
+        )
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["completion_ids"].long(), reduction="none")
+        weights = mask.to(nll.dtype)
+        return (nll * weights).sum(1) / weights.sum(1).clamp_min(1)
+
+    def token_mask(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """[N, P + T]: the mask of [prompt (real tokens first) | completion], the sequence `loss_per_example` runs."""
+        return torch.cat([_real_first(batch["attention_mask"])[0], batch["completion_mask"]], 1)
+
+    def functional_loss(self, params: Mapping[str, Tensor], batch: Mapping[str, Tensor]) -> Tensor:
+        """`loss_per_example` with `params` swapped in for the model's own."""
+        named = {f"model.{name}": value for name, value in params.items()}
+        return torch.func.functional_call(_LossOf(self), named, args=(dict(batch),), strict=False)
 
     # -- generation ------------------------------------------------------------------------------------------
     def generate(self, batch: Mapping[str, Tensor], max_new_tokens: int) -> Batch:
@@ -210,6 +252,32 @@ class CausalLMAdapter(Adapter):
         params = sum(p.numel() for p in self.model.parameters())
         pad = f"; padding borrows {self.borrowed_pad} (the tokenizer has no padding token)" if self.borrowed_pad else ""
         return f"{self.name}: {params / 1e6:.2f} M parameters, causal LM, on {self.device}{pad}"
+
+
+class _LossOf(nn.Module):
+    """The adapter's loss as a module over its model, for torch.func.functional_call."""
+
+    def __init__(self, adapter: CausalLMAdapter) -> None:
+        super().__init__()
+        self.model = adapter.model
+        self.adapter = adapter
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.adapter.completion_loss(batch, prepared_mask=True)
+
+
+def causal_mask(mask: Tensor, model: nn.Module) -> Tensor:
+    """[N, 1, L, L]: query q sees key k <= q where k is real, built without looking at the values, in the form the
+    model's attention takes (bool for SDPA, additive float for eager attention; see hf.prepared_attention_mask)."""
+    length = mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    return prepared_attention_mask(mask, model, causal[None, None])
+
+
+def _real_first(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The mask with each row's real positions moved first (in their order), and the order [N, P] that does it."""
+    order = mask.sort(dim=1, descending=True, stable=True).indices
+    return mask.gather(1, order), order
 
 
 def _special(tokenizer: Any) -> list[int]:

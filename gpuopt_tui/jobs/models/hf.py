@@ -53,13 +53,16 @@ class SequenceClassifierAdapter(Adapter):
         return heads[-1] if heads else None
 
 
-def prepared_attention_mask(mask: Tensor, model: nn.Module) -> Tensor:
+def prepared_attention_mask(mask: Tensor, model: nn.Module, visible: Tensor | None = None) -> Tensor:
     """The [N, 1, 1, seq] mask Hugging Face attention layers take once prepared (bool for SDPA, additive
     float for eager attention), built without looking at the values: transformers' own preparation branches
-    on them (e.g. "no padding at all"), which torch.func.vmap cannot trace."""
+    on them (e.g. "no padding at all"), which torch.func.vmap cannot trace. `visible` [1, 1, q, seq] (bool): which
+    keys each query may see besides (a causal model's), giving [N, 1, q, seq]."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) or "eager"
     keep = mask[:, None, None, :].bool()
+    if visible is not None:
+        keep = keep & visible
     if impl == "sdpa":
         return keep
     if impl != "eager":  # flash-style kernels take the 2D mask only

@@ -113,7 +113,7 @@ class FactoredGradients:
 
     def features(self, batch: Mapping[str, Tensor]) -> Tensor:
         n = len(next(iter(batch.values())))
-        mask = batch.get("attention_mask")
+        mask = self.adapter.token_mask(batch)
         keep = None if mask is None else mask.reshape(n, -1).to(self.dtype)
         feats: dict[str, Tensor] = {}
         anchor = torch.zeros((), device=self.adapter.device, dtype=self.dtype, requires_grad=True)

@@ -3,13 +3,16 @@
 Result files (in results/):
 - influence.jsonl: one line per test example: index, text, label, the model's `prediction` at the last
   checkpoint with its `probability` and the label's (`label_probability`), and its top_k `proponents` and
-  `opponents` (training index, score, text, label).
+  `opponents` (training index, score, text, label). For a causal LM, each example (and neighbour) has its
+  `completion` beside its prompt (`text`), no label and no prediction, and the test example the loss of its
+  completion at the last checkpoint (`completion_loss`).
 - self_influence.jsonl and self_influence.csv: every scored training example ranked by self-influence
   sum_c lr_c * ||g_c||^2, highest first (mislabeled examples tend to rank high).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
-- summary.json: settings, parameter count, timing, the label names (null when the model has none), the
-  checkpoint the predictions come from, and for the demo the flipped-label AUC of self-influence.
+- summary.json: settings, the loss TracIn differentiates (`loss`), parameter count, timing, the label names (null
+  when the model has none), the checkpoint the predictions come from, and for the demo the flipped-label AUC of
+  self-influence.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
 from gpuopt_tui.core.results.tracin import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
+from gpuopt_tui.jobs.completion_data import COMPLETIONS, has_completions
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
@@ -183,8 +187,11 @@ def _datasets(profile: TracInProfile, adapter: Adapter, stage: StageFn) -> tuple
     for name, ds in (("test", test), ("training", train)):
         if len(ds) == 0:
             raise UserError(f"no {name} examples to score ({ds.origin})")
-        if ds.labels is None:
-            raise UserError(f"the {name} examples ({ds.origin}) have no labels, which TracIn's loss needs")
+        if ds.labels is None and not has_completions(ds):
+            raise UserError(
+                f"the {name} examples ({ds.origin}) have no labels (for a causal LM: no completions in "
+                "data.target_field), which TracIn's loss needs"
+            )
     return train, test
 
 
@@ -283,6 +290,7 @@ def _write_results(
         "test": test.origin,
         "checkpoints": [{"path": str(c.path), "lr": c.lr} for c in checkpoints],
         "label_names": adapter.label_names,
+        "loss": adapter.loss_description,
         "predictions_checkpoint": str(checkpoints[-1].path),
         "settings": to_plain(section),
         "method": stats["method"],
@@ -342,9 +350,14 @@ def _label(ds: TextDataset, i: int) -> int | None:
     return None if ds.labels is None else int(ds.labels[i])
 
 
+def _completion(ds: TextDataset, i: int) -> dict[str, str]:
+    """{"completion": the text} for a causal LM's example, else nothing."""
+    return {"completion": ds.meta[COMPLETIONS][i]} if has_completions(ds) else {}
+
+
 def _neighbours(train: TextDataset, top: TopK, i: int) -> list[dict[str, Any]]:
     return [
-        {"index": r, "score": s, "text": train.texts[r], "label": _label(train, r)}
+        {"index": r, "score": s, "text": train.texts[r], **_completion(train, r), "label": _label(train, r)}
         for r, s in zip(top.rows[i].tolist(), top.scores[i].tolist())
         if r >= 0
     ]
@@ -354,8 +367,8 @@ def _predictions(
     adapter: Adapter, test: TextDataset, checkpoint: Checkpoint, batch_size: int | str, store: ContextStore
 ) -> list[dict[str, Any]]:
     """Per test example: the class (a ranker: the candidate) the model at `checkpoint` predicts, its softmax
-    probability and the probability of the example's label, from an fp32 forward (kept as a shard, so a
-    resumed run loads no checkpoint again)."""
+    probability and the probability of the example's label, from an fp32 forward; for a causal LM, the loss of its
+    completion (`completion_loss`). Kept as a shard, so a resumed run loads no checkpoint again."""
     saved = store.load(PREDICTIONS_SHARD)
     if saved is None:
         adapter.load_weights(checkpoint.path)  # the scores may have come from shards without loading it
@@ -365,9 +378,14 @@ def _predictions(
             for start in range(0, len(test), step):
                 rows = list(range(start, min(start + step, len(test))))
                 batch = to_device(trim_batch(test.batch(rows), test.token_fields), adapter.device)
-                parts.append(adapter.logits(batch).float().softmax(-1).cpu())
-        saved = {"probabilities": torch.cat(parts)}
+                if has_completions(test):
+                    parts.append(adapter.loss_per_example(batch).float().cpu())
+                else:
+                    parts.append(adapter.logits(batch).float().softmax(-1).cpu())
+        saved = {"completion_loss" if has_completions(test) else "probabilities": torch.cat(parts)}
         store.save(PREDICTIONS_SHARD, saved)
+    if "completion_loss" in saved:
+        return [{"completion_loss": float(loss)} for loss in saved["completion_loss"]]
     probs = saved["probabilities"]
     out = []
     for i, row in enumerate(probs):
@@ -389,6 +407,7 @@ def _influence_records(
         {
             "index": i,
             "text": test.texts[i],
+            **_completion(test, i),
             "label": _label(test, i),
             **predictions[i],
             "proponents": _neighbours(train, result.proponents, i),
@@ -418,6 +437,7 @@ def _self_influence_ranking(
             "self_influence": float(result.self_influence[j]),
             "label": _label(train, i),
             "text": train.texts[i],
+            **_completion(train, i),
         }
         if flipped is not None:
             entry["flipped"] = i in flipped
