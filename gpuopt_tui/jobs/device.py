@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +45,13 @@ def start_cuda(spec: str) -> None:
     if device.type == "cuda":
         torch.zeros(1, device=device)
         torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device) -> float:
+    """Wall-clock seconds once the device's queued work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _cpu() -> torch.device:

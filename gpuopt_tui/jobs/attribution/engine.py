@@ -227,8 +227,13 @@ def attribute_batch(
 
 
 def _probe_timer(adapter: Adapter, batch: Batch, settings: Settings, planner: ChunkPlanner) -> Callable[[str], float]:
-    """Times PROBE_STEPS fixed steps of the batch's first PROBE_SAMPLES samples in a given precision."""
-    probe = select_rows(batch, slice(0, PROBE_SAMPLES))
-    fixed = dataclasses.replace(settings, n_steps=PROBE_STEPS, method="gausslegendre", full_precision_fallback=False)
-    device = adapter.device
-    return timer(lambda precision: attribute_batch(adapter, probe, fixed.started_in(precision), planner), device)
+    """Times PROBE_STEPS fixed steps of the batch's first PROBE_SAMPLES samples in a given precision (built for
+    every batch, run only when the run measures)."""
+
+    def run(precision: str) -> None:
+        fixed = dataclasses.replace(
+            settings, n_steps=PROBE_STEPS, method="gausslegendre", full_precision_fallback=False
+        )
+        attribute_batch(adapter, select_rows(batch, slice(0, PROBE_SAMPLES)), fixed.started_in(precision), planner)
+
+    return timer(run, adapter.device)

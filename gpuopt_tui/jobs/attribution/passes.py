@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ from gpuopt_tui.jobs.attribution.chunking import ChunkPlanner
 from gpuopt_tui.jobs.attribution.common import ForwardFn, selected
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
 from gpuopt_tui.jobs.attribution.precision import StepPrecision, weights_cast
-from gpuopt_tui.jobs.device import autocast, free_memory, is_oom
+from gpuopt_tui.jobs.device import autocast, clock, free_memory, is_oom
 from gpuopt_tui.jobs.models.base import tile_rows
 
 PROGRESS_UNITS = 1000  # over several passes, on_chunk(done, total) counts thousandths of the batch
@@ -80,7 +79,7 @@ def attempt(
     memory, or eagerly after a failed compilation (the compiler then stays off)."""
     device = chunk.baselines.device
     timed = compiler is not None and compiler.compiles(chunk.shape)
-    start = _clock(device) if timed else 0.0
+    start = clock(device) if timed else 0.0
     try:
         grads = chunk.gradients(forward if compiler is None else compiler.forward(forward), step)
     except Exception as exc:
@@ -93,15 +92,8 @@ def attempt(
             raise
         return None
     if timed and compiler is not None:
-        compiler.compiled(_clock(device) - start)
+        compiler.compiled(clock(device) - start)
     return grads
-
-
-def _clock(device: torch.device) -> float:
-    """Wall-clock seconds once the device's queued work is done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 @dataclass

@@ -23,7 +23,6 @@ and the samples that start in full precision are named (reason "measured speed")
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from torch import Tensor
 
 from gpuopt_tui.jobs.attribution.adaptive import precision_chain
 from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS, REDUCED
+from gpuopt_tui.jobs.device import clock
 
 PROBE_SAMPLES = 64
 PROBE_STEPS = 4
@@ -117,15 +117,9 @@ def _measured_ratio(timed: TimeFn, reduced: str, full: str) -> float:
 def timer(run: Callable[[str], object], device: torch.device) -> TimeFn:
     """A TimeFn over `run(precision)`, synchronising `device` around it."""
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def timed(precision: str) -> float:
-        sync()
-        start = time.perf_counter()
+        start = clock(device)
         run(precision)
-        sync()
-        return time.perf_counter() - start
+        return clock(device) - start
 
     return timed
