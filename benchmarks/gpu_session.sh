@@ -2,6 +2,7 @@
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
 # Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
+#        planner-traced startup lm-attribution
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -98,6 +99,12 @@ for step in "$@"; do
       kill "$load" 2>/dev/null; wait "$load" 2>/dev/null ;;
     scaling)
       python3 benchmarks/scaling_bench.py --processes "$(nvidia-smi -L | wc -l)" --samples 8192 --out "$out/scaling_${card}.md" 2>&1 | tail -25 ;;
+    planner-traced)  # the traced tier against the real step (PLANNER_TRACED_BUDGET seconds, default 240)
+      python3 benchmarks/planner_traced.py --devices cpu,cuda --budget "${PLANNER_TRACED_BUDGET:-240}" \
+        --out "$out/planner_traced_${card}.json" 2>&1 | tail -30 ;;
+    startup)  # time to the first computed batch: the demos and a local 30M model on the GPU
+      python3 benchmarks/run_startup.py --model-size 30m --device cuda --rounds 2 --machine "$card" \
+        --title "one $card, --device cuda" --out "$out/run_startup_${card}.md" 2>&1 | tail -30 ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;

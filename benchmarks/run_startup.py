@@ -259,8 +259,8 @@ def main() -> int:
 
     sources = [s.resolve() for s in args.source]
     envs = {src: {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} for src in sources}
-    for src, env in envs.items():
-        env["PYTHONPATH"] = str(src)
+    for src, env in envs.items():  # the tree first; what was on the path (e.g. packages installed aside) after it
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     sets = ["--set", f"run.device={args.device}"] if args.device else []
     profiles = list(args.profiles) if args.profiles is not None else ([] if args.model_size else list(DEMOS))
     model_dir = Path(tempfile.mkdtemp(prefix="startup-model-")) if args.model_size else None
