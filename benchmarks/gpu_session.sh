@@ -105,6 +105,9 @@ for step in "$@"; do
     startup)  # time to the first computed batch: the demos and a local 30M model on the GPU
       python3 benchmarks/run_startup.py --model-size 30m --device cuda --rounds 2 --machine "$card" \
         --title "one $card, --device cuda" --out "$out/run_startup_${card}.md" 2>&1 | tail -30 ;;
+    lm-attribution)  # a 1B-class decoder (LM_SHAPE, default llama-1b) against Captum's LLMGradientAttribution
+      python3 benchmarks/lm_attribution.py --shape "${LM_SHAPE:-llama-1b}" ${LM_ARGS:-} \
+        --out "$out/lm_attribution_${LM_SHAPE:-llama-1b}_${card}.md" 2>&1 | tail -30 ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;

@@ -139,7 +139,10 @@ def test_full_precision_fallback_runs_its_samples_in_tf32_beside_compiled_fp16(c
     fp16 = alone(rest, precision="fp16", cast_weights=True, full_precision_fallback=True)  # the same probe
     assert not fp16.full_precision.any()
     assert torch.equal(mixed.steps[flagged], tf32.steps) and torch.equal(mixed.steps[rest], fp16.steps)
-    assert float(relative_difference(mixed.token_scores()[flagged], tf32.token_scores()).max()) < 1e-4
+    # TF32 kernels chosen for other shapes round differently: each run is within TF32's floor of fp32, so the two
+    # agree within twice it (an H200 measured up to 9.8e-4 here), not to fp32's rounding
+    tf32_rounding = 2 * precision_floor("tf32")
+    assert float(relative_difference(mixed.token_scores()[flagged], tf32.token_scores()).max()) < tf32_rounding
     assert float(relative_difference(mixed.token_scores()[rest], fp16.token_scores()).max()) < 1e-2  # compiled
     fp32 = alone(flagged, precision="fp32")
     in_fp16 = alone(flagged, precision="fp16", cast_weights=True)
