@@ -107,7 +107,7 @@ for step in "$@"; do
         --title "one $card, --device cuda" --out "$out/run_startup_${card}.md" 2>&1 | tail -30 ;;
     lm-attribution)  # a 1B-class decoder (LM_SHAPE, default llama-1b) against Captum's LLMGradientAttribution
       python3 benchmarks/lm_attribution.py --shape "${LM_SHAPE:-llama-1b}" ${LM_ARGS:-} \
-        --out "$out/lm_attribution_${LM_SHAPE:-llama-1b}_${card}.md" 2>&1 | tail -30 ;;
+        --out "$out/lm_attribution_${LM_SHAPE:-llama-1b}_${card}.md" > "$out/lm_attribution.log" 2>&1; tail -30 "$out/lm_attribution.log" ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;
