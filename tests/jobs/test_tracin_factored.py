@@ -128,6 +128,16 @@ def test_parameters_outside_supported_layers_are_excluded_and_listed() -> None:
     assert "BertForSequenceClassification is not a Linear" in fg.excluded["temperature"]
 
 
+def test_a_module_registered_under_two_names_counts_once() -> None:
+    adapter = bert_adapter(torch.float64)
+    adapter.model.head_alias = adapter.model.classifier  # the same layer reachable by a second name
+    ds = text_dataset(adapter, 4, seed=1)
+    names = ["classifier.weight", "classifier.bias"]
+    fg = FactoredGradients(adapter, names, k_in=0, k_out=0, seed=0, precision="fp32")
+    got = fg.features(ds.batch(list(range(len(ds)))))
+    assert max_rel_error(got, naive_gradients(adapter, ds, names).double()) < 1e-12
+
+
 class OnePlusWeightLayerNorm(torch.nn.LayerNorm):
     """A LayerNorm that scales by 1 + weight (the convention of Gemma's RMSNorm) in a forward of its own."""
 
