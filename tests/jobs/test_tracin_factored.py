@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_tracin_support import (
     VOCAB,
     bert_adapter,
@@ -65,7 +66,7 @@ def test_factored_equals_dense_projection_of_explicit_gradients(maker) -> None:
     assert bool((ds.tensors["attention_mask"] == 0).any())  # padding is part of the test
     names = select_parameters(adapter, ds.batch([0]), "all")
     fg = FactoredGradients(adapter, names, k_in=5, k_out=3, seed=11, precision="fp32")
-    assert fg.excluded == [] and fg.names == names
+    assert fg.excluded == {} and fg.names == names
     got = fg.features(ds.batch(list(range(len(ds)))))
     want = dense_projection(fg, naive_gradients(adapter, ds, names).double())
     assert got.shape == want.shape == (len(ds), fg.size())
@@ -86,7 +87,7 @@ def test_full_size_projections_reproduce_exact_all_parameter_tracin(bert64, size
     options = TracInOptions(method="factored", projection_in=sizes[0], projection_out=sizes[1], batch_size=5)
     result = tracin_scores(adapter, checkpoints, train, test, names, options)
     reference, reference_self = naive_tracin(adapter, checkpoints, train, test, names)
-    assert result.stats["method"] == "factored" and result.stats["excluded_parameters"] == []
+    assert result.stats["method"] == "factored" and result.stats["excluded_parameters"] == {}
     assert result.stats["gradient_size"] == sum(p.numel() for p in adapter.model.parameters())
     assert max_rel_error(result.matrix, reference) < 1e-10
     assert max_rel_error(result.self_influence, reference_self) < 1e-10
@@ -123,7 +124,44 @@ def test_parameters_outside_supported_layers_are_excluded_and_listed() -> None:
     adapter.model.register_parameter("temperature", extra)  # owned by no Linear, Embedding or LayerNorm
     names = ["temperature", "classifier.weight"]
     fg = FactoredGradients(adapter, names, k_in=0, k_out=0, seed=0, precision="fp32")
-    assert fg.excluded == ["temperature"] and fg.names == ["classifier.weight"]
+    assert list(fg.excluded) == ["temperature"] and fg.names == ["classifier.weight"]
+    assert "BertForSequenceClassification is not a Linear" in fg.excluded["temperature"]
+
+
+def test_a_module_registered_under_two_names_counts_once() -> None:
+    adapter = bert_adapter(torch.float64)
+    adapter.model.head_alias = adapter.model.classifier  # the same layer reachable by a second name
+    ds = text_dataset(adapter, 4, seed=1)
+    names = ["classifier.weight", "classifier.bias"]
+    fg = FactoredGradients(adapter, names, k_in=0, k_out=0, seed=0, precision="fp32")
+    got = fg.features(ds.batch(list(range(len(ds)))))
+    assert max_rel_error(got, naive_gradients(adapter, ds, names).double()) < 1e-12
+
+
+class OnePlusWeightLayerNorm(torch.nn.LayerNorm):
+    """A LayerNorm that scales by 1 + weight (the convention of Gemma's RMSNorm) in a forward of its own."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(input, self.normalized_shape, 1 + self.weight, self.bias, self.eps)
+
+
+def test_a_layer_subclass_with_its_own_forward_is_left_out_with_the_reason() -> None:
+    """The factorisation assumes a LayerNorm computes x_hat * weight + bias; a subclass that computes something
+    else has its parameters left out (named, with why), and every other parameter keeps its exact gradient."""
+    adapter = bert_adapter(torch.float64)
+    norm = "bert.embeddings.LayerNorm"
+    adapter.model.bert.embeddings.LayerNorm.__class__ = OnePlusWeightLayerNorm
+    ds = text_dataset(adapter, 5, seed=4)
+    names = select_parameters(adapter, ds.batch([0]), "all")
+    fg = FactoredGradients(adapter, names, k_in=0, k_out=0, seed=0, precision="fp32")
+    assert list(fg.excluded) == [f"{norm}.weight", f"{norm}.bias"]
+    assert fg.excluded[f"{norm}.weight"] == (
+        f"{norm}: OnePlusWeightLayerNorm replaces LayerNorm.forward, so its output need not be the layer's plain "
+        "product"
+    )
+    assert fg.names == [n for n in names if n not in fg.excluded]
+    got = fg.features(ds.batch(list(range(len(ds)))))
+    assert max_rel_error(got, naive_gradients(adapter, ds, fg.names).double()) < 1e-12
 
 
 def test_faithfulness_check_of_exact_factored_scores_is_perfect_and_of_last_layers_is_not(bert64) -> None:

@@ -13,8 +13,9 @@ One forward and one backward per micro-batch: every hooked layer's output gets a
 requires grad, and the backward differentiates the summed loss with respect to that scalar only, so no parameter
 gradient is computed and each layer's g is projected (and freed) as soon as the backward reaches it. Tokens
 where the attention mask is 0 contribute nothing. A layer run on a batch of one while the batch has more
-examples (shared position ids) is expanded to the examples, so each gets its own gradient. Parameters of other
-modules are excluded; `excluded` lists them.
+examples (shared position ids) is expanded to the examples, so each gets its own gradient. Parameters these
+products would get wrong (of other modules, of subclasses with a forward of their own, or tied to such a module)
+are left out; `excluded` maps each to the reason.
 
 Projections are seeded per parameter and axis (`Projector.factor`), the same for training and test examples.
 The forward may run under bf16/fp16 autocast; a layer's input and output gradient are then projected as they come
@@ -58,34 +59,63 @@ def _conv1d_type() -> type | None:
     return Conv1D
 
 
-def module_uses(model: nn.Module, names: Sequence[str]) -> tuple[dict[str, list[Use]], list[str]]:
-    """(module name -> the chosen parameters it uses, chosen parameters no supported module owns). A weight
-    shared by several modules (tied embeddings) has a use in each; their contributions add up."""
+def _factored_roles(module: nn.Module) -> tuple[type | None, dict[str, str]]:
+    """(the supported layer type `module` is, the role of each of its parameters); (None, {}) for other modules."""
+    conv1d = _conv1d_type()
+    if isinstance(module, nn.Linear):
+        return nn.Linear, {"weight": "weight", "bias": "bias"}
+    if conv1d is not None and isinstance(module, conv1d):
+        return conv1d, {"weight": "conv_weight", "bias": "bias"}
+    if isinstance(module, nn.Embedding):
+        return nn.Embedding, {"weight": "embedding"}
+    if isinstance(module, nn.LayerNorm):
+        return nn.LayerNorm, {"weight": "norm_weight", "bias": "norm_bias"}
+    return None, {}
+
+
+def _why_not_factored(module: nn.Module, base: type | None) -> str | None:
+    """Why the factorisation of `module`'s gradients would be wrong (None: it is exact). It assumes the layer's
+    output is its plain product (x W^T + b, a row lookup, a LayerNorm): a subclass with a forward of its own may
+    scale it (Gemma's embedding multiplies by sqrt(hidden size)) or use its weight otherwise (1 + weight)."""
+    kind = type(module).__name__
+    if base is None:
+        return f"{kind} is not a Linear, Conv1D, Embedding or LayerNorm layer"
+    if type(module).forward is not base.forward:
+        return f"{kind} replaces {base.__name__}.forward, so its output need not be the layer's plain product"
+    if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
+        return "scale_grad_by_freq scales its gradient by the batch's token counts"
+    return None
+
+
+def module_uses(model: nn.Module, names: Sequence[str]) -> tuple[dict[str, list[Use]], dict[str, str]]:
+    """(module name -> the chosen parameters it uses, chosen parameter -> why it is left out). A weight shared by
+    several modules (tied embeddings) has a use in each and their contributions add up, so it is left out when
+    any module holding it cannot be factored exactly: part of its gradient would be missing. A parameter used
+    outside the modules that hold it (a functional call in a parent's forward) is not seen."""
     wanted = set(names)
     canonical = {id(p): n for n, p in model.named_parameters()}
-    conv1d = _conv1d_type()
     uses: dict[str, list[Use]] = {}
-    for mod_name, module in model.named_modules(remove_duplicate=False):
-        roles: dict[str, str] = {}
-        if isinstance(module, nn.Linear):
-            roles = {"weight": "weight", "bias": "bias"}
-        elif conv1d is not None and isinstance(module, conv1d):
-            roles = {"weight": "conv_weight", "bias": "bias"}
-        elif isinstance(module, nn.Embedding):
-            roles = {"weight": "embedding"}
-        elif isinstance(module, nn.LayerNorm):
-            roles = {"weight": "norm_weight", "bias": "norm_bias"}
-        for attr, role in roles.items():
-            p = getattr(module, attr, None)
-            if isinstance(p, nn.Parameter) and canonical.get(id(p)) in wanted:
-                uses.setdefault(mod_name, []).append(Use(canonical[id(p)], role))
-    covered = {u.param for found in uses.values() for u in found}
-    return uses, [n for n in names if n not in covered]
+    why: dict[str, str] = {}
+    for mod_name, module in model.named_modules():
+        held = [(attr, canonical[id(p)]) for attr, p in module.named_parameters(recurse=False)]
+        held = [(attr, name) for attr, name in held if name in wanted]
+        if not held:
+            continue
+        base, roles = _factored_roles(module)
+        problem = _why_not_factored(module, base)
+        for attr, name in held:
+            if problem is None and attr in roles:
+                uses.setdefault(mod_name, []).append(Use(name, roles[attr]))
+            else:
+                reason = problem or f"{type(module).__name__}.{attr} is not one of its factored parameters"
+                why.setdefault(name, f"{mod_name}: {reason}")
+    uses = {m: kept for m, found in uses.items() if (kept := [u for u in found if u.param not in why])}
+    return uses, {n: why[n] for n in names if n in why}
 
 
 class FactoredGradients:
     """Projected per-example gradients [B, D] of the chosen parameters, in `names` order (excluded ones left
-    out); `k_in`, `k_out`: projected sizes of a layer's input and output side (0 = exact)."""
+    out, `excluded`: name -> why); `k_in`, `k_out`: projected sizes of a layer's input and output side (0 = exact)."""
 
     def __init__(
         self, adapter: Adapter, names: Sequence[str], *, k_in: int, k_out: int, seed: int, precision: str

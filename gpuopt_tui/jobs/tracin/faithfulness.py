@@ -55,7 +55,7 @@ def exact_agreement(
     exact = tracin_scores(adapter, checkpoints, sub_train, sub_test, everything, exact_options, reporter=exact_reporter)
     found = {
         "reference": "exact gradients of every Linear, Embedding and LayerNorm parameter, fp32",
-        "excluded_from_reference": exact.stats["excluded_parameters"],
+        "excluded_from_reference": list(exact.stats["excluded_parameters"]),
         "n_train": len(sub_train),
         "n_test": len(sub_test),
         "spearman": rank_correlation(ours.matrix, exact.matrix),

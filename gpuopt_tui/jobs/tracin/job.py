@@ -131,9 +131,11 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         lean = lean and not options.gradient_checkpointing
     if excluded := _excluded(adapter, names, section.method):
+        shown = [f"{name} ({why})" for name, why in list(excluded.items())[:4]]
         ctx.log(
-            f"method = factored leaves out {len(excluded)} parameter tensors outside Linear, Embedding and "
-            f"LayerNorm layers: {', '.join(excluded[:4])}" + (" ..." if len(excluded) > 4 else "")
+            f"method = factored leaves out {len(excluded)} parameter tensors it cannot differentiate exactly: "
+            + "; ".join(shown)
+            + (" ..." if len(excluded) > 4 else "")
         )
     ctx.log(
         f"{adapter.describe()}; {len(train)} training x {len(test)} test examples, {len(checkpoints)} checkpoints, "
@@ -170,8 +172,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     return summary
 
 
-def _excluded(adapter: Adapter, names: list[str], method: str) -> list[str]:
-    return module_uses(adapter.model, names)[1] if method == "factored" else []
+def _excluded(adapter: Adapter, names: list[str], method: str) -> dict[str, str]:
+    return module_uses(adapter.model, names)[1] if method == "factored" else {}
 
 
 def _datasets(profile: TracInProfile, adapter: Adapter, stage: StageFn) -> tuple[TextDataset, TextDataset]:
@@ -299,7 +301,7 @@ def _write_results(
         "parameter_tensors": stats["parameters"],
         "gradient_size": stats["gradient_size"],
         "projection": _projection(section, profile.run.seed),
-        "excluded_parameters": stats["excluded_parameters"],
+        "excluded_parameters": list(stats["excluded_parameters"]),  # the reasons are in the run's log
         "train_cache": stats["cache_blocks"],
         "agreement": stats.get("agreement"),
         "timing": {**timing, "processes": stats["processes"]},

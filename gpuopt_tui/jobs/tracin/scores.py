@@ -126,7 +126,7 @@ class TracInRun:
         return {
             "method": computer.method,
             "gradient_size": _feature_size(computer, projector),
-            "excluded_parameters": computer.factored.excluded if computer.factored else [],
+            "excluded_parameters": computer.factored.excluded if computer.factored else {},  # name -> why
             "checkpoints_loaded": progress.loaded,
             "seconds": time.perf_counter() - start,
             "computed": progress.computed,  # gradients (examples x checkpoints) computed here, none for shards found

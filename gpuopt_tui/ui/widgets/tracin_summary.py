@@ -43,7 +43,7 @@ def summary_content(s: TracInSummary) -> Content:
     ]
     if s.excluded_parameters:
         count = len(s.excluded_parameters)
-        parts.append(line("Left out", f"{count} tensors outside Linear, Embedding and LayerNorm layers"))
+        parts.append(line("Left out", f"{count} tensors the factored gradients cannot give exactly (the log says why)"))
         parts += names(s.excluded_parameters)
     seed = f" (seed {s.projection.seed})" if s.projection and s.projection.seed is not None else ""
     parts.append(line("Mode", f"{s.mode}{seed}; {s.gradient_size:,} numbers per gradient; {s.precision} forward"))
@@ -60,7 +60,7 @@ def summary_content(s: TracInSummary) -> Content:
             parts.append(Content(f"  the same settings in fp32: Spearman {spearman:.4f}, {top}"))
         if s.agreement.excluded_from_reference:
             left = len(s.agreement.excluded_from_reference)
-            parts.append(Content(f"  the reference leaves out {left} tensors outside those layers"))
+            parts.append(Content(f"  the reference leaves out {left} tensors it cannot differentiate exactly"))
     parts.append(line("Filter", s.filter))
     if s.train_examples_per_s is not None:
         rate = f"{s.train_examples_per_s:,.0f} training examples scored per second"
