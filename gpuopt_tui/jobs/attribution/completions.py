@@ -6,7 +6,10 @@ completion's tokens), or with `per_target_token` one completion token's own, a r
 is linear in the explained output, so a sample's whole-completion scores are the sum of its per-token rows (exact
 for fixed steps; each row within its own tolerance for "auto" steps). The records keep the classifier layout
 (`text` = the prompt, `tokens` and `scores` per prompt token, for the whole completion) and add `completion`,
-`completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs` and `matrix` [completion, prompt].
+`completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs`, `token_deltas` and
+`token_relative_deltas` (each row's convergence delta) and `matrix` [completion, prompt]. attributions.safetensors
+adds `completion_ids` [N, T] (zero-padded), `completion_lengths` and `logprob` [N] and, per token, `token_logprobs`,
+`token_deltas`, `token_relative_deltas` [N, T] and `matrix` [N, T, P] (zeros where a sample has fewer tokens).
 
 What is not shared yet: the keys and values of the prompt cannot be reused across steps (the prompt is what moves
 along the path; only at alpha = 1 is it the input's), and the per-token rows of a sample run the same forward at
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,14 +55,13 @@ class CompletionRun:
     rows: TextDataset  # the samples, or one row per (sample, completion token)
     source: str  # where the completions came from, in words
     per_token: bool
-    row_scores: Tensor = field(default_factory=lambda: torch.zeros(0))  # [rows, P] kept by `per_sample`
-    row_logprobs: Tensor = field(default_factory=lambda: torch.zeros(0))  # [rows]
+    rows_collected: Collected | None = None  # the per-token rows' own results, kept by `per_sample`
 
     def per_sample(self, collected: Collected) -> Collected:
         """The rows' results as one result per sample (per-token rows summed), with `probability` = the
         completion's probability, exp(log-probability)."""
         if self.per_token:
-            self.row_scores, self.row_logprobs = collected.token_scores, collected.scores
+            self.rows_collected = collected
             collected = _summed(collected, self.rows.meta[SAMPLE_OF_ROW], self.samples)
         return dataclasses.replace(collected, probability=collected.scores.double().exp().float())
 
@@ -83,11 +85,42 @@ class CompletionRun:
                 "logprob": float32_value(collected.scores[i]),
                 "generated": generated,
             }
-            if self.per_token:
+            if self.rows_collected is not None:
                 real = self.samples.tensors["attention_mask"][i].bool()
-                record["token_logprobs"] = float32_values(self.row_logprobs[rows[i]])
-                record["matrix"] = [float32_values(self.row_scores[r][real]) for r in rows[i]]
+                of_sample = self.rows_collected
+                record |= {
+                    "token_logprobs": float32_values(of_sample.scores[rows[i]]),
+                    "token_deltas": float32_values(of_sample.deltas[rows[i]]),
+                    "token_relative_deltas": float32_values(of_sample.relative_deltas[rows[i]]),
+                    "matrix": [float32_values(of_sample.token_scores[r][real]) for r in rows[i]],
+                }
             yield record
+
+    def tensors(self, collected: Collected) -> dict[str, Tensor]:
+        """The completions' tensors of attributions.safetensors (the module docstring), for `collected` per sample."""
+        mask = self.samples.tensors["completion_mask"]
+        tensors = {
+            "completion_ids": self.samples.tensors["completion_ids"] * mask,
+            "completion_lengths": mask.sum(1),
+            "logprob": collected.scores.float(),
+        }
+        if self.rows_collected is None:
+            return tensors
+        rows = self.rows_collected
+        sample, token = self.rows.meta[SAMPLE_OF_ROW], self.rows.tensors["target_position"]
+        shape = mask.shape
+
+        def per_token(values: Tensor) -> Tensor:
+            out = torch.zeros(*shape, *values.shape[1:], dtype=torch.float32)
+            out[sample, token] = values.float()
+            return out
+
+        return tensors | {
+            "token_logprobs": per_token(rows.scores),
+            "token_deltas": per_token(rows.deltas),
+            "token_relative_deltas": per_token(rows.relative_deltas),
+            "matrix": per_token(rows.token_scores),
+        }
 
     def _rows_by_sample(self) -> list[list[int]]:
         if not self.per_token:
