@@ -108,6 +108,11 @@ def test_per_target_token_gives_a_completion_by_prompt_matrix(workdir: Path) -> 
         # each row's delta, and the sample's delta the sum of its rows'
         assert len(record["token_deltas"]) == len(record["token_relative_deltas"]) == len(matrix)
         assert sum(record["token_deltas"]) == pytest.approx(record["delta"], rel=1e-4, abs=1e-7)
+        # each row's top prompt tokens: its largest |scores| in order, BOS (structure) left out
+        for row, top in zip(record["matrix"], record["token_top"]):
+            ranked = sorted(range(1, len(row)), key=lambda j: -abs(row[j]))[: len(top)]
+            assert [item[0] for item in top] == ranked
+            assert [item[1:] for item in top] == [[record["tokens"][j], row[j]] for j in ranked]
 
 
 def fp32(values: Any) -> torch.Tensor:

@@ -7,7 +7,8 @@ is linear in the explained output, so a sample's whole-completion scores are the
 for fixed steps; each row within its own tolerance for "auto" steps). The records keep the classifier layout
 (`text` = the prompt, `tokens` and `scores` per prompt token, for the whole completion) and add `completion`,
 `completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs`, `token_deltas` and
-`token_relative_deltas` (each row's convergence delta) and `matrix` [completion, prompt]. attributions.safetensors
+`token_relative_deltas` (each row's convergence delta), `token_top` (each row's `top`) and `matrix` [completion,
+prompt], in that order, last. attributions.safetensors
 adds `completion_ids` [N, T] (zero-padded), `completion_lengths` and `logprob` [N] and, per token, `token_logprobs`,
 `token_deltas`, `token_relative_deltas` [N, T] and `matrix` [N, T, P] (zeros where a sample has fewer tokens).
 
@@ -30,7 +31,7 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection, CompletionDataSection
 from gpuopt_tui.jobs.attribution.deltas import relative_deltas
-from gpuopt_tui.jobs.attribution.outputs import Collected, float32_value, float32_values, sample_records
+from gpuopt_tui.jobs.attribution.outputs import Collected, float32_value, float32_values, sample_records, sample_top
 from gpuopt_tui.jobs.completion_data import (
     COMPLETIONS,
     SAMPLE_OF_ROW,
@@ -86,15 +87,30 @@ class CompletionRun:
                 "generated": generated,
             }
             if self.rows_collected is not None:
-                real = self.samples.tensors["attention_mask"][i].bool()
-                of_sample = self.rows_collected
-                record |= {
-                    "token_logprobs": float32_values(of_sample.scores[rows[i]]),
-                    "token_deltas": float32_values(of_sample.deltas[rows[i]]),
-                    "token_relative_deltas": float32_values(of_sample.relative_deltas[rows[i]]),
-                    "matrix": [float32_values(of_sample.token_scores[r][real]) for r in rows[i]],
-                }
+                record |= self._per_token(i, rows[i], to_tokens, structure_ids, top_k_sample)
             yield record
+
+    def _per_token(
+        self,
+        i: int,
+        rows: list[int],
+        to_tokens: Callable[[Sequence[int]], list[str]],
+        structure_ids: set[int],
+        top_k_sample: int,
+    ) -> dict[str, Any]:
+        """Sample `i`'s per-token fields, from its `rows` (one per completion token)."""
+        assert self.rows_collected is not None
+        of_rows = self.rows_collected
+        ids, mask = self.samples.tensors["input_ids"][i], self.samples.tensors["attention_mask"][i]
+        return {
+            "token_logprobs": float32_values(of_rows.scores[rows]),
+            "token_deltas": float32_values(of_rows.deltas[rows]),
+            "token_relative_deltas": float32_values(of_rows.relative_deltas[rows]),
+            "token_top": [
+                sample_top(ids, mask, of_rows.token_scores[r], to_tokens, structure_ids, top_k_sample) for r in rows
+            ],
+            "matrix": [float32_values(of_rows.token_scores[r][mask.bool()]) for r in rows],
+        }
 
     def tensors(self, collected: Collected) -> dict[str, Tensor]:
         """The completions' tensors of attributions.safetensors (the module docstring), for `collected` per sample."""

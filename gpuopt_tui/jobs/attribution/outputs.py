@@ -111,7 +111,7 @@ def sample_records(
             "steps": int(collected.steps[i]),
             "full_precision": bool(collected.fallback[i] > 0),
             **_verdict(collected, i),
-            "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
+            "top": sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record
 
@@ -149,7 +149,7 @@ def _nested(values: Tensor, mask: Tensor, convert: Callable[[Tensor], list[Any]]
     return [_nested(v, m, convert) for v, m in zip(values, mask)]
 
 
-def _sample_top(
+def sample_top(
     ids: Tensor,
     mask: Tensor,
     scores: Tensor,
@@ -157,6 +157,7 @@ def _sample_top(
     structure_ids: set[int],
     k: int,
 ) -> list[list[Any]]:
+    """A sample's `k` tokens of largest |score| as [position, token, score] (structure tokens and zeros left out)."""
     rankable = _rankable(ids, mask, scores, structure_ids)
     positions = rankable.nonzero()
     values = scores[rankable]
