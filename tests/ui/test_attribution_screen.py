@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.results.attribution import SampleIndex
 from gpuopt_tui.core.runs import lifecycle as runs_module
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.status import RunWatcher
@@ -277,8 +278,13 @@ def expected_top(top: list[list[Any]]) -> list[list[str]]:
     return [[str(rank), token, str(position), f"{score:+.4g}"] for rank, (position, token, score) in enumerate(top, 1)]
 
 
-async def test_keys_choose_the_completion_token_the_heatmap_explains(runs_root: Path) -> None:
+async def test_keys_choose_the_completion_token_the_heatmap_explains(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     frozen_run("attribution-lm", runs_root)
+    reads: list[int] = []
+    read = SampleIndex.read
+    monkeypatch.setattr(SampleIndex, "read", lambda index, entry: reads.append(entry.index) or read(index, entry))
     records = jsonl_records(LM_FROZEN)
     app = make_app(screen="attribution")
     async with app.run_test(size=(120, 40)) as pilot:
@@ -298,7 +304,9 @@ async def test_keys_choose_the_completion_token_the_heatmap_explains(runs_root: 
         assert "shown: the whole completion" in heading
         check_heatmap(results, record["tokens"], record["scores"])
         assert top_rows(results) == expected_top(record["top"])
-        # "." walks through the completion's tokens: each shows its row of the matrix, its top tokens and its delta
+        # "." walks through the completion's tokens: each shows its row of the matrix, its top tokens and its delta,
+        # from the sample already read (a key reads no file)
+        read_before = list(reads)
         for t in range(count):
             await pilot.press("full_stop")
             heading = text_of(results, "#sample-heading")
@@ -310,6 +318,7 @@ async def test_keys_choose_the_completion_token_the_heatmap_explains(runs_root: 
             assert top_rows(results) == expected_top(record["token_top"][t])
         await pilot.press("full_stop")  # past the last token: it stays
         assert f"shown: completion token {count} of {count}" in text_of(results, "#sample-heading")
+        assert reads == read_before
         # another sample keeps the choice; "," goes back to the whole completion
         await pilot.press("down")
         await pilot.pause()
