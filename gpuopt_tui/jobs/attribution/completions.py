@@ -8,8 +8,8 @@ for fixed steps; each row within its own tolerance for "auto" steps). The record
 (`text` = the prompt, `tokens` and `scores` per prompt token, for the whole completion) and add `completion`,
 `completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs`, `token_deltas` and
 `token_relative_deltas` (each row's convergence delta), `token_top` (each row's `top`) and `matrix` [completion,
-prompt], in that order, last. attributions.safetensors
-adds `completion_ids` [N, T] (zero-padded), `completion_lengths` and `logprob` [N] and, per token, `token_logprobs`,
+prompt], in that order, last (the results index in core reads a line up to them). attributions.safetensors adds
+`completion_ids` [N, T] (zero-padded), `completion_lengths` and `logprob` [N] and, per token, `token_logprobs`,
 `token_deltas`, `token_relative_deltas` [N, T] and `matrix` [N, T, P] (zeros where a sample has fewer tokens).
 
 What is not shared yet: the keys and values of the prompt cannot be reused across steps (the prompt is what moves
@@ -87,20 +87,19 @@ class CompletionRun:
                 "generated": generated,
             }
             if self.rows_collected is not None:
-                record |= self._per_token(i, rows[i], to_tokens, structure_ids, top_k_sample)
+                record |= self._per_token(self.rows_collected, i, rows[i], to_tokens, structure_ids, top_k_sample)
             yield record
 
     def _per_token(
         self,
+        of_rows: Collected,
         i: int,
         rows: list[int],
         to_tokens: Callable[[Sequence[int]], list[str]],
         structure_ids: set[int],
         top_k_sample: int,
     ) -> dict[str, Any]:
-        """Sample `i`'s per-token fields, from its `rows` (one per completion token)."""
-        assert self.rows_collected is not None
-        of_rows = self.rows_collected
+        """Sample `i`'s per-token fields, from its `rows` (one per completion token) of the rows' results."""
         ids, mask = self.samples.tensors["input_ids"][i], self.samples.tensors["attention_mask"][i]
         return {
             "token_logprobs": float32_values(of_rows.scores[rows]),
