@@ -155,7 +155,8 @@ class SampleBrowser(Vertical):
 
     def _fill_table(self) -> None:
         table = self.query_one("#sample-table", DataTable)
-        completions = self._index is not None and any(e.completion is not None for e in self._index.entries[:1])
+        entries = self._index.entries if self._index is not None else ()
+        completions = bool(entries) and entries[0].completion is not None  # a causal LM's run
         columns = COMPLETION_COLUMNS if completions else SAMPLE_COLUMNS
         table.clear(columns=columns != self._columns)
         if columns != self._columns:
@@ -192,7 +193,7 @@ class SampleBrowser(Vertical):
     def _completion_cells(e: SampleEntry) -> tuple[Text, ...]:
         return (
             right(str(e.index)),
-            right(f"{e.logprob or 0.0:.3g}"),
+            right("" if e.logprob is None else f"{e.logprob:.3g}"),
             right(f"{e.relative_delta:.2g}"),
             Text(e.top_token),
             Text(e.completion or ""),
