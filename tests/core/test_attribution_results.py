@@ -359,3 +359,17 @@ def test_rows_too_long_to_read_are_named(monkeypatch: pytest.MonkeyPatch) -> Non
     sample = index.read(index.entries[0])
     assert not sample.completion_tokens and "rows take over" in sample.rows_note
     assert sample.segments[0].scores  # the whole completion's scores are read as before
+
+
+def test_rows_without_their_deltas_and_top_tokens_are_named(tmp_path: Path) -> None:
+    """A line of an earlier version (per-token log-probabilities and matrix only) opens, saying what it lacks."""
+    record = records(LM_RESULTS.parent)[0]
+    for key in ("token_deltas", "token_relative_deltas", "token_top"):
+        del record[key]
+    path = tmp_path / JSONL_NAME
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    index = SampleIndex.build(path)
+    assert index is not None
+    sample = index.read(index.entries[0])
+    assert not sample.completion_tokens and list(sample.segments[0].scores) == record["scores"]
+    assert "lack token_deltas, token_relative_deltas, token_top (an earlier version's run)" in sample.rows_note

@@ -236,13 +236,10 @@ def _completion_rows(line: bytes, record: dict[str, Any], kept: int) -> tuple[tu
             return (), f"its completion tokens' rows take over {limit} MiB of the line: see {JSONL_NAME}"
         fields = _record(b"{" + line[at + 2 :])
     tokens = record.get("completion_tokens") or ()
-    columns = (
-        fields["token_logprobs"],
-        fields["token_deltas"],
-        fields["token_relative_deltas"],
-        fields["token_top"],
-        fields["matrix"],
-    )
+    keys = ("token_logprobs", "token_deltas", "token_relative_deltas", "token_top", "matrix")
+    if missing := [key for key in keys if key not in fields]:
+        return (), f"its completion tokens' rows lack {', '.join(missing)} (an earlier version's run): see {JSONL_NAME}"
+    columns = tuple(fields[key] for key in keys)
     if any(not isinstance(c, list) or len(c) != len(tokens) for c in columns):
         raise ValueError("the per-token fields do not have one entry per completion token")
     return tuple(
