@@ -42,7 +42,14 @@ sys.path.insert(0, str(ROOT))
 
 from gpuopt_tui.core.runs import events as core_events  # noqa: E402
 
-DEMOS = ["demo-attribution", "demo-attribution-two-tower", "demo-tracin", "demo-ablation", "demo-ablation-lora"]
+DEMOS = [
+    "demo-attribution",
+    "demo-attribution-two-tower",
+    "demo-attribution-lm",
+    "demo-tracin",
+    "demo-ablation",
+    "demo-ablation-lora",
+]
 POLL_S = 0.02
 TIMEOUT_S = 600.0
 

@@ -97,3 +97,14 @@ def demo_two_tower():
     from gpuopt_tui.jobs.models.demo import load_demo_adapter
 
     return load_demo_adapter("two_tower", torch.device("cpu"), cache_dir())
+
+
+@pytest.fixture(scope="session")
+def demo_causal_lm():
+    """The demo causal language model's adapter on the CPU, trained once per test session (shared, as above)."""
+    import torch
+
+    from gpuopt_tui.core.paths import cache_dir
+    from gpuopt_tui.jobs.models.demo import load_demo_adapter
+
+    return load_demo_adapter("causal_lm", torch.device("cpu"), cache_dir())

@@ -141,7 +141,7 @@ def load_dataset(
             raise UserError(f"{file}: cannot tell the format from the extension (expected .jsonl or .csv)")
     elif data.source == "demo":
         stage(f"loading the demo's {split or data.split} data")
-        return adapter.builtin_dataset(split or data.split)
+        return adapter.builtin_dataset(split or data.split, data)
     else:
         file, fmt = Path(data.path).expanduser(), data.source
     stage(f"reading {file.name}")

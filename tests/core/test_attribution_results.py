@@ -296,3 +296,80 @@ def test_full_precision_samples_are_read_searched_and_summarised(tmp_path: Path)
     assert summary.steps.full_precision == "2 of 4 samples ran in tf32"
     assert summary.audit is not None and len(summary.audit.samples) == 2  # audit_samples = "auto": 2 on the CPU
     assert summary.audit.tolerance == 1e-2 and summary.audit.above == sum(not s.within for s in summary.audit.samples)
+
+
+# --- causal LM lines per completion token (the frozen run of the demo causal LM, tests/fixtures/make_runs.py) -------
+LM_RESULTS = next((Path(__file__).parents[1] / "fixtures" / "runs" / "attribution-lm").iterdir()) / "results"
+
+
+def test_completion_tokens_rows_are_read_with_their_sample() -> None:
+    index = SampleIndex.build(LM_RESULTS / JSONL_NAME)
+    assert index is not None and index.corrupt == 0
+    for entry, record in zip(index.entries, records(LM_RESULTS.parent), strict=True):
+        assert (entry.completion, entry.logprob) == (record["completion"], record["logprob"])
+        sample = index.read(entry)
+        rows = sample.completion_tokens
+        assert [(r.position, r.token, r.logprob) for r in rows] == list(
+            zip(range(len(rows)), record["completion_tokens"], record["token_logprobs"])
+        )
+        assert [r.delta for r in rows] == record["token_deltas"]
+        assert [r.relative_delta for r in rows] == record["token_relative_deltas"]
+        for t, row in enumerate(rows):
+            explained = sample.explaining(t)
+            assert list(explained.segments[0].scores) == record["matrix"][t] == list(row.scores)
+            assert explained.segments[0].tokens == sample.segments[0].tokens
+            assert [[list(i.position), i.token, i.score] for i in explained.top] == [
+                [[p], tok, s] for p, tok, s in record["token_top"][t]
+            ]
+            assert (explained.entry.delta, explained.entry.relative_delta, explained.entry.steps) == (
+                row.delta,
+                row.relative_delta,
+                None,  # a row's steps are not recorded
+            )
+        assert sample.explaining(None) is sample
+
+
+def test_the_index_leaves_the_per_token_tail_unparsed(tmp_path: Path) -> None:
+    """A line whose per-token fields are damaged is listed; opening it says it is unreadable."""
+    lines = lines_of(LM_RESULTS / JSONL_NAME)
+    damaged = lines[1].replace(b', "matrix": [[', b', "matrix": [[oops')
+    assert damaged != lines[1]
+    path = tmp_path / JSONL_NAME
+    path.write_bytes(b"".join([lines[0], damaged, *lines[2:]]))
+    index = SampleIndex.build(path)
+    assert index is not None and index.corrupt == 0 and len(index) == len(lines)
+    assert index.read(index.entries[0]).completion_tokens
+    with pytest.raises(UserError, match="unreadable"):
+        index.read(index.entries[1])
+
+
+def test_causal_lm_lines_in_another_layout_are_read_whole(tmp_path: Path) -> None:
+    other = tmp_path / JSONL_NAME
+    lines = records(LM_RESULTS.parent)
+    other.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in lines), encoding="utf-8")
+    index, reference = SampleIndex.build(other), SampleIndex.build(LM_RESULTS / JSONL_NAME)
+    assert index is not None and reference is not None
+    assert index.read(index.entries[2]).completion_tokens == reference.read(reference.entries[2]).completion_tokens
+
+
+def test_rows_too_long_to_read_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpuopt_tui.core.results.attribution.WHOLE_LINE_BYTES", 64)
+    index = SampleIndex.build(LM_RESULTS / JSONL_NAME)
+    assert index is not None
+    sample = index.read(index.entries[0])
+    assert not sample.completion_tokens and "rows take over" in sample.rows_note
+    assert sample.segments[0].scores  # the whole completion's scores are read as before
+
+
+def test_rows_without_their_deltas_and_top_tokens_are_named(tmp_path: Path) -> None:
+    """A line of an earlier version (per-token log-probabilities and matrix only) opens, saying what it lacks."""
+    record = records(LM_RESULTS.parent)[0]
+    for key in ("token_deltas", "token_relative_deltas", "token_top"):
+        del record[key]
+    path = tmp_path / JSONL_NAME
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    index = SampleIndex.build(path)
+    assert index is not None
+    sample = index.read(index.entries[0])
+    assert not sample.completion_tokens and list(sample.segments[0].scores) == record["scores"]
+    assert "lack token_deltas, token_relative_deltas, token_top (an earlier version's run)" in sample.rows_note

@@ -139,7 +139,9 @@ def test_save_keeps_comments_and_changes_only_values(tmp_path: Path) -> None:
     assert to_plain(load_profile(path)) == to_plain(profile)
 
 
-@pytest.mark.parametrize("name", ["demo-attribution", "demo-tracin", "demo-ablation", "demo-plan"])
+@pytest.mark.parametrize(
+    "name", ["demo-attribution", "demo-attribution-lm", "demo-tracin", "demo-ablation", "demo-plan"]
+)
 def test_saving_a_shipped_profile_writes_no_defaults(tmp_path: Path, name: str) -> None:
     """A copy saved unchanged is the file as it was; a changed value is added, a count as a number."""
     shipped = (shipped_profiles_dir() / f"{name}.toml").read_text()

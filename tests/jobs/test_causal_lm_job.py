@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from lm_cases import save_tiny_decoder
+from safetensors.torch import load_file
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import profile_from_data
@@ -104,6 +105,46 @@ def test_per_target_token_gives_a_completion_by_prompt_matrix(workdir: Path) -> 
         assert torch.allclose(matrix.sum(0), torch.tensor(plain["scores"]), rtol=1e-4, atol=1e-6)
         assert sum(record["token_logprobs"]) == pytest.approx(record["logprob"], rel=1e-5)
         assert record["scores"] == pytest.approx(matrix.sum(0).tolist(), rel=1e-5, abs=1e-6)
+        # each row's delta, and the sample's delta the sum of its rows'
+        assert len(record["token_deltas"]) == len(record["token_relative_deltas"]) == len(matrix)
+        assert sum(record["token_deltas"]) == pytest.approx(record["delta"], rel=1e-4, abs=1e-7)
+        # each row's top prompt tokens: its largest |scores| in order, BOS (structure) left out
+        for row, top in zip(record["matrix"], record["token_top"]):
+            ranked = sorted(range(1, len(row)), key=lambda j: -abs(row[j]))[: len(top)]
+            assert [item[0] for item in top] == ranked
+            assert [item[1:] for item in top] == [[record["tokens"][j], row[j]] for j in ranked]
+
+
+def fp32(values: Any) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_the_tensors_file_holds_the_completions_and_the_matrix(workdir: Path, adapter: CausalLMAdapter) -> None:
+    records, _ = run(workdir, "per-token-tensors", per_target_token=True)
+    tensors = load_file(str(RunDir(workdir / "runs" / "per-token-tensors").results / "attributions.safetensors"))
+    lengths = tensors["completion_lengths"].tolist()
+    assert lengths == [len(r["completion_tokens"]) for r in records]
+    width = max(lengths)
+    assert tensors["matrix"].shape == (len(records), width, tensors["scores"].shape[1])
+    for i, record in enumerate(records):
+        prompt, length = int(tensors["lengths"][i]), lengths[i]
+        matrix = tensors["matrix"][i]
+        # the JSON floats read back as the same fp32 values
+        assert torch.equal(matrix[:length, :prompt], fp32(record["matrix"]))
+        assert not matrix[length:].any() and not matrix[:, prompt:].any()  # zero padding
+        for key in ("token_logprobs", "token_deltas", "token_relative_deltas"):
+            assert torch.equal(tensors[key][i, :length], fp32(record[key])) and not tensors[key][i, length:].any()
+        assert torch.equal(tensors["logprob"][i], fp32(record["logprob"]))
+        ids = tensors["completion_ids"][i]
+        assert adapter.tokens(ids[:length].tolist()) == record["completion_tokens"] and not ids[length:].any()
+
+
+def test_the_tensors_file_of_a_whole_completion_run_has_no_matrix(workdir: Path) -> None:
+    records, _ = run(workdir, "whole-tensors")
+    tensors = load_file(str(RunDir(workdir / "runs" / "whole-tensors").results / "attributions.safetensors"))
+    assert "matrix" not in tensors and "token_logprobs" not in tensors
+    assert tensors["completion_lengths"].tolist() == [len(r["completion_tokens"]) for r in records]
+    assert torch.equal(tensors["logprob"], fp32([r["logprob"] for r in records]))
 
 
 def test_generated_completions_are_recorded(workdir: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuopt_tui.core.demo_architectures import DEMO_TASKS
 from gpuopt_tui.core.planner import session
 from gpuopt_tui.core.planner.model_spec import spec_from_config
 from gpuopt_tui.jobs.models.demo import KINDS
@@ -20,5 +21,5 @@ def test_the_planners_demo_model_is_the_one_the_demo_code_builds(
     monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path))  # no demo built here
     module, _ = KINDS[kind]
     built = json.loads(module.build_config().to_json_string())
-    task = "embedding" if kind == "two_tower" else "classification"
+    task = DEMO_TASKS[kind]
     assert spec_from_config(session.demo_config(kind), kind, task) == spec_from_config(built, kind, task)

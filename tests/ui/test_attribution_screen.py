@@ -1,7 +1,8 @@
 """The attribution screen's results on a frozen run of the real engine (tests/fixtures/runs/attribution: the demo
 classifier, 12 samples, with a check on 2): the sample list and the selected sample's heatmap against
 attributions.jsonl, search, the check action (its run's frozen profile), the check view against check.json,
-copying a path, a run still going, and a snapshot at 120x40."""
+copying a path, a run still going, and a snapshot at 120x40. On a frozen causal LM run per completion token
+(tests/fixtures/runs/attribution-lm): choosing the completion token with `,` and `.`, and a snapshot."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.results.attribution import SampleIndex
 from gpuopt_tui.core.runs import lifecycle as runs_module
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.status import RunWatcher
 from gpuopt_tui.ui.screens.attribution import CHECK_SAMPLES, AttributionScreen
+from gpuopt_tui.ui.screens.help import HelpScreen
+from gpuopt_tui.ui.widgets.app_footer import AppFooter
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.token_heatmap import NEGATIVE, POSITIVE, UNCOLOURED_BELOW, word_pieces
 
-from .conftest import frozen_run, frozen_source, make_run, settle, wait_for
+from .conftest import frozen_run, frozen_source, make_run, settle, wait_for, widget_text
 
 STRONGEST = {POSITIVE[-1][0], NEGATIVE[-1][0]}
 FROZEN = frozen_source("attribution")
@@ -69,6 +73,22 @@ def shade_level(colour: str) -> int:
     return ramp.index(colour)
 
 
+def check_heatmap(results: AttributionRunResults, words: list[str], scores: list[float]) -> None:
+    """The heatmap shows `words` with those of `scores` at or above the threshold shaded, by sign and by size."""
+    heatmap = results.query_one("#heatmap", Static).content
+    assert isinstance(heatmap, Content)
+    assert heatmap.plain == " ".join(words)
+    top = max(abs(s) for s in scores)
+    expected = [(t, s) for t, s in zip(words, scores) if s != 0 and abs(s) / top >= UNCOLOURED_BELOW]
+    shaded = shaded_tokens(heatmap)
+    assert [t for t, _ in shaded] == [t for t, _ in expected]
+    for (_, colour), (_, score) in zip(shaded, expected):
+        assert colour in {bg for bg, _ in (POSITIVE if score > 0 else NEGATIVE)}
+    levels = [(abs(s), shade_level(c)) for (_, c), (_, s) in zip(shaded, expected)]
+    assert all(la <= lb for (sa, la) in levels for (sb, lb) in levels if sa < sb)
+    assert any(c in STRONGEST for _, c in shaded)  # the largest |score| gets the strongest shade
+
+
 async def test_selecting_a_sample_shows_its_tokens_shaded_by_score(finished_run: Path) -> None:
     records = jsonl_records(finished_run)
     app = make_app(screen="attribution")
@@ -86,21 +106,8 @@ async def test_selecting_a_sample_shows_its_tokens_shaded_by_score(finished_run:
             assert text_of(results, "#sample-heading").startswith(
                 f"sample {row} · predicted {record['prediction']} (p {record['probability']:.3f})"
             )
-            heatmap = results.query_one("#heatmap", Static).content
-            assert isinstance(heatmap, Content)
-            words = record["tokens"]
-            assert heatmap.plain == " ".join(words)
             # every token at or above the threshold is shaded, by the sign of its score, more for a larger |score|
-            scores = record["scores"]
-            top = max(abs(s) for s in scores)
-            expected = [(t, s) for t, s in zip(words, scores) if s != 0 and abs(s) / top >= UNCOLOURED_BELOW]
-            shaded = shaded_tokens(heatmap)
-            assert [t for t, _ in shaded] == [t for t, _ in expected]
-            for (_, colour), (_, score) in zip(shaded, expected):
-                assert colour in {bg for bg, _ in (POSITIVE if score > 0 else NEGATIVE)}
-            levels = [(abs(s), shade_level(c)) for (_, c), (_, s) in zip(shaded, expected)]
-            assert all(la <= lb for (sa, la) in levels for (sb, lb) in levels if sa < sb)
-            assert any(c in STRONGEST for _, c in shaded)  # the largest |score| gets the strongest shade
+            check_heatmap(results, record["tokens"], record["scores"])
             # the sample's top tokens, from the line's `top`
             top_table = results.query_one("#sample-top", DataTable)
             assert [top_table.get_row_at(i)[1].plain for i in range(top_table.row_count)] == [
@@ -249,6 +256,102 @@ def test_snapshot_with_a_finished_run(finished_run: Path, snap_compare: Any) -> 
     async def loaded(pilot: Pilot[Any]) -> None:
         results = await open_results(pilot)
         results.query_one("#sample-table", DataTable).move_cursor(row=2)  # a sample other than the first
+        await settle(pilot)
+
+    assert snap_compare(make_app(screen="attribution"), terminal_size=(120, 40), run_before=loaded)
+
+
+# --- a causal LM run per completion token ---------------------------------------------------------------------------
+LM_FROZEN = frozen_source("attribution-lm")
+
+
+def footer_keys(app: Any) -> list[tuple[str, str]]:
+    return [(k.display, k.description) for k in app.screen.query_one(AppFooter).keys]
+
+
+def top_rows(results: AttributionRunResults) -> list[list[str]]:
+    table = results.query_one("#sample-top", DataTable)
+    return [[cell.plain for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def expected_top(top: list[list[Any]]) -> list[list[str]]:
+    return [[str(rank), token, str(position), f"{score:+.4g}"] for rank, (position, token, score) in enumerate(top, 1)]
+
+
+async def test_keys_choose_the_completion_token_the_heatmap_explains(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frozen_run("attribution-lm", runs_root)
+    reads: list[int] = []
+    read = SampleIndex.read
+    monkeypatch.setattr(SampleIndex, "read", lambda index, entry: reads.append(entry.index) or read(index, entry))
+    records = jsonl_records(LM_FROZEN)
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        results = await open_results(pilot, len(records))
+        await pilot.press("ctrl+o")  # the sample table focused
+        table = results.query_one("#sample-table", DataTable)
+        rows = [[cell.plain for cell in table.get_row_at(i)] for i in range(table.row_count)]
+        assert rows == [
+            [str(r["index"]), f"{r['logprob']:.3g}", f"{r['relative_delta']:.2g}", r["top"][0][1], r["completion"]]
+            for r in records
+        ]
+        record = records[0]
+        tokens, count = record["completion_tokens"], len(record["completion_tokens"])
+        assert (",", "Prev token") in footer_keys(app) and (".", "Next token") in footer_keys(app)
+        heading = text_of(results, "#sample-heading")
+        assert heading.startswith(f"sample 0 · completion {record['completion']!r} · log p {record['logprob']:.3g}")
+        assert "shown: the whole completion" in heading
+        check_heatmap(results, record["tokens"], record["scores"])
+        assert top_rows(results) == expected_top(record["top"])
+        # "." walks through the completion's tokens: each shows its row of the matrix, its top tokens and its delta,
+        # from the sample already read (a key reads no file)
+        read_before = list(reads)
+        for t in range(count):
+            await pilot.press("full_stop")
+            heading = text_of(results, "#sample-heading")
+            logprob = f"{record['token_logprobs'][t]:.3g}"
+            assert f"shown: completion token {t + 1} of {count} {tokens[t]!r} · log p {logprob}" in heading
+            delta = f"delta {record['token_deltas'][t]:.3g} = {record['token_relative_deltas'][t]:.3g} ×"
+            assert delta in heading
+            check_heatmap(results, record["tokens"], record["matrix"][t])
+            assert top_rows(results) == expected_top(record["token_top"][t])
+        await pilot.press("full_stop")  # past the last token: it stays
+        assert f"shown: completion token {count} of {count}" in text_of(results, "#sample-heading")
+        assert reads == read_before
+        # another sample keeps the choice; "," goes back to the whole completion
+        await pilot.press("down")
+        await pilot.pause()
+        other = records[1]
+        last = len(other["completion_tokens"]) - 1
+        assert text_of(results, "#sample-heading").startswith("sample 1 ")
+        check_heatmap(results, other["tokens"], other["matrix"][min(count - 1, last)])
+        await pilot.press(*["comma"] * (count + 1))
+        assert "shown: the whole completion" in text_of(results, "#sample-heading")
+        check_heatmap(results, other["tokens"], other["scores"])
+        assert top_rows(results) == expected_top(other["top"])
+
+
+async def test_the_token_keys_are_in_the_help_and_only_where_there_are_rows(finished_run: Path) -> None:
+    app = make_app(screen="attribution")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        await pilot.press("ctrl+o")
+        assert footer_keys(app) and not {k for k in footer_keys(app) if k[1] in ("Prev token", "Next token")}
+        await pilot.press("escape")
+        await app.push_screen(HelpScreen())
+        await pilot.pause()
+        help_text = " ".join(widget_text(app, ".help-keys").split())
+        assert ", Causal LM, per completion token: explain the previous completion token" in help_text
+        assert ". Causal LM, per completion token: explain the next completion token" in help_text
+
+
+def test_snapshot_of_a_causal_lm_sample_per_completion_token(runs_root: Path, snap_compare: Any) -> None:
+    frozen_run("attribution-lm", runs_root)
+
+    async def loaded(pilot: Pilot[Any]) -> None:
+        await open_results(pilot, len(jsonl_records(LM_FROZEN)))
+        await pilot.press("ctrl+o", "full_stop")  # the completion's first token
         await settle(pilot)
 
     assert snap_compare(make_app(screen="attribution"), terminal_size=(120, 40), run_before=loaded)

@@ -59,3 +59,25 @@ def test_a_causal_lm_sample_heading_names_its_completion_and_log_probability() -
     heading = sample_heading(sample).plain
     assert "completion 'the mat' · log p -4.4 (p 0.0123)" in heading and "predicted" not in heading
     assert sample.segments[0].text == "the cat sat on" and sample.segments[0].scores[4] == 1.0
+    assert "shown:" not in heading  # no per-token rows: nothing to choose
+
+
+def test_a_per_token_heading_names_the_token_shown_or_why_there_are_none() -> None:
+    record = {
+        "index": 2, "text": "the cat", "tokens": ["<s>", "the", "cat"], "scores": [0.0, 0.5, 1.0], "target": 0,
+        "label": None, "prediction": 0, "probability": 0.25, "delta": 3e-4, "relative_delta": 2e-4,
+        "top": [[2, "cat", 1.0]], "completion": "sat down", "completion_tokens": ["sat", "down"], "logprob": -1.386,
+        "generated": False, "token_logprobs": [-0.5, -0.886], "token_deltas": [1e-4, 2e-4],
+        "token_relative_deltas": [5e-5, 7e-5], "token_top": [[[1, "the", 0.4]], [[2, "cat", 0.6]]],
+        "matrix": [[0.0, 0.4, 0.3], [0.0, 0.1, 0.6]],
+    }  # fmt: skip
+    sample = parse_sample(json.dumps(record).encode(), 0)
+    lines = sample_heading(sample).plain.splitlines()
+    assert lines[1] == "shown: the whole completion (, . choose: the whole completion or one of its 2 tokens)"
+    assert lines[2].startswith("delta 0.0003 = 0.0002 ×")
+    lines = sample_heading(sample, 1).plain.splitlines()
+    assert lines[0].startswith("sample 2 · completion 'sat down' · log p -1.39")  # the whole completion's
+    assert lines[1].startswith("shown: completion token 2 of 2 'down' · log p -0.886 (")
+    assert lines[2] == "delta 0.0002 = 7e-05 × |F(x) − F(baseline)|"  # the row's delta; its steps are not recorded
+    note = dataclasses.replace(sample, completion_tokens=(), rows_note="its completion tokens' rows take over 4 MiB")
+    assert sample_heading(note).plain.splitlines()[1] == "its completion tokens' rows take over 4 MiB"

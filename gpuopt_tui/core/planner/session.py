@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuopt_tui.core.demo_architectures import DEMO_ARCHITECTURES
+from gpuopt_tui.core.demo_architectures import DEMO_ARCHITECTURES, DEMO_TASKS
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import cache_dir
 from gpuopt_tui.core.planner import gpu as gpu_memory
@@ -121,11 +121,7 @@ def model_source(model: ModelSection) -> ModelSource:
         config, label = load_config(model.path)
         return ModelSource(config, label)
     if model.adapter == "demo":
-        return ModelSource(
-            demo_config(model.demo),
-            f"demo {model.demo}",
-            "embedding" if model.demo == "two_tower" else "classification",
-        )
+        return ModelSource(demo_config(model.demo), f"demo {model.demo}", DEMO_TASKS[model.demo])
     raise UserError(
         f"model adapter = plugin ({model.factory}): the planner reads architectures from a Hugging Face config; "
         "give --model DIR (a directory with the model's config.json) or model.path"

@@ -48,8 +48,9 @@ class ModelSection:
     )
     demo: str = opt(
         "classifier",
-        "Which demo model (adapter = demo): a text classifier, or a two-tower news recommender",
-        choices=("classifier", "two_tower"),
+        "Which demo model (adapter = demo): a text classifier, a two-tower news recommender, or a causal language "
+        "model (prompt -> completion)",
+        choices=("classifier", "two_tower", "causal_lm"),
     )
     path: str = opt("", "Local model directory with config.json (adapter = hf); never downloaded")
     factory: str = opt("", "package.module:function returning an adapter (adapter = plugin)")

@@ -7,6 +7,9 @@
   Whatever the file holds, time and memory stay bounded: a line over MAX_LINE_BYTES is left out (counted), and
   an opened sample keeps only its first SHOWN_TOKENS tokens, parsed from the start of its arrays, with the
   count of the others.
+  A causal LM run with per_target_token writes each completion token's row of the [completion, prompt] matrix
+  last on its line (from `token_logprobs` on): the index leaves that tail alone, an opened sample reads it (its
+  rows cut to the tokens kept) when it is at most WHOLE_LINE_BYTES, else says that it is too long to show.
 - summary.json and check.json: read by attribution_summary.py.
 - attributions.safetensors is listed (for export) but not read here.
 """
@@ -17,7 +20,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -48,6 +51,7 @@ CANCEL_CHECK_LINES = 512  # how often indexing looks at its cancel flag
 TOKENS_KEY = b', "tokens": '  # the keys around the bulk of a line (tokens, scores), as the engine writes them
 SCORES_KEY = b', "scores": '
 TARGET_KEY = b', "target": '
+PER_TOKEN_KEY = b', "token_logprobs": '  # the first of a causal LM's per-token fields, written last
 MAX_LINE_BYTES = 64 * 1024**2  # a longer line (some 2.5 million tokens) is left out of the index
 SHOWN_TOKENS = 2_000  # tokens of a sample kept for its heatmap; the others are counted
 TOKEN_CHARS = 80  # characters of a token kept (a longer one is cut, with "…")
@@ -113,21 +117,48 @@ class SampleEntry:
         return self.label is not None and self.prediction != self.label
 
 
+@dataclass(frozen=True, slots=True)
+class CompletionToken:
+    """One completion token of a causal LM sample and its row of the [completion, prompt] matrix: the prompt tokens'
+    scores for its own log-probability (as many as the sample keeps), its top prompt tokens and its delta."""
+
+    position: int  # in the completion, from 0
+    token: str
+    logprob: float
+    delta: float
+    relative_delta: float
+    scores: tuple[float, ...]
+    top: tuple[TopToken, ...]
+
+
 @dataclass(frozen=True)
 class Sample:
     """A whole line: its entry, its token sequences with their scores (the first SHOWN_TOKENS of them, and the
-    count of the others), and its top tokens."""
+    count of the others), and its top tokens. A causal LM sample of a per_target_token run also has its completion
+    tokens' rows (`completion_tokens`), or says why they are not shown (`rows_note`)."""
 
     entry: SampleEntry
     segments: tuple[Segment, ...]
     top: tuple[TopToken, ...]
     two_tower: bool
     hidden: int = 0  # tokens of the line not kept in `segments`
+    completion_tokens: tuple[CompletionToken, ...] = ()
+    rows_note: str = ""
 
     @property
     def max_abs(self) -> float:
         """The largest |score| of the tokens kept."""
         return max((abs(s) for seg in self.segments for s in seg.scores), default=0.0)
+
+    def explaining(self, token: int | None) -> Sample:
+        """The sample as completion token `token`'s row explains it: that row's scores, top tokens and delta (its
+        steps are not recorded); None: the whole completion, the sample itself."""
+        if token is None:
+            return self
+        row = self.completion_tokens[token]
+        entry = replace(self.entry, delta=row.delta, relative_delta=row.relative_delta, steps=None)
+        segment = replace(self.segments[0], scores=row.scores)
+        return replace(self, entry=entry, segments=(segment,), top=row.top)
 
 
 #: What reading a damaged line can raise (int() of a JSON Infinity: OverflowError).
@@ -187,7 +218,42 @@ def parse_sample(line: bytes, offset: int) -> Sample:
     shown = sum(len(seg.tokens) for seg in segments)
     hidden = (total if total is not None else sum(len(t) for t in tokens)) - shown
     top = tuple(_top_token(item) for item in (record.get("top") or ())[:SHOWN_TOP])
-    return Sample(_entry(record, offset), segments, top, two_tower, max(0, hidden))
+    rows, note = _completion_rows(line, record, len(segments[0].tokens)) if not two_tower else ((), "")
+    return Sample(_entry(record, offset), segments, top, two_tower, max(0, hidden), rows, note)
+
+
+def _completion_rows(line: bytes, record: dict[str, Any], kept: int) -> tuple[tuple[CompletionToken, ...], str]:
+    """A causal LM sample's per-token rows, each cut to the `kept` prompt tokens shown (none for other samples), or
+    why they are not read."""
+    if "token_logprobs" in record:  # a line parsed whole
+        fields = record
+    else:
+        at = line.find(PER_TOKEN_KEY)
+        if at < 0:
+            return (), ""
+        if len(line) - at > WHOLE_LINE_BYTES:
+            limit = WHOLE_LINE_BYTES // 1024**2
+            return (), f"its completion tokens' rows take over {limit} MiB of the line: see {JSONL_NAME}"
+        fields = _record(b"{" + line[at + 2 :])
+    tokens = record.get("completion_tokens") or ()
+    keys = ("token_logprobs", "token_deltas", "token_relative_deltas", "token_top", "matrix")
+    if missing := [key for key in keys if key not in fields]:
+        return (), f"its completion tokens' rows lack {', '.join(missing)} (an earlier version's run): see {JSONL_NAME}"
+    columns = tuple(fields[key] for key in keys)
+    if any(not isinstance(c, list) or len(c) != len(tokens) for c in columns):
+        raise ValueError("the per-token fields do not have one entry per completion token")
+    return tuple(
+        CompletionToken(
+            position=t,
+            token=_token(token),
+            logprob=float(logprob),
+            delta=float(delta),
+            relative_delta=float(relative),
+            scores=tuple(float(v) for v in row[:kept]),
+            top=tuple(_top_token(item) for item in top[:SHOWN_TOP]),
+        )
+        for t, (token, logprob, delta, relative, top, row) in enumerate(zip(tokens, *columns))
+    ), ""
 
 
 def _bulk(line: bytes) -> tuple[dict[str, Any], Any, Any, int | None]:
@@ -297,10 +363,10 @@ def _top_token(item: Any) -> TopToken:
 
 
 def _list_fields(line: bytes) -> dict[str, Any]:
-    """The record of a line without parsing its tokens and scores (most of the line), when it has the engine's
-    layout: keys in the engine's order, json.dumps' separators. A JSON string cannot hold an unescaped quote,
-    so the first `, "tokens": ` and the next `, "target": ` are the keys themselves. Other lines are parsed
-    whole."""
+    """The record of a line without parsing its tokens and scores (most of the line) nor a causal LM's per-token
+    fields (the rest of it), when it has the engine's layout: keys in the engine's order, json.dumps' separators.
+    A JSON string cannot hold an unescaped quote, so the first `, "tokens": ` and the next `, "target": ` and
+    `, "token_logprobs": ` are the keys themselves. Other lines are parsed whole."""
     start = line.find(TOKENS_KEY)
     end = line.find(TARGET_KEY, start + 1) if start >= 0 else -1
     if end < 0:
@@ -308,7 +374,9 @@ def _list_fields(line: bytes) -> dict[str, Any]:
         if not isinstance(record["tokens"], list) or not isinstance(record["scores"], list):
             raise ValueError("tokens and scores must be lists")
         return record
-    return {**_record(line[:start] + b"}"), **_record(b"{" + line[end + 2 :])}
+    tail = line.find(PER_TOKEN_KEY, end + 1)
+    rest = line[end + 2 :] if tail < 0 else line[end + 2 : tail] + b"}"
+    return {**_record(line[:start] + b"}"), **_record(b"{" + rest)}
 
 
 def _lines(f: BinaryIO) -> Iterator[tuple[bytes, int]]:

@@ -6,7 +6,11 @@ completion's tokens), or with `per_target_token` one completion token's own, a r
 is linear in the explained output, so a sample's whole-completion scores are the sum of its per-token rows (exact
 for fixed steps; each row within its own tolerance for "auto" steps). The records keep the classifier layout
 (`text` = the prompt, `tokens` and `scores` per prompt token, for the whole completion) and add `completion`,
-`completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs` and `matrix` [completion, prompt].
+`completion_tokens`, `logprob`, `generated` and, per token, `token_logprobs`, `token_deltas` and
+`token_relative_deltas` (each row's convergence delta), `token_top` (each row's `top`) and `matrix` [completion,
+prompt], in that order, last (the results index in core reads a line up to them). attributions.safetensors adds
+`completion_ids` [N, T] (zero-padded), `completion_lengths` and `logprob` [N] and, per token, `token_logprobs`,
+`token_deltas`, `token_relative_deltas` [N, T] and `matrix` [N, T, P] (zeros where a sample has fewer tokens).
 
 What is not shared yet: the keys and values of the prompt cannot be reused across steps (the prompt is what moves
 along the path; only at alpha = 1 is it the input's), and the per-token rows of a sample run the same forward at
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +31,7 @@ from torch import Tensor
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionSection, CompletionDataSection
 from gpuopt_tui.jobs.attribution.deltas import relative_deltas
-from gpuopt_tui.jobs.attribution.outputs import Collected, float32_value, float32_values, sample_records
+from gpuopt_tui.jobs.attribution.outputs import Collected, float32_value, float32_values, sample_records, sample_top
 from gpuopt_tui.jobs.completion_data import (
     COMPLETIONS,
     SAMPLE_OF_ROW,
@@ -52,14 +56,13 @@ class CompletionRun:
     rows: TextDataset  # the samples, or one row per (sample, completion token)
     source: str  # where the completions came from, in words
     per_token: bool
-    row_scores: Tensor = field(default_factory=lambda: torch.zeros(0))  # [rows, P] kept by `per_sample`
-    row_logprobs: Tensor = field(default_factory=lambda: torch.zeros(0))  # [rows]
+    rows_collected: Collected | None = None  # the per-token rows' own results, kept by `per_sample`
 
     def per_sample(self, collected: Collected) -> Collected:
         """The rows' results as one result per sample (per-token rows summed), with `probability` = the
         completion's probability, exp(log-probability)."""
         if self.per_token:
-            self.row_scores, self.row_logprobs = collected.token_scores, collected.scores
+            self.rows_collected = collected
             collected = _summed(collected, self.rows.meta[SAMPLE_OF_ROW], self.samples)
         return dataclasses.replace(collected, probability=collected.scores.double().exp().float())
 
@@ -83,11 +86,56 @@ class CompletionRun:
                 "logprob": float32_value(collected.scores[i]),
                 "generated": generated,
             }
-            if self.per_token:
-                real = self.samples.tensors["attention_mask"][i].bool()
-                record["token_logprobs"] = float32_values(self.row_logprobs[rows[i]])
-                record["matrix"] = [float32_values(self.row_scores[r][real]) for r in rows[i]]
+            if self.rows_collected is not None:
+                record |= self._per_token(self.rows_collected, i, rows[i], to_tokens, structure_ids, top_k_sample)
             yield record
+
+    def _per_token(
+        self,
+        of_rows: Collected,
+        i: int,
+        rows: list[int],
+        to_tokens: Callable[[Sequence[int]], list[str]],
+        structure_ids: set[int],
+        top_k_sample: int,
+    ) -> dict[str, Any]:
+        """Sample `i`'s per-token fields, from its `rows` (one per completion token) of the rows' results."""
+        ids, mask = self.samples.tensors["input_ids"][i], self.samples.tensors["attention_mask"][i]
+        return {
+            "token_logprobs": float32_values(of_rows.scores[rows]),
+            "token_deltas": float32_values(of_rows.deltas[rows]),
+            "token_relative_deltas": float32_values(of_rows.relative_deltas[rows]),
+            "token_top": [
+                sample_top(ids, mask, of_rows.token_scores[r], to_tokens, structure_ids, top_k_sample) for r in rows
+            ],
+            "matrix": [float32_values(of_rows.token_scores[r][mask.bool()]) for r in rows],
+        }
+
+    def tensors(self, collected: Collected) -> dict[str, Tensor]:
+        """The completions' tensors of attributions.safetensors (the module docstring), for `collected` per sample."""
+        mask = self.samples.tensors["completion_mask"]
+        tensors = {
+            "completion_ids": self.samples.tensors["completion_ids"] * mask,
+            "completion_lengths": mask.sum(1),
+            "logprob": collected.scores.float(),
+        }
+        if self.rows_collected is None:
+            return tensors
+        rows = self.rows_collected
+        sample, token = self.rows.meta[SAMPLE_OF_ROW], self.rows.tensors["target_position"]
+        shape = mask.shape
+
+        def per_token(values: Tensor) -> Tensor:
+            out = torch.zeros(*shape, *values.shape[1:], dtype=torch.float32)
+            out[sample, token] = values.float()
+            return out
+
+        return tensors | {
+            "token_logprobs": per_token(rows.scores),
+            "token_deltas": per_token(rows.deltas),
+            "token_relative_deltas": per_token(rows.relative_deltas),
+            "matrix": per_token(rows.token_scores),
+        }
 
     def _rows_by_sample(self) -> list[list[int]]:
         if not self.per_token:

@@ -306,7 +306,7 @@ def _write_results(ctx: JobContext, report: Report, collected: Collected) -> dic
     ctx.stage(WRITE_STAGE)
     files = {key: ctx.results_dir / name for key, name in FILE_NAMES.items()}
     write_jsonl(files["jsonl"], report.records)
-    write_tensors(files["tensors"], collected)
+    write_tensors(files["tensors"], collected, report.tensors)
     for kind, text in report.messages:
         (ctx.warn if kind == "warn" else ctx.log)(text)
     write_json(files["summary"], report.summary)

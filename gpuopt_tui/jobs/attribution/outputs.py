@@ -12,7 +12,8 @@
   written at full fp32 precision, each as the shortest decimal that reads back as the same fp32 value.
 - attributions.safetensors: `scores` [N, *S] fp32 padded with zeros, `input_ids` [N, *S], `lengths`
   [N, *S[:-1]] (real tokens), and the per-sample `deltas`, `target`, `prediction`, `probability`, `margin`,
-  `low_margin`, `steps`, `full_precision` and, with "auto" steps, `error_estimate` and `within_tolerance`.
+  `low_margin`, `steps`, `full_precision` and, with "auto" steps, `error_estimate` and `within_tolerance`; a causal
+  LM's completions add theirs (attribution/completions.py).
 - summary.json: the overall token ranking, delta statistics, settings and timing.
 
 The overall ranking orders token strings by their mean *share* per occurrence: |attribution| divided by the
@@ -25,7 +26,7 @@ two-tower input other than the explained one) are ranked neither overall nor per
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,8 @@ class Collected:
     labels: Tensor | None  # [N]
 
 
-def write_tensors(path: Path, collected: Collected) -> None:
+def write_tensors(path: Path, collected: Collected, extra: Mapping[str, Tensor]) -> None:
+    """attributions.safetensors: the tensors of `collected` (the module docstring) and `extra` (a causal LM's)."""
     mask = collected.attention_mask
     tensors = {
         "scores": collected.token_scores.float(),
@@ -79,7 +81,7 @@ def write_tensors(path: Path, collected: Collected) -> None:
     }
     if collected.within is not None:
         tensors |= {"error_estimate": collected.error.float(), "within_tolerance": collected.within.bool()}
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    tensors = {k: v.contiguous() for k, v in (tensors | dict(extra)).items()}
     write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "gpuopt-tui-ig-1"}))
 
 
@@ -109,7 +111,7 @@ def sample_records(
             "steps": int(collected.steps[i]),
             "full_precision": bool(collected.fallback[i] > 0),
             **_verdict(collected, i),
-            "top": _sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
+            "top": sample_top(ids, mask, scores, to_tokens, structure_ids, top_k_sample),
         }
         yield record
 
@@ -147,7 +149,7 @@ def _nested(values: Tensor, mask: Tensor, convert: Callable[[Tensor], list[Any]]
     return [_nested(v, m, convert) for v, m in zip(values, mask)]
 
 
-def _sample_top(
+def sample_top(
     ids: Tensor,
     mask: Tensor,
     scores: Tensor,
@@ -155,6 +157,7 @@ def _sample_top(
     structure_ids: set[int],
     k: int,
 ) -> list[list[Any]]:
+    """A sample's `k` tokens of largest |score| as [position, token, score] (structure tokens and zeros left out)."""
     rankable = _rankable(ids, mask, scores, structure_ids)
     positions = rankable.nonzero()
     values = scores[rankable]

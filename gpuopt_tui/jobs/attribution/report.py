@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from torch import Tensor
+
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.core.results.attribution import JSONL_NAME, TENSORS_NAME
 from gpuopt_tui.core.results.attribution_summary import SUMMARY_NAME
@@ -47,6 +49,7 @@ class Report:
     records: Iterable[dict[str, Any]]  # the lines of attributions.jsonl, built as they are read (once)
     summary: dict[str, Any]  # summary.json
     outcome: dict[str, Any]  # the short summary of the run's `finished` event
+    tensors: dict[str, Tensor]  # attributions.safetensors' tensors besides the collected results' (a causal LM's)
     # the run's log lines and warnings about its results, in order
     messages: list[tuple[Literal["log", "warn"], str]] = field(default_factory=list)
 
@@ -67,8 +70,10 @@ def build_report(adapter: Adapter, ds: TextDataset, collected: Collected, result
     structure = adapter.special_ids.non_content()
     if completions is None:
         records = sample_records(collected, ds.texts, adapter.tokens, structure, section.top_k_sample)
+        tensors: dict[str, Tensor] = {}
     else:
         records = completions.records(collected, adapter.tokens, structure, section.top_k_sample)
+        tensors = completions.tensors(collected)
     messages: list[tuple[Literal["log", "warn"], str]] = []
     deltas = delta_summary(
         collected.deltas,
@@ -119,7 +124,7 @@ def build_report(adapter: Adapter, ds: TextDataset, collected: Collected, result
         **steps_outcome(steps),
         **({} if audited is None else {"audit": audit_outcome(audited)}),
     }
-    return Report(records, summary, outcome, messages)
+    return Report(records, summary, outcome, tensors, messages)
 
 
 def _steps(collected: Collected, settings: Settings, stage: dict[str, Any]) -> dict[str, Any]:

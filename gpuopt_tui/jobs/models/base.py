@@ -205,8 +205,9 @@ class Adapter:
         return self.tokenizer.convert_ids_to_tokens([int(i) for i in ids])
 
     # -- data ------------------------------------------------------------------------------------------------
-    def builtin_dataset(self, split: str) -> TextDataset:
-        """The dataset that comes with the model (data source = demo). Only the demo adapters have one."""
+    def builtin_dataset(self, split: str, data: DataSection | None = None) -> TextDataset:
+        """The dataset that comes with the model (data source = demo). Only the demo adapters have one; `data` (the
+        profile's [data] section) names the fields of a demo whose rows are read as a file's are (the causal LM's)."""
         raise UserError(f"data source = demo needs model adapter = demo; model {self.name} has no built-in data")
 
     def dataset_from_rows(self, rows: Sequence[Row], data: DataSection) -> TextDataset:

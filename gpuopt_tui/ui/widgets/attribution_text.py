@@ -21,7 +21,28 @@ def percent(value: float) -> str:
     return f"{value * 100:.3g}%"
 
 
-def sample_heading(sample: Sample) -> Content:
+def sample_heading(sample: Sample, token: int | None = None) -> Content:
+    """The heading of `sample` as its completion token `token` explains it (None: the whole completion, or a
+    sample of another model)."""
+    if sample.completion_tokens:
+        shown = completion_token_line(sample, token)
+    else:
+        shown = Content(sample.rows_note) if sample.rows_note else None
+    return _heading(sample.explaining(token), shown)
+
+
+def completion_token_line(sample: Sample, token: int | None) -> Content:
+    """Which completion token the heatmap explains, with the keys that choose another."""
+    count = len(sample.completion_tokens)
+    keys = f"(, . choose: the whole completion or one of its {count} tokens)"
+    if token is None:
+        return Content(f"shown: the whole completion {keys}")
+    row = sample.completion_tokens[token]
+    return Content(f"shown: completion token {token + 1} of {count} {row.token!r} · log p {figure(row.logprob)} {keys}")
+
+
+def _heading(sample: Sample, shown: Content | None) -> Content:
+    """The sample's first line, `shown` (what its scores explain, where it says), then its delta and warnings."""
     e = sample.entry
     what = "candidate " if sample.two_tower else ""
     label = "" if e.label is None else f" · label {e.label}"
@@ -44,9 +65,8 @@ def sample_heading(sample: Sample) -> Content:
         first = f"sample {e.index} · completion {e.completion!r} · log p {logprob} (p {e.probability:.3g})"
     else:
         first = f"sample {e.index} · predicted {what}{e.prediction} (p {e.probability:.3f}){label}{explained}"
-    return Content(
-        f"{first}\ndelta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{above}{close}"
-    )
+    rest = f"delta {figure(e.delta)} = {figure(e.relative_delta)} × |F(x) − F(baseline)|{steps}{above}{close}"
+    return Content("\n").join([Content(first), *([shown] if shown is not None else []), Content(rest)])
 
 
 def delta_report(summary: AttributionSummary | None) -> Content:

@@ -1,5 +1,10 @@
 """The samples of an attribution run: a searchable, sortable list a page at a time, and the selected sample's
-token heatmap and top tokens, read from its line of attributions.jsonl when it is selected."""
+token heatmap and top tokens, read from its line of attributions.jsonl when it is selected.
+
+A causal LM sample of a per_target_token run also holds each completion token's row of its [completion, prompt]
+matrix: `,` and `.` choose what the heatmap, the top tokens and the delta explain, the whole completion (the first
+choice) or one of its tokens, from the sample already read. The choice stays while other samples are opened (cut to
+their number of tokens)."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ CACHED_SAMPLES = 64  # samples kept parsed, so moving the cursor back and forth 
 SEARCH_DELAY_S = 0.25  # the search runs once the typing pauses this long
 SEARCH_PLACEHOLDER = "/ search: words top:TOKEN pred:N label:N wrong"
 SAMPLE_COLUMNS = ("#", "pred", "tgt", "label", "p", "rel Δ", "top token")
+COMPLETION_COLUMNS = ("#", "log p", "rel Δ", "top token", "completion")  # a causal LM's samples
 TOP_COLUMNS = ("#", "token", "at", "score")
 
 
@@ -73,6 +79,23 @@ class SampleBrowser(Vertical):
             id="attribution.next_page",
             tooltip="Next page of the sample list",
         ),
+        Binding(
+            "comma",
+            "completion_token(-1)",
+            "Prev token",
+            key_display=",",
+            id="attribution.prev_token",
+            tooltip="Causal LM, per completion token: explain the previous completion token (first: the whole "
+            "completion)",
+        ),
+        Binding(
+            "full_stop",
+            "completion_token(1)",
+            "Next token",
+            key_display=".",
+            id="attribution.next_token",
+            tooltip="Causal LM, per completion token: explain the next completion token",
+        ),
     ]
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -85,7 +108,10 @@ class SampleBrowser(Vertical):
         self._page_rows: list[SampleEntry] = []
         self._cache: OrderedDict[int, Sample] = OrderedDict()  # by line offset
         self._selected: int | None = None  # index of the sample shown in the heatmap
+        self._sample: Sample | None = None  # that sample, read
+        self._token: int | None = None  # the completion token it is explained for (None: the whole completion)
         self._search_timer: Timer | None = None
+        self._columns: tuple[str, ...] = ()  # the sample table's columns (set when mounted)
 
     def compose(self) -> ComposeResult:
         yield Input(
@@ -104,6 +130,7 @@ class SampleBrowser(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#sample-table", DataTable).add_columns(*SAMPLE_COLUMNS)
+        self._columns = SAMPLE_COLUMNS
         top = self.query_one("#sample-top", DataTable)
         top.add_columns(*TOP_COLUMNS)
         top.can_focus = False  # read-only, shown whole: the pane around it scrolls
@@ -113,7 +140,7 @@ class SampleBrowser(Vertical):
         self._index = index
         self._cache.clear()
         if not same_run:
-            self._selected, self._page = None, 0
+            self._selected, self._page, self._token = None, 0, None
         self._show_rows()
 
     def focus_table(self) -> None:
@@ -128,10 +155,19 @@ class SampleBrowser(Vertical):
 
     def _fill_table(self) -> None:
         table = self.query_one("#sample-table", DataTable)
-        table.clear()
+        entries = self._index.entries if self._index is not None else ()
+        completions = bool(entries) and entries[0].completion is not None  # a causal LM's run
+        columns = COMPLETION_COLUMNS if completions else SAMPLE_COLUMNS
+        table.clear(columns=columns != self._columns)
+        if columns != self._columns:
+            table.add_columns(*columns)
+            self._columns = columns
         self._page_rows = list(page(self._rows, self._page, PAGE_SIZE))
-        error = self.app.get_css_variables().get("error", "red")
-        table.add_rows(self._cells(e, error) for e in self._page_rows)
+        if completions:
+            table.add_rows(self._completion_cells(e) for e in self._page_rows)
+        else:
+            error = self.app.get_css_variables().get("error", "red")
+            table.add_rows(self._cells(e, error) for e in self._page_rows)
         self._update_status()
         keep = next((i for i, e in enumerate(self._page_rows) if e.index == self._selected), 0)
         if self._page_rows:
@@ -151,6 +187,16 @@ class SampleBrowser(Vertical):
             right(f"{e.probability:.2f}"),
             right(f"{e.relative_delta:.2g}"),
             Text(e.top_token),
+        )
+
+    @staticmethod
+    def _completion_cells(e: SampleEntry) -> tuple[Text, ...]:
+        return (
+            right(str(e.index)),
+            right("" if e.logprob is None else f"{e.logprob:.3g}"),
+            right(f"{e.relative_delta:.2g}"),
+            Text(e.top_token),
+            Text(e.completion or ""),
         )
 
     def _update_status(self, error: str = "") -> None:
@@ -210,21 +256,40 @@ class SampleBrowser(Vertical):
 
     def _open(self, entry: SampleEntry | None) -> None:
         """Show one sample's heatmap and top tokens."""
+        had_tokens = self._has_tokens
+        self._sample = None
+        self._selected = entry.index if entry else None
+        if entry is not None and self._index is not None:
+            try:
+                self._sample = self._read(self._index, entry)
+            except UserError as e:
+                self._show_sample(Content.from_markup("[$error]$error[/]", error=str(e)))
+            else:
+                self._show_sample()
+        else:
+            self._show_sample(Content("no sample matches the search" if self._index else ""))
+        if self._has_tokens != had_tokens:
+            self.screen.refresh_bindings()
+
+    @property
+    def _has_tokens(self) -> bool:
+        return self._sample is not None and bool(self._sample.completion_tokens)
+
+    def _show_sample(self, why: Content | None = None) -> None:
+        """The open sample as its chosen completion token explains it, or `why` there is none to show."""
         heading = self.query_one("#sample-heading", Static)
         top = self.query_one("#sample-top", DataTable)
         top.clear()
         for selector in ("#heatmap", "#heatmap-legend"):
             self.query_one(selector, Static).update("")
-        self._selected = entry.index if entry else None
-        if entry is None or self._index is None:
-            heading.update("no sample matches the search" if self._index else "")
+        whole = self._sample
+        if whole is None:
+            heading.update(why or "")
             return
-        try:
-            sample = self._read(self._index, entry)
-        except UserError as e:
-            heading.update(Content.from_markup("[$error]$error[/]", error=str(e)))
-            return
-        heading.update(sample_heading(sample))
+        count = len(whole.completion_tokens)
+        self._token = None if self._token is None or not count else min(self._token, count - 1)
+        sample = whole.explaining(self._token)
+        heading.update(sample_heading(whole, self._token))
         self.query_one("#heatmap", Static).update(heatmap(sample))
         self.query_one("#heatmap-legend", Static).update(legend(sample.max_abs))
         max_abs = sample.max_abs
@@ -238,7 +303,18 @@ class SampleBrowser(Vertical):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "page":
             return page_count(self._rows, PAGE_SIZE) > 1
+        if action == "completion_token":
+            return self._has_tokens
         return True
+
+    def action_completion_token(self, step: int) -> None:
+        """Explain the next (`step` 1) or previous (-1) choice of [whole completion, token 1, token 2, ...]."""
+        if self._sample is None or not self._sample.completion_tokens:
+            return
+        choice = 0 if self._token is None else self._token + 1  # 0: the whole completion
+        choice = max(0, min(len(self._sample.completion_tokens), choice + step))
+        self._token = None if choice == 0 else choice - 1
+        self._show_sample()
 
     def action_search(self) -> None:
         self.query_one("#sample-search", Input).focus()

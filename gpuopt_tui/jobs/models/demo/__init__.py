@@ -3,7 +3,7 @@
 `demo_bundle(kind, cache_dir)` builds (or finds) a demo's cache directory; `load_demo_adapter` wraps it in an
 adapter whose `builtin_dataset("train" | "test")` is the demo data, `checkpoints` the training checkpoints
 with their learning rates, and `info` the oracle facts (signal tokens, flipped train labels, accuracy).
-See classifier.py and two_tower.py for what each demo's data plants.
+See classifier.py, two_tower.py and language_model.py for what each demo's data plants.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.context import LOAD_STAGE, StageFn, no_stage
 from gpuopt_tui.jobs.models.base import Adapter
-from gpuopt_tui.jobs.models.demo import classifier, two_tower
+from gpuopt_tui.jobs.models.demo import classifier, language_model, two_tower
 from gpuopt_tui.jobs.models.demo.bundle import DemoBundle
 from gpuopt_tui.jobs.models.demo.cache import ensure_built
 from gpuopt_tui.jobs.models.demo.train import one_thread
@@ -26,7 +26,7 @@ BUILD_STAGE = "building the demo model (first use)"
 WAIT_STAGE = "waiting for another process building the demo model"
 
 #: kind -> (module with build(root, seed, on_step) and the adapter class, cache version)
-KINDS = {"classifier": (classifier, 1), "two_tower": (two_tower, 1)}
+KINDS = {"classifier": (classifier, 1), "two_tower": (two_tower, 1), "causal_lm": (language_model, 1)}
 
 
 def demo_root(kind: str, cache_dir: Path, seed: int = 0) -> Path:
@@ -38,7 +38,7 @@ def demo_root(kind: str, cache_dir: Path, seed: int = 0) -> Path:
 def demo_bundle(
     kind: str = "classifier", cache_dir: Path | None = None, seed: int = 0, stage: StageFn = no_stage
 ) -> DemoBundle:
-    """The demo `kind` ("classifier" or "two_tower"), trained now unless a complete cache exists; `stage` hears
+    """The demo `kind` (a key of KINDS), trained now unless a complete cache exists; `stage` hears
     of the training (BUILD_STAGE, in optimizer steps) and of a wait for another process building it."""
     if cache_dir is None:
         from gpuopt_tui.core.paths import cache_dir as default_cache_dir

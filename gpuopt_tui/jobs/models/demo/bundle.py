@@ -69,5 +69,6 @@ def save_model_dir(model: torch.nn.Module, model_dir: Path) -> None:
     directly: `save_pretrained` writes nothing on ranks other than 0 of an initialised process group, and a
     demo model may be first built by any rank of a run over several processes."""
     model_dir.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it: the hf adapter reads it
     model.config.save_pretrained(model_dir)
     save_model(model, str(model_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpuopt_tui.core.demo_architectures import bert_sizes
+from gpuopt_tui.core.demo_architectures import config_sizes
+from gpuopt_tui.core.profiles.common import DataSection
 from gpuopt_tui.jobs.context import StageFn, no_stage
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.demo.bundle import DemoBundle, save_model_dir, save_splits
@@ -82,7 +83,7 @@ def build_config() -> Any:
 
     return BertConfig(
         vocab_size=len(vocabulary()),
-        **bert_sizes("classifier"),
+        **config_sizes("classifier"),
         num_labels=2,
         id2label=dict(enumerate(LABEL_NAMES)),
         label2id={name: i for i, name in enumerate(LABEL_NAMES)},
@@ -163,5 +164,6 @@ class DemoAdapter(SequenceClassifierAdapter):
         self.bundle = bundle
         self.weights_dir = bundle.model_dir
 
-    def builtin_dataset(self, split: str) -> TextDataset:
+    def builtin_dataset(self, split: str, data: DataSection | None = None) -> TextDataset:
+        """The split as tokenized when the demo was built (`data` names no fields of it)."""
         return self.bundle.dataset(split, self.token_fields)

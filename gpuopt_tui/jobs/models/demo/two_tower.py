@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpuopt_tui.core.demo_architectures import bert_sizes
+from gpuopt_tui.core.demo_architectures import config_sizes
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.common import DataSection
 from gpuopt_tui.jobs.context import StageFn, no_stage
@@ -276,7 +276,7 @@ def build_config() -> Any:
 
     return BertConfig(
         vocab_size=len(vocabulary()),
-        **bert_sizes("two_tower"),
+        **config_sizes("two_tower"),
         pad_token_id=0,
     )
 
@@ -361,5 +361,6 @@ class DemoAdapter(TwoTowerAdapter):
         self.bundle = bundle
         self.weights_dir = bundle.model_dir
 
-    def builtin_dataset(self, split: str) -> TextDataset:
+    def builtin_dataset(self, split: str, data: DataSection | None = None) -> TextDataset:
+        """The split as tokenized when the demo was built (`data` names no fields of it)."""
         return self.bundle.dataset(split, self.token_fields)
