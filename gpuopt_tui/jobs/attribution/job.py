@@ -27,7 +27,7 @@ from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, tolerance_warn
 from gpuopt_tui.jobs.attribution.audit import audit, audit_count, audit_warning, chosen_samples
 from gpuopt_tui.jobs.attribution.check import compare_paths
 from gpuopt_tui.jobs.attribution.compiled import StepCompiler
-from gpuopt_tui.jobs.attribution.completions import prepare_completions
+from gpuopt_tui.jobs.attribution.completions import CompletionRun, prepare_completions
 from gpuopt_tui.jobs.attribution.deltas import relative_deltas
 from gpuopt_tui.jobs.attribution.engine import RESULT_KEYS, Settings, attribute_batch, step_compiler
 from gpuopt_tui.jobs.attribution.outputs import Collected, write_tensors
@@ -72,7 +72,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         pass
     ctx.log(
-        f"{adapter.describe()}; {len(ds)} samples in {len(plan)} batches; {_describe_steps(settings)} "
+        f"{adapter.describe()}; {_describe_rows(ds, completions)} in {len(plan)} batches; {_describe_steps(settings)} "
         f"({settings.method}, {_describe_mode(settings, lean, device)})"
     )
     fallback = settings.full_precision_fallback
@@ -121,6 +121,13 @@ def _audit(
     if warning := audit_warning(result):
         ctx.warn(warning)
     return result
+
+
+def _describe_rows(ds: TextDataset, completions: CompletionRun | None) -> str:
+    """What the batches hold: samples, or a causal LM's prompts as one row per completion token."""
+    if completions is None or not completions.per_token:
+        return f"{len(ds)} samples"
+    return f"{len(completions.samples)} prompts as {len(ds)} rows (one per completion token)"
 
 
 def _describe_steps(settings: Settings) -> str:
