@@ -2,9 +2,12 @@
 
 The model is built from a config of a public checkpoint's shapes (--shape; random weights, initializer_range of the
 config: no download), with a word-level tokenizer of numbered words built here (BOS before each prompt, [PAD] = 0).
-Prompts of --min-prompt to --max-prompt random words, completions of --completion words; the attributed output is
-the log-probability of the completion given the prompt (teacher forcing), the baseline [PAD] at the prompt's
-content tokens (BOS kept), as `gpuopt-tui run` does for a causal LM.
+Prompts of --min-prompt to --max-prompt random words; the completion is the prompt's last --completion words
+(a copy task). With --train-steps the model first learns the task (AdamW, bf16 autocast, completion-only loss) so
+that the completion's log-probability depends on the prompt as a trained model's does: on random weights it barely
+moves between the prompt and the baseline, and reduced precision's rounding swamps the change integrated. The
+attributed output is the log-probability of the completion given the prompt (teacher forcing), the baseline [PAD]
+at the prompt's content tokens (BOS kept), as `gpuopt-tui run` does for a causal LM.
 
 Rows:
 - ours: n_steps = "auto" at --tolerance with the defaults (fp16 weights, full-precision fallback), batches of
@@ -94,6 +97,38 @@ def texts(n: int, low: int, high: int, n_words: int, gen: torch.Generator) -> li
     return [" ".join(f"w{i}" for i in torch.randint(0, n_words, (k,), generator=gen).tolist()) for k in lengths]
 
 
+def copy_task(n: int, args: argparse.Namespace, n_words: int, gen: torch.Generator) -> tuple[list[str], list[str]]:
+    """Prompts of random words and, as completions, each prompt's last --completion words."""
+    prompts = texts(n, args.min_prompt, args.max_prompt, n_words, gen)
+    return prompts, [" ".join(p.split()[-args.completion :]) for p in prompts]
+
+
+def train(adapter: CausalLMAdapter, args: argparse.Namespace, n_words: int) -> dict[str, float]:
+    """--train-steps AdamW steps on the copy task (fresh prompts each step); the last loss and the seconds."""
+    model, device = adapter.model, adapter.device
+    model.train().requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    gen, start, loss = torch.Generator().manual_seed(7), time.perf_counter(), torch.zeros(())
+    for step in range(args.train_steps):
+        for group in optimizer.param_groups:  # linear warm-up over the first tenth
+            group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.train_steps // 10))
+        batch = {
+            k: v.to(device)
+            for k, v in dataset(adapter, *copy_task(args.train_batch, args, n_words, gen)).tensors.items()
+        }
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            loss = adapter.loss_per_example(batch).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 25 == 0 or step == args.train_steps - 1:
+            print(f"    train step {step}: loss {loss.item():.3f}", flush=True)
+    model.eval().requires_grad_(False)
+    del optimizer
+    return {"steps": args.train_steps, "loss": float(loss), "seconds": time.perf_counter() - start}
+
+
 def dataset(adapter: CausalLMAdapter, prompts: list[str], completions: list[str]) -> TextDataset:
     tensors = adapter.tokenize(prompts, 4096) | adapter.completions(completions, 4096)
     tensors["target_position"] = torch.full((len(prompts),), -1)
@@ -148,9 +183,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     n_words = min(30000, SHAPES[args.shape]["vocab_size"] - len(SPECIAL))
     tokenizer = word_tokenizer(n_words)
     adapter = CausalLMAdapter(args.shape, model, tokenizer, device)
-    gen = torch.Generator().manual_seed(1)
-    prompts = texts(args.samples, args.min_prompt, args.max_prompt, n_words, gen)
-    completions = texts(args.samples, args.completion, args.completion, n_words, gen)
+    trained = train(adapter, args, n_words) if args.train_steps else None
+    prompts, completions = copy_task(args.samples, args, n_words, torch.Generator().manual_seed(1))
     ds = dataset(adapter, prompts, completions)
     print(f"{adapter.describe()}; {len(ds)} prompts", flush=True)
     order = length_sorted_order(ds)
@@ -197,7 +231,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         row = "Captum LLMGradientAttribution (LIG, 50 GL steps, bf16 model, one prompt at a time)"
         entries.append({"row": row, "samples": len(audit), "seconds": captum["seconds"],
                         "err": errors(captum["scores"], reference), "mean_steps": 50.0 * args.completion})  # fmt: skip
-    return {"model": adapter.describe(), "entries": entries, "audit": len(audit)}
+    return {"model": adapter.describe(), "entries": entries, "audit": len(audit), "trained": trained}
 
 
 def render(meta: dict[str, Any], result: dict[str, Any]) -> str:
@@ -207,8 +241,9 @@ def render(meta: dict[str, Any], result: dict[str, Any]) -> str:
         f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}, transformers "
         f"{meta['transformers']}, captum {meta['captum']}",
         f"- command: `{meta['command']}`",
-        f"- model: {result['model']} ({meta['shape']} shapes, random weights); prompts of {meta['min_prompt']}-"
-        f"{meta['max_prompt']} words + BOS, completions of {meta['completion']} tokens; [PAD] baseline, BOS kept",
+        f"- model: {result['model']} ({meta['shape']} shapes, {_weights(result['trained'])}); prompts of "
+        f"{meta['min_prompt']}-{meta['max_prompt']} words + BOS, completions = their last {meta['completion']} words; "
+        "[PAD] baseline, BOS kept",
         f"- error: per audited prompt ({result['audit']}, spread over the lengths), max |a - b| / max |b| against "
         f"the reference; samples/s: prompts per second of the timed loop (after a warm-up)",
         *([f"- note: {meta['note']}"] if meta.get("note") else []),
@@ -230,6 +265,12 @@ def render(meta: dict[str, Any], result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _weights(trained: dict[str, float] | None) -> str:
+    if trained is None:
+        return "random weights"
+    return f"trained on the copy task: {trained['steps']} steps, {trained['seconds']:.0f} s, last loss {trained['loss']:.3f}"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b")
@@ -242,6 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tolerance", type=float, default=1e-2)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--reference-steps", type=int, default=256)
+    p.add_argument("--train-steps", type=int, default=0, help="steps of the copy task before attributing")
+    p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--memory-fraction", type=float, default=0.9)
     p.add_argument("--skip-captum", action="store_true")
     p.add_argument("--note", default="")
@@ -251,6 +295,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.shape, args.samples, args.per_token_samples, args.audit = "tiny", 6, 2, 2
         args.min_prompt, args.max_prompt, args.completion, args.reference_steps = 6, 20, 3, 32
+        args.train_steps = min(args.train_steps, 30)
     return args
 
 
