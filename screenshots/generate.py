@@ -70,6 +70,8 @@ def make_runs(data: Path) -> str | None:
             cli("run", f"demo-{kind}")
     if not engine_available("attribution"):
         return None
+    print("running demo-attribution-lm to the end…", flush=True)
+    cli("run", "demo-attribution-lm")
     print("a run on a model directory copied without its weights…", flush=True)
     partial = data / "models" / "bert-partial-copy"
     partial.mkdir(parents=True, exist_ok=True)
@@ -124,6 +126,16 @@ async def shoot(out: Path, trace: Trace | None, start: int, gpu_caption: str) ->
                     await settle(pilot)
                     save(app, out, "runs-failed.svg", caption)
         print(f"  {spec.name}", flush=True)
+    async with make_app(screen="runs").run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        lm = next((r for r in pilot.app.runs.runs if r.name == "demo-attribution-lm" and r.status == "finished"), None)
+        if lm is not None:
+            pilot.app.open_results(lm.id)
+            await settle(pilot)
+            await pilot.press("ctrl+o", "full_stop")  # the sample list; the completion's first token
+            await settle(pilot)
+            save(pilot.app, out, "attribution-lm.svg", "gpuopt-tui")
+            print("  a causal LM's results, per completion token", flush=True)
     async with make_app(screen="ablation").run_test(size=NARROW) as pilot:
         await settle(pilot)
         await pilot.press("ctrl+l")  # the run pane
