@@ -14,7 +14,7 @@ Errors are against the measured figures (allocated against allocated, reserved a
     python benchmarks/planner_traced.py                          # all cases, results to $OUT or benchmarks/results
     python benchmarks/planner_traced.py --cases llama-1b-full,phi2-lora --out /tmp/traced.json
     python benchmarks/planner_traced.py --list
-    python benchmarks/planner_traced.py --quick                  # CPU: tiny configs, traces only (plumbing)
+    python benchmarks/planner_traced.py --quick                  # CPU: each case on a tiny config, traces only
 
 A time budget (--budget, seconds, default 360) stops starting new cases once spent; skipped cases are listed.
 """
@@ -160,24 +160,29 @@ CASES = (
     ),
 )  # fmt: skip
 
-QUICK = (
-    Case(
-        "quick-llama",
-        lambda: T.LlamaConfig(
-            vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
-        ),
-        "causal_lm",
-        replace(HF, seq_len=64, micro_batch=2),
-    ),
-    Case(
-        "quick-phi-lora",
-        lambda: T.PhiConfig(
-            vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
-        ),
-        "causal_lm",
-        _lora(replace(HF, seq_len=64, micro_batch=2)),
-    ),
-)
+# --quick: every case on a tiny config of its family (the sizes below, under whichever names the family's config
+# uses; its other settings kept) at sequence length 64 and micro-batch 2; traces only
+TINY = {
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "word_embed_proj_dim"), 64),
+    **dict.fromkeys(("intermediate_size", "n_inner", "ffn_dim", "d_ff"), 128),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads"), 4),
+    **dict.fromkeys(("head_dim", "d_kv"), 16),
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "vocab_size": 256,
+}
+
+
+def tiny(case: Case) -> Case:
+    def config() -> T.PretrainedConfig:
+        full = case.config()
+        settings = {k: v for k, v in full.to_dict().items() if k != "layer_types"}  # one a layer: rebuilt
+        tokens = [v for k, v in settings.items() if k.endswith("token_id") and isinstance(v, int)]
+        sizes = {**TINY, "vocab_size": max(TINY["vocab_size"], *(t + 1 for t in tokens))}  # holding its special ids
+        return type(full).from_dict({**settings, **{k: v for k, v in sizes.items() if settings.get(k)}})
+
+    return Case(case.name, config, case.task, replace(case.setup, seq_len=64, micro_batch=2))
 
 
 def _traced(config: dict[str, Any], case: Case, device: str) -> dict[str, Any]:
@@ -266,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=360.0, help="seconds after which no new case starts")
     parser.add_argument("--out", help="results JSON (default: $OUT/planner_traced.json or benchmarks/results/)")
     args = parser.parse_args(argv)
-    cases = QUICK if args.quick else CASES
+    cases = tuple(map(tiny, CASES)) if args.quick else CASES
     if args.list:
         print("\n".join(c.name for c in cases))
         return 0

@@ -323,7 +323,7 @@ def _traced(out: Console, inputs: session.PlanInputs, closed: Estimate | None) -
         out.print(Text.assemble(("closed form ", "bold yellow"), f"no estimate: {inputs.refusal}"))
     out.print(
         "[dim]not traced, estimated as the closed form does: CUDA context, cuBLAS workspaces, allocator slack; "
-        "fake tensors stand in for CUDA with the CPU's autocast and attention kernels[/]"
+        "fake tensors stand in for CUDA with CUDA's autocast lists and the CPU's attention kernels[/]"
     )
 
 

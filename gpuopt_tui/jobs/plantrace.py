@@ -12,8 +12,9 @@ through peft (not a dependency): `memprobe.LoRA` wraps each targeted linear laye
 the weights and activations a peft LoRA layer has too (with lora_dropout > 0, peft also keeps a dropped-out copy
 of each adapted input, which this does not count).
 
-Fake tensors live on the CPU device here (this build of torch may have no CUDA), so the CPU's autocast op lists
-and attention kernel stand in for CUDA's; `trace_device` = "cuda" fakes CUDA where torch has it.
+Fake tensors live on the CPU device here (this build of torch may have no CUDA); the step runs CUDA's autocast op
+lists and CUDA's dropout memory all the same (`fakecompat.cuda_autocast`, `fakecompat.cuda_kernels`), as the plan is
+for a GPU. `trace_device` = "cuda" fakes CUDA tensors where torch has CUDA.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from torch._subclasses.fake_tensor import (
 
 from gpuopt_tui.core.planner.model_spec import ENCODERS
 from gpuopt_tui.core.planner.traced import PROGRESS
-from gpuopt_tui.jobs.fakecompat import as_real_step, cuda_kernels, no_weight_init, skips_all_ones_masks
+from gpuopt_tui.jobs.fakecompat import (
+    LayerDropDraws,
+    as_real_step,
+    cuda_autocast,
+    cuda_kernels,
+    no_weight_init,
+    skips_all_ones_masks,
+)
 from gpuopt_tui.jobs.memprobe import build_model, loss_function, make_batch, make_optimizer, training_step
 from gpuopt_tui.jobs.tracemem import (
     ACTIVATIONS,
@@ -138,8 +146,9 @@ def trace(request: Mapping[str, Any], say: Callable[[str], None] = lambda messag
                 model, optimizer, None, loss_function(model, request), batch, request, amp_dtype, device, phase
             )
             unhook = grad_relabeller(memory, params)
-            kernels = cuda_kernels() if device.type == "cpu" else nullcontext()
-            with memory, memory.watch(model), kernels:
+            as_cuda = device.type == "cpu"  # the plan is for a GPU: CUDA's kernels and autocast lists
+            kernels, autocast_lists = (cuda_kernels(), cuda_autocast()) if as_cuda else (nullcontext(), nullcontext())
+            with memory, memory.watch(model), kernels, autocast_lists, LayerDropDraws():
                 for t in (*model.parameters(), *model.buffers()):
                     memory.add(t, WEIGHTS)
                 for t in batch.values():

@@ -45,7 +45,7 @@ from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 CLOSED_FORM = "closed-form estimate"
 TRACE_LIMITS = (
     "Not traced, estimated as the closed form does: the CUDA context, cuBLAS workspaces and the allocator's slack. "
-    "Fake tensors stand in for CUDA with the CPU's autocast and attention kernels."
+    "Fake tensors stand in for CUDA with CUDA's autocast lists and the CPU's attention kernels."
 )
 
 
