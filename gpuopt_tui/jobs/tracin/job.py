@@ -38,12 +38,12 @@ from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
 from gpuopt_tui.jobs.digests import file_digest, input_parts, model_origin
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
-from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
+from gpuopt_tui.jobs.tracin.checkpoints import PEFT_ADAPTER, STATE_DICT, resolve_checkpoints
 from gpuopt_tui.jobs.tracin.factored import module_uses
 from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advice
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
-from gpuopt_tui.jobs.tracin.params import select_parameters
+from gpuopt_tui.jobs.tracin.params import resolved_layers, select_parameters
 from gpuopt_tui.jobs.tracin.scores import TracInRun, attempt_figures
 
 PREDICTIONS_SHARD = "test_predictions"
@@ -108,6 +108,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     checkpoints = resolve_checkpoints(section.checkpoints, adapter)
     probe = to_device(trim_batch(test.batch([0]), test.token_fields), device)
     names = select_parameters(adapter, probe, section.layers, section.n_last_layers, section.layer_names)
+    layers, chosen_by = resolved_layers(adapter, section.layers)
+    ctx.log(f"parameters that count: {layers} ({len(names)} tensors; {chosen_by})")
     options = TracInOptions(
         method=section.method,
         precision=_precision(ctx, device, section.use_amp, section.amp_dtype),
@@ -162,7 +164,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         result.stats["agreement"] = exact_agreement(
             adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
         )
-        ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
+        ctx.log(f"agreement with exact TracIn ({result.stats['agreement']['reference']}): {result.stats['agreement']}")
         if advice := precision_advice(result.stats["agreement"]):
             ctx.warn(advice)
     summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result, scoring)
@@ -289,6 +291,7 @@ def _write_results(
         "train": train.origin,
         "test": test.origin,
         "checkpoints": [{"path": str(c.path), "lr": c.lr} for c in checkpoints],
+        "checkpoint_kind": STATE_DICT if adapter.peft_trainable is None else PEFT_ADAPTER,
         "label_names": adapter.label_names,
         "loss": adapter.loss_description,
         "predictions_checkpoint": str(checkpoints[-1].path),
@@ -297,6 +300,7 @@ def _write_results(
         "precision": stats["precision"],
         "n_parameters": stats["n_parameters"],
         "parameter_tensors": stats["parameters"],
+        "parameter_choice": dict(zip(("layers", "source"), resolved_layers(adapter, section.layers))),
         "gradient_size": stats["gradient_size"],
         "projection": _projection(section, profile.run.seed),
         "excluded_parameters": stats["excluded_parameters"],
