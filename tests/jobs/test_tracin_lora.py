@@ -31,12 +31,14 @@ LRS = (0.3, 0.2, 0.1)
 LORA_FAMILIES = ("gpt2", "llama", "qwen2")
 
 
-def save_lora_checkpoints(family: str, folder: Path, lrs: tuple[float, ...] = LRS) -> list[CheckpointSpec]:
+def save_lora_checkpoints(
+    family: str, folder: Path, lrs: tuple[float, ...] = LRS, dtype: torch.dtype = torch.float64
+) -> list[CheckpointSpec]:
     """Adapter directories of one LoRA adapter (rank 4 on every linear layer, B random) at len(lrs) steps, each
     step's A and B moved at random from the last."""
     torch.manual_seed(1)
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.3, target_modules="all-linear", init_lora_weights=False)
-    model = peft.get_peft_model(tiny_decoder(family).double(), config)
+    model = peft.get_peft_model(tiny_decoder(family).to(dtype), config)
     specs = []
     for i, lr in enumerate(lrs):
         with torch.no_grad():

@@ -44,6 +44,9 @@ class InfluenceResult:
     proponents: TopK  # the k highest scores per test example
     opponents: TopK  # the k lowest
     matrix: Tensor | None  # [n_test, M]; NaN where the filter left the pair out
+    query_mean: Tensor | None = None  # [M] mean score over the test examples (dataset_ranking.py), NaN: none scored
+    query_max: Tensor | None = None  # [M] max score over them
+    query_count: Tensor | None = None  # [M] how many test examples each was scored against
     stats: dict[str, Any] = field(default_factory=dict)
 
 

@@ -8,6 +8,10 @@ Result files (in results/):
   completion at the last checkpoint (`completion_loss`).
 - self_influence.jsonl and self_influence.csv: every scored training example ranked by self-influence
   sum_c lr_c * ||g_c||^2, highest first (mislabeled examples tend to rank high).
+- dataset_ranking.jsonl and dataset_ranking.csv: every scored training example ranked by its mean influence over
+  the test examples (the query set), highest first, with its max influence over them (`mean_influence`,
+  `max_influence`, `n_queries`, its index, text, completion or label): the training subset to keep for the query
+  set's task is a top slice of it (`gpuopt-tui select` prints or exports the top k or top p%, by mean or max).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
 - summary.json: settings, the loss TracIn differentiates (`loss`), parameter count, timing, the label names (null
@@ -17,21 +21,27 @@ Result files (in results/):
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from gpuopt_tui.core.atomic import write_atomically, write_json, write_jsonl
+from gpuopt_tui.core.atomic import write_atomically, write_csv, write_json, write_jsonl
 from gpuopt_tui.core.caches.gradients import default_root
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
-from gpuopt_tui.core.results.tracin import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
+from gpuopt_tui.core.results.tracin import (
+    DATASET_CSV_NAME,
+    DATASET_JSONL_NAME,
+    INFLUENCE_NAME,
+    MATRIX_NAME,
+    SELF_CSV_NAME,
+    SELF_JSONL_NAME,
+    SUMMARY_NAME,
+)
 from gpuopt_tui.jobs.completion_data import COMPLETIONS, has_completions
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
@@ -39,6 +49,7 @@ from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_devic
 from gpuopt_tui.jobs.digests import file_digest, input_parts, model_origin
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.tracin.checkpoints import PEFT_ADAPTER, STATE_DICT, resolve_checkpoints
+from gpuopt_tui.jobs.tracin.dataset_ranking import ranking_records
 from gpuopt_tui.jobs.tracin.factored import module_uses
 from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advice
 from gpuopt_tui.jobs.tracin.filters import get_filter
@@ -257,6 +268,8 @@ def _write_results(
         "influence": ctx.results_dir / INFLUENCE_NAME,
         "self_jsonl": ctx.results_dir / SELF_JSONL_NAME,
         "self_csv": ctx.results_dir / SELF_CSV_NAME,
+        "dataset_jsonl": ctx.results_dir / DATASET_JSONL_NAME,
+        "dataset_csv": ctx.results_dir / DATASET_CSV_NAME,
         "summary": ctx.results_dir / SUMMARY_NAME,
     }
     ctx.stage("predicting the test examples (last checkpoint)")
@@ -266,10 +279,17 @@ def _write_results(
     ranked = _self_influence_ranking(train, result, flipped)
     write_jsonl(files["influence"], _influence_records(train, test, result, predictions))
     write_jsonl(files["self_jsonl"], ranked)
-    _write_csv(files["self_csv"], ranked)
+    write_csv(files["self_csv"], ranked)
     ctx.artifact(files["influence"], "top proponents and opponents of each test example")
     ctx.artifact(files["self_jsonl"], "training examples ranked by self-influence")
     ctx.artifact(files["self_csv"], "training examples ranked by self-influence (CSV)")
+    dataset = ranking_records(
+        result.train_rows, result.query_mean, result.query_max, result.query_count, lambda i: _example(train, i)
+    )
+    write_jsonl(files["dataset_jsonl"], dataset)
+    write_csv(files["dataset_csv"], dataset)
+    ctx.artifact(files["dataset_jsonl"], "training examples ranked by mean influence over the test examples")
+    ctx.artifact(files["dataset_csv"], "training examples ranked by mean influence over the test examples (CSV)")
     if result.matrix is not None:
         files["matrix"] = ctx.results_dir / MATRIX_NAME
         tensors = {
@@ -311,6 +331,7 @@ def _write_results(
         "final_batch_size": scoring["final_batch_size"],
         "flipped_label_auc": auc,
         "top_self_influence": [entry["index"] for entry in ranked[:10]],
+        "top_mean_influence": [entry["index"] for entry in dataset[:10]],
         "files": {k: p.name for k, p in files.items()},
     }
     write_json(files["summary"], summary)
@@ -357,6 +378,11 @@ def _label(ds: TextDataset, i: int) -> int | None:
 def _completion(ds: TextDataset, i: int) -> dict[str, str]:
     """{"completion": the text} for a causal LM's example, else nothing."""
     return {"completion": ds.meta[COMPLETIONS][i]} if has_completions(ds) else {}
+
+
+def _example(ds: TextDataset, i: int) -> dict[str, Any]:
+    """An example's text, then its completion (a causal LM's) or its label."""
+    return {"text": ds.texts[i], **(_completion(ds, i) if has_completions(ds) else {"label": _label(ds, i)})}
 
 
 def _neighbours(train: TextDataset, top: TopK, i: int) -> list[dict[str, Any]]:
@@ -447,16 +473,6 @@ def _self_influence_ranking(
             entry["flipped"] = i in flipped
         ranked.append(entry)
     return ranked
-
-
-def _write_csv(path: Path, ranked: list[dict[str, Any]]) -> None:
-    def write(tmp: Path) -> None:
-        with tmp.open("w", encoding="utf-8", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(ranked[0]) if ranked else ["rank"])
-            writer.writeheader()
-            writer.writerows(ranked)
-
-    write_atomically(path, write)
 
 
 def flipped_auc(self_influence: Tensor, rows: Tensor, flipped: set[int]) -> float | None:
