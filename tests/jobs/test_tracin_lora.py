@@ -148,3 +148,19 @@ def test_adapter_checkpoints_without_peft_say_how_to_install_it(tmp_path: Path, 
         UserError, match=r"step0 is a PEFT adapter directory; install peft: pip install 'gpuopt-tui\[lm\]'"
     ):
         resolve_checkpoints(specs, plain)
+
+
+def test_cached_training_gradients_are_kept_apart_by_the_base_model(lora64, tmp_path: Path) -> None:
+    """The adapter files alone do not make the weights: gradients cached on one base model are not read for
+    another (the job passes the base's digest and the adapter configuration as `adapter_base`)."""
+    adapter, checkpoints, _ = lora64
+    train, test = dataset(adapter, TRAIN), dataset(adapter, TEST)
+
+    def blocks(base: str) -> dict[str, int]:
+        options = TracInOptions(train_cache=tmp_path, adapter_base={"weights": base})
+        return tracin_scores(adapter, checkpoints, train, test, adapter_names(adapter), options).stats["cache_blocks"]
+
+    first = blocks("base-1")
+    assert first["read"] == 0 and first["computed"] > 0
+    assert blocks("base-1")["read"] == first["computed"]
+    assert blocks("base-2")["read"] == 0

@@ -27,6 +27,9 @@ class TracInOptions:
     top_k: int = 10
     keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
     train_cache: Path | None = None  # keep the training gradients there (core/caches/gradients.py) and reuse them
+    # PEFT adapter checkpoints: what else the weights are made of (the base model's weights digest, the adapter's
+    # configuration), which the cached training gradients depend on besides the checkpoint files
+    adapter_base: dict[str, Any] | None = None
 
 
 @dataclass

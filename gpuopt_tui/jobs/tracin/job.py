@@ -48,6 +48,7 @@ from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
 from gpuopt_tui.jobs.digests import file_digest, input_parts, model_origin
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
+from gpuopt_tui.jobs.models.peft_adapters import adapter_config
 from gpuopt_tui.jobs.tracin.checkpoints import PEFT_ADAPTER, STATE_DICT, resolve_checkpoints
 from gpuopt_tui.jobs.tracin.dataset_ranking import ranking_records
 from gpuopt_tui.jobs.tracin.factored import module_uses
@@ -121,6 +122,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     names = select_parameters(adapter, probe, section.layers, section.n_last_layers, section.layer_names)
     layers, chosen_by = resolved_layers(adapter, section.layers)
     ctx.log(f"parameters that count: {layers} ({len(names)} tensors; {chosen_by})")
+    inputs = input_parts(profile.model, adapter, [train, test], ctx.cache_dir)
     options = TracInOptions(
         method=section.method,
         precision=_precision(ctx, device, section.use_amp, section.amp_dtype),
@@ -135,8 +137,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         shard_size=section.shard_size,
         top_k=section.top_k,
         keep_matrix=len(test) * len(train) <= section.save_matrix_max,
+        adapter_base=_adapter_base(adapter, checkpoints, inputs),
     )
-    inputs = input_parts(profile.model, adapter, [train, test], ctx.cache_dir)
     _check_plan(ctx, profile, options, names, checkpoints, inputs)
     saved = [name for name in ctx.finished_shards() if name.startswith("tracin_c")]
     if saved and ctx.rank == 0:
@@ -181,6 +183,16 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result, scoring)
     ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
     return summary
+
+
+def _adapter_base(
+    adapter: Adapter, checkpoints: list[Checkpoint], inputs: dict[str, ResumePart]
+) -> dict[str, Any] | None:
+    """With PEFT adapter checkpoints, the base model's weights digest and the adapter's configuration (None
+    otherwise): the weights of each checkpoint are made of them too."""
+    if adapter.peft_trainable is None:
+        return None
+    return {"weights": inputs["model"].value, "config": adapter_config(checkpoints[0].path)}
 
 
 def _excluded(adapter: Adapter, names: list[str], method: str) -> list[str]:
@@ -239,6 +251,7 @@ def _check_plan(
         "filter": profile.tracin.filter,
         "processes": ctx.world_size,  # the blocks of training examples depend on it
         "parameters": names,
+        **({"adapter_base": options.adapter_base} if options.adapter_base is not None else {}),
     }
     weights = [[file_digest(c.path, ctx.cache_dir), c.lr] for c in checkpoints]
     where = "tracin.checkpoints" if profile.tracin.checkpoints else model_origin(profile.model)
