@@ -89,8 +89,8 @@ def resolved_layers(adapter: Adapter, layers: str) -> tuple[str, str]:
     if layers != "auto":
         return layers, f"tracin.layers = {layers}"
     if adapter.peft_trainable is not None:
-        return "adapter", "tracin.layers = auto: the checkpoints are PEFT adapters, so their trainable parameters"
-    return "last", "tracin.layers = auto: the checkpoints are full state dicts, so the last n_last_layers modules"
+        return "adapter", "tracin.layers = auto, as the checkpoints are PEFT adapters"
+    return "last", "tracin.layers = auto, as the checkpoints are full state dicts"
 
 
 def _named(model: nn.Module, name: str, canonical: Mapping[int, str]) -> set[str]:
