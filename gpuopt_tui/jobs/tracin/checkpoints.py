@@ -49,7 +49,7 @@ def resolve_checkpoints(specs: Sequence[CheckpointSpec], adapter: Adapter) -> li
     if all(ckpt.lr == 0 for ckpt in checkpoints):
         raise UserError("tracin.checkpoints: every learning rate is 0, so every score would be 0")
     if kinds[0] == PEFT_ADAPTER:
-        weights = [adapter_weights_file(c.path) for c in checkpoints]
+        weights = [adapter_weights_file(c.path) for c in checkpoints]  # none is None: every kind is PEFT_ADAPTER
         checkpoints = [Checkpoint(w, c.lr) for w, c in zip(weights, checkpoints) if w is not None]
         check_same_config([c.path for c in checkpoints])
         if adapter.peft_trainable is None:
