@@ -60,7 +60,8 @@ top_k = 2
 agreement_train = 4
 """
     )
-    cli(home, "run", str(profile))
+    done = cli(home, "run", str(profile))
+    (home / "run-output.txt").write_text(done.stdout + done.stderr)
     return home
 
 
@@ -79,8 +80,9 @@ def test_the_adapter_parameters_count_and_the_summary_says_why(lora_run: Path) -
     tensors = summary["parameter_tensors"]
     assert tensors and all(".lora_A." in n or ".lora_B." in n for n in tensors)
     assert "PEFT adapter" in summary["agreement"]["reference"]
-    log = (run_dir(lora_run) / "log.txt").read_text()
-    assert f"parameters that count: adapter ({len(tensors)} tensors; tracin.layers = auto" in log
+    said = f"parameters that count: adapter ({len(tensors)} tensors; tracin.layers = auto, as the checkpoints are PEFT"
+    assert said in (run_dir(lora_run) / "log.txt").read_text()
+    assert said in " ".join((lora_run / "run-output.txt").read_text().split())  # what `gpuopt-tui run` printed
 
 
 def test_the_dataset_ranking_holds_each_examples_mean_and_max_over_the_queries(lora_run: Path) -> None:
