@@ -133,6 +133,11 @@ def test_checkpoints_of_two_kinds_or_configurations_are_refused(tmp_path: Path) 
     peft.get_peft_model(tiny_decoder("llama"), config).save_pretrained(tmp_path / "r2")
     with pytest.raises(UserError, match=r"r2/adapter_config.json: differs from .* in r: "):
         resolve_checkpoints([specs[0], CheckpointSpec(str(tmp_path / "r2"), 0.1)], plain)
+    config = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2)
+    peft.get_peft_model(tiny_decoder("llama"), config).save_pretrained(tmp_path / "prompt")
+    with pytest.raises(UserError, match=r"prompt: a PROMPT_TUNING adapter adds virtual tokens"):
+        resolve_checkpoints([CheckpointSpec(str(tmp_path / "prompt"), 0.1)], plain)
+    assert plain.peft_trainable is None
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=r"empty is a directory but not a PEFT adapter directory"):
         resolve_checkpoints([CheckpointSpec(str(tmp_path / "empty"), 0.1)], plain)

@@ -81,6 +81,15 @@ def wrap_with_adapter(adapter: Adapter, weights: Path) -> None:
     trainable), and record those parameters' names in `adapter.peft_trainable`."""
     peft = import_peft(weights.parent)
     try:
+        config = peft.PeftConfig.from_pretrained(str(weights.parent))
+    except Exception as exc:
+        raise UserError(f"{weights.parent / ADAPTER_CONFIG}: not a PEFT adapter configuration: {exc}") from exc
+    if config.is_prompt_learning:
+        raise UserError(
+            f"{weights.parent}: a {config.peft_type.value} adapter adds virtual tokens to the sequence, which TracIn's "
+            "completion loss does not read; adapters on the weights (LoRA and the like) work"
+        )
+    try:
         model = peft.PeftModel.from_pretrained(adapter.model, str(weights.parent), is_trainable=True)
     except Exception as exc:
         raise UserError(f"{weights.parent}: cannot apply the PEFT adapter to model {adapter.name}: {exc}") from exc
