@@ -28,7 +28,7 @@ peft = pytest.importorskip("peft")
 
 CPU = torch.device("cpu")
 LRS = (0.3, 0.2, 0.1)
-LORA_FAMILIES = ("gpt2", "llama", "qwen2")
+LORA_FAMILIES = ("gpt2", "llama", "qwen2", "gpt_neox")
 
 
 def save_lora_checkpoints(
