@@ -19,7 +19,20 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text
 from gpuopt_tui.core.paths import log_dir
 
-COMMAND_MODULES = ("run", "runs", "show", "attach", "cancel", "resume", "profiles", "gpu", "plan", "cache", "join")
+COMMAND_MODULES = (
+    "run",
+    "runs",
+    "show",
+    "select",
+    "attach",
+    "cancel",
+    "resume",
+    "profiles",
+    "gpu",
+    "plan",
+    "cache",
+    "join",
+)
 
 SSH_HINT = "Over SSH colours may fall back to 256: set TEXTUAL_COLOR_SYSTEM=truecolor if your terminal supports it."
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,5 +80,17 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
         with tmp.open("w", encoding="utf-8") as f:
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    write_atomically(path, write)
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Rows of the same keys as a CSV file with a header (the first row's keys; "rank" alone for no rows)."""
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["rank"])
+            writer.writeheader()
+            writer.writerows(rows)
 
     write_atomically(path, write)

@@ -86,22 +86,23 @@ def length_sorted_order(ds: TextDataset, *, descending: bool = True) -> list[int
 
 
 def trim_batch(batch: Mapping[str, Tensor], token_fields: Mapping[str, str]) -> Batch:
-    """Cut trailing positions that are padding in every row of the batch (right padding assumed).
+    """Cut the positions at either end that are padding in every row of the batch (trailing ones for right
+    padding, leading ones for left padding).
 
-    Each key in `token_fields` is cut along its last dimension to the longest real length of its mask.
+    Each key in `token_fields` is cut along its last dimension to the span of its mask's real positions.
     """
     out = dict(batch)
-    keep_by_mask: dict[str, int] = {}
+    span_by_mask: dict[str, slice] = {}
     for key, mask_key in token_fields.items():
         if key not in batch or mask_key not in batch:
             continue
-        if mask_key not in keep_by_mask:
+        if mask_key not in span_by_mask:
             mask = batch[mask_key]
-            real = mask.reshape(-1, mask.shape[-1]).sum(-1)
-            keep_by_mask[mask_key] = max(1, int(real.max())) if real.numel() else mask.shape[-1]
-        keep = keep_by_mask[mask_key]
-        out[key] = batch[key][..., :keep]
-        out[mask_key] = batch[mask_key][..., :keep]
+            real = mask.reshape(-1, mask.shape[-1]).bool().any(0).nonzero().flatten().tolist()
+            span_by_mask[mask_key] = slice(real[0], real[-1] + 1) if real else slice(0, 1 if mask.numel() else None)
+        span = span_by_mask[mask_key]
+        out[key] = batch[key][..., span]
+        out[mask_key] = batch[mask_key][..., span]
     return out
 
 

@@ -130,6 +130,20 @@ def test_files_of_older_runs_without_predictions_or_label_names_are_read(results
     assert parse_summary(raw).mode == "closed form, random projection to ≤64 numbers per tensor"
 
 
+def test_summary_says_what_layers_auto_chose_and_why(results: Path) -> None:
+    raw = json.loads((results / "summary.json").read_text())
+    assert raw["parameter_choice"] == {"layers": "last", "source": "tracin.layers = last"}  # the demo profile's
+    source = "tracin.layers = auto, as the checkpoints are PEFT adapters"
+    raw["settings"]["layers"] = "auto"
+    raw["parameter_choice"] = {"layers": "adapter", "source": source}
+    assert parse_summary(raw).layers == f"the PEFT adapter's trainable ones; {source}"
+    raw["parameter_choice"] = {"layers": "last", "source": "tracin.layers = auto, as the checkpoints are full ..."}
+    assert parse_summary(raw).layers == "last 2 modules; tracin.layers = auto, as the checkpoints are full ..."
+    raw["settings"]["layers"] = "adapter"  # set in the profile: nothing to explain
+    raw["parameter_choice"] = {"layers": "adapter", "source": "tracin.layers = adapter"}
+    assert parse_summary(raw).layers == "the PEFT adapter's trainable ones"
+
+
 def test_summary_of_a_run_over_all_layers_says_projection_cache_and_agreement(
     factored_results: tuple[Path, Path],
 ) -> None:

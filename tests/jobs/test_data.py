@@ -182,6 +182,14 @@ def test_trim_batch_cuts_each_field_by_its_own_mask() -> None:
     assert torch.equal(out["input_ids"], batch["input_ids"][..., :3])
 
 
+def test_trim_batch_keeps_every_real_token_of_left_padded_rows() -> None:
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 0]])
+    batch = {"input_ids": torch.arange(12).reshape(2, 6), "attention_mask": mask}
+    out = trim_batch(batch, {"input_ids": "attention_mask"})
+    assert torch.equal(out["attention_mask"], mask[:, 2:5])
+    assert torch.equal(out["input_ids"], batch["input_ids"][:, 2:5])
+
+
 def test_subset_and_head(adapter: Adapter) -> None:
     ds = dataset(adapter)
     sub = ds.subset([4, 0])

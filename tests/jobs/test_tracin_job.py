@@ -150,6 +150,8 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
         "influence.jsonl",
         "self_influence.jsonl",
         "self_influence.csv",
+        "dataset_ranking.jsonl",
+        "dataset_ranking.csv",
         "scores.safetensors",
         "summary.json",
     }

@@ -22,7 +22,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, TabbedContent
 
 from gpuopt_tui.app import make_app
-from gpuopt_tui.core.atomic import atomic_write_text
+from gpuopt_tui.core.atomic import atomic_write_text, write_csv
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.lifecycle import create_run
@@ -247,6 +247,83 @@ async def test_summary_says_the_projection_the_cache_and_the_agreement_with_exac
             f"against {agreement['reference']} on the first 40 training × {N_TEST} test examples" in text
         )
         assert ("Left out" in text) == bool(summary["excluded_parameters"])
+
+
+async def test_dataset_ranking_tab_lists_the_ranking_the_run_wrote(factored_run: Path, runs_root: Path) -> None:
+    shutil.copytree(factored_run, runs_root / factored_run.name)
+    ranked = jsonl(factored_run / "results" / "dataset_ranking.jsonl")
+    names = json.loads((factored_run / "results" / "summary.json").read_text())["label_names"]
+    assert len(ranked) == 120 and [r["rank"] for r in ranked] == list(range(1, 121))
+    expected = [
+        [str(r["rank"]), score_text(r["mean_influence"]), score_text(r["max_influence"]), str(r["index"])]
+        for r in ranked
+    ]
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        await show_tab(pilot, "tracin-dataset-tab")
+        ranking = table(pilot, "#tracin-dataset")
+        assert [str(c.label) for c in ranking.columns.values()] == ["rank", "mean", "max", "train", "label", "text"]
+        assert [row[:4] for row in rows(ranking)] == expected[:FIRST_PAGE]
+        assert rows(ranking)[0][4] == str(ranked[0]["label"]) and names  # the label's number, as in the file
+        assert "120 training examples, highest mean influence over the test set first" in widget_text(
+            app, "#tracin-dataset-note"
+        )
+        ranking.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        detail = widget_text(app, "#tracin-dataset-detail")
+        assert f"train {ranked[1]['index']} · {N_TEST} test examples" in detail and ranked[1]["text"] in detail
+
+
+async def test_dataset_ranking_of_a_language_model_shows_completions(run_dir: Path) -> None:
+    """A causal LM's rows (as the job writes them: no label, a completion; one example no test example was scored
+    against) in the CSV only."""
+    rows_written = [
+        {
+            "rank": 1,
+            "index": 4,
+            "mean_influence": 0.25,
+            "max_influence": 1.5,
+            "n_queries": 2,
+            "text": "the cat sat on",
+            "completion": "the mat",
+        },
+        {
+            "rank": 2,
+            "index": 0,
+            "mean_influence": None,
+            "max_influence": None,
+            "n_queries": 0,
+            "text": "a dog",
+            "completion": "ran, fast",
+        },
+    ]
+    write_csv(run_dir / "results" / "dataset_ranking.csv", rows_written)
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        await show_tab(pilot, "tracin-dataset-tab")
+        ranking = table(pilot, "#tracin-dataset")
+        assert [str(c.label) for c in ranking.columns.values()][4] == "completion"
+        assert rows(ranking) == [
+            ["1", score_text(0.25), score_text(1.5), "4", "the mat", "the cat sat on"],
+            ["2", "-", "-", "0", "ran, fast", "a dog"],
+        ]
+        assert (
+            widget_text(app, "#tracin-dataset-detail")
+            == "train 4 · 2 test examples · completion the mat · the cat sat on"
+        )
+
+
+async def test_a_run_without_a_dataset_ranking_hides_its_tab(run_dir: Path) -> None:
+    assert not (run_dir / "results" / "dataset_ranking.jsonl").exists()
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_results(pilot)
+        tabs = app.screen.query_one("#tracin-tabs", TabbedContent)
+        assert tabs.get_tab("tracin-dataset-tab").display is False
+        assert "Dataset ranking" not in screen_text(app)
 
 
 async def test_profile_form_offers_the_mode_projection_sizes_and_cache() -> None:

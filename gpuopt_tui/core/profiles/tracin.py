@@ -9,19 +9,23 @@ from gpuopt_tui.core.profiles.attribution import CompletionDataSection
 from gpuopt_tui.core.profiles.common import ModelSection, ProfileBase, ScaledRunSection
 from gpuopt_tui.core.profiles.schema import Failure, opt, section
 
-LAYER_MODES = ("all", "last", "names")
+LAYER_MODES = ("auto", "adapter", "all", "last", "names")
 GRADIENT_METHODS = ("auto", "closed_form", "vmap", "factored")
 FILTER_CHOICES = ("none", "same_label", "shared_entity")
 
 
 @dataclass
 class CheckpointSpec:
-    path: str = opt("", "State-dict file (.safetensors, or a torch file loaded with weights_only=True)")
+    path: str = opt(
+        "",
+        "State-dict file (.safetensors, or a torch file loaded with weights_only=True), or a PEFT adapter directory "
+        "(adapter_model.safetensors + adapter_config.json) on [model] as the base model",
+    )
     lr: float = opt(1.0, "Learning rate in effect when this checkpoint was saved", min=0.0)
 
     def check(self, fail: Failure) -> None:
         if not self.path:
-            fail("path", "each checkpoint needs path = its state-dict file")
+            fail("path", "each checkpoint needs path = its state-dict file or PEFT adapter directory")
 
 
 @dataclass
@@ -33,8 +37,10 @@ class TracInSection:
     n_train: int = opt(0, "Training examples to score (0 = all)", min=0)
     n_test: int = opt(16, "Test examples to explain (0 = all)", min=0)
     layers: str = opt(
-        "last",
-        "Parameters that count: all, last (the last n_last_layers modules the forward runs), or names",
+        "auto",
+        "Parameters that count: adapter (the PEFT adapter's trainable ones, e.g. LoRA A/B), all, last (the last "
+        "n_last_layers modules the forward runs), names, or auto (adapter when the checkpoints are PEFT adapter "
+        "directories, else last)",
         choices=LAYER_MODES,
     )
     n_last_layers: int = opt(2, "How many final modules count when layers = last", min=1)

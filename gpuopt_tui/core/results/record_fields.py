@@ -36,7 +36,7 @@ def as_float(value: Any, name: str) -> float:
 
 
 def as_optional_float(value: Any, name: str) -> float | None:
-    return None if value is None else as_float(value, name)
+    return None if value is None or value == "" else as_float(value, name)  # "": how the CSV writes None
 
 
 def as_text(value: Any, name: str) -> str:

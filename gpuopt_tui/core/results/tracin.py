@@ -5,6 +5,8 @@
   (training index, score, text, label), strongest first.
 - self_influence.jsonl, and the same rows in self_influence.csv: every scored training example ranked by
   self-influence, highest first; `flipped` only where the data marks deliberately flipped labels (the demo).
+- dataset_ranking.jsonl, and the same rows in dataset_ranking.csv: every scored training example ranked by its mean
+  influence over the test examples, highest first, with its max influence over them (absent from older runs).
 - summary.json: settings, timing and summary figures (core/results/tracin_summary.py reads it).
 
 The two row files can hold millions of rows, so they are read lazily: `PagedRecords` scans a file once for
@@ -39,12 +41,16 @@ from gpuopt_tui.core.runs.layout import RunDir
 INFLUENCE_NAME = "influence.jsonl"
 SELF_JSONL_NAME = "self_influence.jsonl"
 SELF_CSV_NAME = "self_influence.csv"
+DATASET_JSONL_NAME = "dataset_ranking.jsonl"
+DATASET_CSV_NAME = "dataset_ranking.csv"
 MATRIX_NAME = "scores.safetensors"
 SUMMARY_NAME = RunDir.SUMMARY
 FILE_ROLES = {
     INFLUENCE_NAME: "proponents and opponents of each test example",
     SELF_JSONL_NAME: "training examples ranked by self-influence",
     SELF_CSV_NAME: "the same ranking as CSV",
+    DATASET_JSONL_NAME: "training examples ranked by mean influence over the test examples",
+    DATASET_CSV_NAME: "the same ranking as CSV",
     MATRIX_NAME: "full score matrix [test, scored training]",
     SUMMARY_NAME: "settings, timing and summary figures",
 }
@@ -93,6 +99,21 @@ class RankedExample:
     flipped: bool | None  # the data's own mark of a deliberately flipped label; None when it has none
 
 
+@dataclass(frozen=True)
+class DatasetRanked:
+    """A training example in the dataset-level ranking: its mean and max influence over the test examples (None
+    where no test example was scored against it: a pair filter left them all out)."""
+
+    rank: int
+    index: int
+    mean: float | None
+    max: float | None
+    n_queries: int
+    text: str
+    completion: str | None  # a causal LM's example
+    label: int | None
+
+
 def _neighbours(value: Any, name: str) -> tuple[Neighbour, ...]:
     if not isinstance(value, list):
         raise RecordError(f"{name}: expected a list, found {type(value).__name__}")
@@ -133,6 +154,20 @@ def parse_ranked(row: Mapping[str, Any]) -> RankedExample:
         text=as_text(get_field(row, "text"), "text"),
         label=as_label(row.get("label"), "label"),
         flipped=as_flag(row.get("flipped"), "flipped"),
+    )
+
+
+def parse_dataset_ranked(row: Mapping[str, Any]) -> DatasetRanked:
+    completion = row.get("completion")
+    return DatasetRanked(
+        rank=as_int(get_field(row, "rank"), "rank"),
+        index=as_int(get_field(row, "index"), "index"),
+        mean=as_optional_float(get_field(row, "mean_influence"), "mean_influence"),
+        max=as_optional_float(get_field(row, "max_influence"), "max_influence"),
+        n_queries=as_int(get_field(row, "n_queries"), "n_queries"),
+        text=as_text(get_field(row, "text"), "text"),
+        completion=None if completion is None else as_text(completion, "completion"),
+        label=as_label(row.get("label"), "label"),
     )
 
 
@@ -263,10 +298,12 @@ class TracInResults:
     summary: TracInSummary | None
     influence: PagedRecords[InfluenceRecord] | None
     self_influence: PagedRecords[RankedExample] | None  # from the JSONL, else the CSV
+    dataset_ranking: PagedRecords[DatasetRanked] | None = None  # likewise; None in runs made before it
 
     @property
     def empty(self) -> bool:
-        return self.summary is None and self.influence is None and self.self_influence is None
+        parts = (self.summary, self.influence, self.self_influence, self.dataset_ranking)
+        return all(part is None for part in parts)
 
     def files(self) -> list[tuple[Path, int]]:
         """The files in the results folder (path, size in bytes), the known ones first."""
@@ -284,16 +321,20 @@ def load_results(folder: Path) -> TracInResults:
     (UserError when it is not a TracIn summary); the row files only when pages are asked for."""
     folder = Path(folder)
     summary_path = folder / SUMMARY_NAME
-    self_jsonl, self_csv = folder / SELF_JSONL_NAME, folder / SELF_CSV_NAME
-    ranked: PagedRecords[RankedExample] | None = None
-    if self_jsonl.is_file():
-        ranked = PagedRecords(self_jsonl, parse_ranked)
-    elif self_csv.is_file():
-        ranked = PagedRecords(self_csv, parse_ranked, is_csv=True)
     influence = folder / INFLUENCE_NAME
     return TracInResults(
         results_dir=folder,
         summary=read_summary(summary_path) if summary_path.is_file() else None,
         influence=PagedRecords(influence, parse_influence) if influence.is_file() else None,
-        self_influence=ranked,
+        self_influence=_rows(folder / SELF_JSONL_NAME, folder / SELF_CSV_NAME, parse_ranked),
+        dataset_ranking=_rows(folder / DATASET_JSONL_NAME, folder / DATASET_CSV_NAME, parse_dataset_ranked),
     )
+
+
+def _rows(jsonl: Path, csv_path: Path, parse: Callable[[Mapping[str, Any]], T]) -> PagedRecords[T] | None:
+    """The records of the JSONL file, else of the CSV file with the same rows (None: neither exists)."""
+    if jsonl.is_file():
+        return PagedRecords(jsonl, parse)
+    if csv_path.is_file():
+        return PagedRecords(csv_path, parse, is_csv=True)
+    return None

@@ -122,13 +122,21 @@ class TracInSummary:
         return f"{method}, {self.projection.text if self.projection else 'exact gradients'}"
 
 
-def _layers_text(settings: Mapping[str, Any]) -> str:
+def _layers_text(settings: Mapping[str, Any], choice: Any) -> str:
+    """Which parameters counted; where layers = auto chose them, what it chose and why (`choice`: the summary's
+    parameter_choice, absent from older runs)."""
     layers = settings.get("layers")
-    if layers == "last":
-        return f"last {settings.get('n_last_layers')} modules"
-    if layers == "names":
-        return "named: " + ", ".join(str(n) for n in settings.get("layer_names") or [])
-    return str(layers)
+    chosen = as_object(choice, "parameter_choice") if choice is not None else {}
+    resolved = chosen.get("layers", layers)
+    if resolved == "last":
+        text = f"last {settings.get('n_last_layers')} modules"
+    elif resolved == "names":
+        text = "named: " + ", ".join(str(n) for n in settings.get("layer_names") or [])
+    elif resolved == "adapter":
+        text = "the PEFT adapter's trainable ones"
+    else:
+        text = str(resolved)
+    return f"{text}; {chosen['source']}" if layers == "auto" and "source" in chosen else text
 
 
 def _checkpoints(value: Any) -> tuple[CheckpointInfo, ...]:
@@ -205,7 +213,7 @@ def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
         method=as_text(get_field(data, "method"), "method"),
         projection_dim=projection_dim,
         precision=as_text(get_field(data, "precision"), "precision"),
-        layers=_layers_text(settings),
+        layers=_layers_text(settings, data.get("parameter_choice")),
         filter=str(settings.get("filter", "none")),
         n_parameters=as_int(get_field(data, "n_parameters"), "n_parameters"),
         parameter_tensors=as_texts(get_field(data, "parameter_tensors"), "parameter_tensors"),

@@ -171,6 +171,9 @@ class Adapter:
         #: The directory the weights were read from (hf, demo), whose files digests.py hashes; None: the weights
         #: are known only in memory.
         self.weights_dir: Path | None = None
+        #: Names of the PEFT adapter's trainable parameters once `model` is wrapped in one for adapter checkpoints
+        #: (see peft_adapters.py); None: the model is not wrapped, checkpoints are full state dicts.
+        self.peft_trainable: list[str] | None = None
         #: What `loss_per_example` computes, for reports (TracIn's summary).
         self.loss_description = "cross-entropy of the label"
 
@@ -297,7 +300,8 @@ class Adapter:
         return None
 
     def load_weights(self, path: Path) -> None:
-        """Load a full state dict (.safetensors, or a torch file read with weights_only=True) into `model`.
+        """Load a full state dict (.safetensors, or a torch file read with weights_only=True) into `model`, or
+        where `model` is wrapped in a PEFT adapter, an adapter checkpoint's weights file.
         A "module." prefix (DistributedDataParallel) is dropped; extra entries for the model's buffers
         (e.g. position_ids, which older transformers saved) are ignored. The same as
         `apply_weights(read_weights(path), path)`."""
@@ -321,6 +325,11 @@ class Adapter:
         `source` names the file in errors. UserError if the names do not match the model's."""
         if self.device.type == "cuda":  # asynchronous copies from page-locked memory
             state = {k: v.to(self.device, non_blocking=True) for k, v in state.items()}
+        if self.peft_trainable is not None:
+            from gpuopt_tui.jobs.models.peft_adapters import load_adapter_state
+
+            load_adapter_state(self, state, source)
+            return
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         buffers = {name for name, _ in self.model.named_buffers()}
         unexpected = [k for k in unexpected if k not in buffers]

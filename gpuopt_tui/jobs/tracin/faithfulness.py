@@ -1,5 +1,6 @@
-"""How faithful a run's scores are: the same settings and exact all-parameter TracIn on a small subset, compared
-by rank (Spearman across training examples, top-10 overlap), like IG's completeness check.
+"""How faithful a run's scores are: the same settings and exact all-parameter TracIn (with a PEFT adapter: all of
+its trainable parameters) on a small subset, compared by rank (Spearman across training examples, top-10 overlap),
+like IG's completeness check.
 
 A run with a bf16/fp16 forward is also scored on the subset with the same settings in fp32: where the training
 gradients point nearly the same way (a model barely trained, or confident on everything), their scores differ by
@@ -25,6 +26,8 @@ AGREEMENT_EXACT = "agreement check, exact"
 AGREEMENT_FP32 = "agreement check, the run's settings in fp32"
 TOP_K = 10
 PRECISION_MARGIN = 0.02  # Spearman by which fp32 must beat the run's precision for the check to advise it
+FULL_REFERENCE = "exact gradients of every Linear, Embedding and LayerNorm parameter, fp32"
+ADAPTER_REFERENCE = "exact gradients of every trainable parameter of the PEFT adapter, fp32"
 
 
 def exact_agreement(
@@ -38,12 +41,13 @@ def exact_agreement(
     reporter: Reporter,
 ) -> dict[str, Any]:
     """Scores of the first `n_train` training and `MAX_TEST` test examples with the run's parameters `names` and
-    `options`, and with exact gradients of every parameter (method factored, unprojected, fp32), and how they
+    `options`, and with exact gradients of every parameter (method factored, unprojected, fp32; with a PEFT
+    adapter, every parameter it trains), and how they
     agree; for a bf16/fp16 run, also how its settings agree in fp32 (key "fp32")."""
     sub_train = train.head(n_train)
     sub_test = test.head(MAX_TEST)
     probe = sub_test.batch([0])
-    everything = select_parameters(adapter, probe, "all")
+    everything = adapter.peft_trainable or select_parameters(adapter, probe, "all")
     quiet = dataclasses.replace(options, train_cache=None, keep_matrix=True, top_k=1)
     ours = tracin_scores(
         adapter, checkpoints, sub_train, sub_test, names, quiet, reporter=PrefixedReporter(reporter, AGREEMENT_RUN)
@@ -54,7 +58,7 @@ def exact_agreement(
     exact_reporter = PrefixedReporter(reporter, AGREEMENT_EXACT)
     exact = tracin_scores(adapter, checkpoints, sub_train, sub_test, everything, exact_options, reporter=exact_reporter)
     found = {
-        "reference": "exact gradients of every Linear, Embedding and LayerNorm parameter, fp32",
+        "reference": FULL_REFERENCE if adapter.peft_trainable is None else ADAPTER_REFERENCE,
         "excluded_from_reference": list(exact.stats["excluded_parameters"]),
         "n_train": len(sub_train),
         "n_test": len(sub_test),

@@ -110,6 +110,7 @@ def cache_key(
         "method": method,
         "precision": opts.precision,
         "projection": [opts.projection_dim, opts.projection_in, opts.projection_out, opts.seed],
+        **({"adapter_base": opts.adapter_base} if opts.adapter_base is not None else {}),
     }
 
 

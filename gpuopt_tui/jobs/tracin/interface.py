@@ -27,6 +27,9 @@ class TracInOptions:
     top_k: int = 10
     keep_matrix: bool = True  # return the full [n_test, n_scored] score matrix
     train_cache: Path | None = None  # keep the training gradients there (core/caches/gradients.py) and reuse them
+    # PEFT adapter checkpoints: what else the weights are made of (the base model's weights digest, the adapter's
+    # configuration), which the cached training gradients depend on besides the checkpoint files
+    adapter_base: dict[str, Any] | None = None
 
 
 @dataclass
@@ -44,6 +47,9 @@ class InfluenceResult:
     proponents: TopK  # the k highest scores per test example
     opponents: TopK  # the k lowest
     matrix: Tensor | None  # [n_test, M]; NaN where the filter left the pair out
+    query_mean: Tensor | None = None  # [M] mean score over the test examples (dataset_ranking.py), NaN: none scored
+    query_max: Tensor | None = None  # [M] max score over them
+    query_count: Tensor | None = None  # [M] how many test examples each was scored against
     stats: dict[str, Any] = field(default_factory=dict)
 
 

@@ -8,6 +8,10 @@ Result files (in results/):
   completion at the last checkpoint (`completion_loss`).
 - self_influence.jsonl and self_influence.csv: every scored training example ranked by self-influence
   sum_c lr_c * ||g_c||^2, highest first (mislabeled examples tend to rank high).
+- dataset_ranking.jsonl and dataset_ranking.csv: every scored training example ranked by its mean influence over
+  the test examples (the query set), highest first, with its max influence over them (`mean_influence`,
+  `max_influence`, `n_queries`, its index, text, completion or label): the training subset to keep for the query
+  set's task is a top slice of it (`gpuopt-tui select` prints or exports the top k or top p%, by mean or max).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
 - summary.json: settings, the loss TracIn differentiates (`loss`), parameter count, timing, the label names (null
@@ -17,33 +21,41 @@ Result files (in results/):
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from gpuopt_tui.core.atomic import write_atomically, write_json, write_jsonl
+from gpuopt_tui.core.atomic import write_atomically, write_csv, write_json, write_jsonl
 from gpuopt_tui.core.caches.gradients import default_root
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.schema import to_plain
 from gpuopt_tui.core.profiles.tracin import TracInProfile
-from gpuopt_tui.core.results.tracin import INFLUENCE_NAME, MATRIX_NAME, SELF_CSV_NAME, SELF_JSONL_NAME, SUMMARY_NAME
+from gpuopt_tui.core.results.tracin import (
+    DATASET_CSV_NAME,
+    DATASET_JSONL_NAME,
+    INFLUENCE_NAME,
+    MATRIX_NAME,
+    SELF_CSV_NAME,
+    SELF_JSONL_NAME,
+    SUMMARY_NAME,
+)
 from gpuopt_tui.jobs.completion_data import COMPLETIONS, has_completions
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
 from gpuopt_tui.jobs.digests import file_digest, input_parts, model_origin
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
-from gpuopt_tui.jobs.tracin.checkpoints import resolve_checkpoints
+from gpuopt_tui.jobs.models.peft_adapters import adapter_config
+from gpuopt_tui.jobs.tracin.checkpoints import PEFT_ADAPTER, STATE_DICT, resolve_checkpoints
+from gpuopt_tui.jobs.tracin.dataset_ranking import ranking_records
 from gpuopt_tui.jobs.tracin.factored import module_uses
 from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advice
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
-from gpuopt_tui.jobs.tracin.params import select_parameters
+from gpuopt_tui.jobs.tracin.params import resolved_layers, select_parameters
 from gpuopt_tui.jobs.tracin.scores import TracInRun, attempt_figures
 
 PREDICTIONS_SHARD = "test_predictions"
@@ -108,6 +120,9 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     checkpoints = resolve_checkpoints(section.checkpoints, adapter)
     probe = to_device(trim_batch(test.batch([0]), test.token_fields), device)
     names = select_parameters(adapter, probe, section.layers, section.n_last_layers, section.layer_names)
+    layers, chosen_by = resolved_layers(adapter, section.layers)
+    ctx.log(f"parameters that count: {layers} ({len(names)} tensors; {chosen_by})")
+    inputs = input_parts(profile.model, adapter, [train, test], ctx.cache_dir)
     options = TracInOptions(
         method=section.method,
         precision=_precision(ctx, device, section.use_amp, section.amp_dtype),
@@ -122,8 +137,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         shard_size=section.shard_size,
         top_k=section.top_k,
         keep_matrix=len(test) * len(train) <= section.save_matrix_max,
+        adapter_base=_adapter_base(adapter, checkpoints, inputs),
     )
-    inputs = input_parts(profile.model, adapter, [train, test], ctx.cache_dir)
     _check_plan(ctx, profile, options, names, checkpoints, inputs)
     saved = [name for name in ctx.finished_shards() if name.startswith("tracin_c")]
     if saved and ctx.rank == 0:
@@ -164,12 +179,22 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         result.stats["agreement"] = exact_agreement(
             adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
         )
-        ctx.log(f"agreement with exact all-parameter TracIn: {result.stats['agreement']}")
+        ctx.log(f"agreement with exact TracIn ({result.stats['agreement']['reference']}): {result.stats['agreement']}")
         if advice := precision_advice(result.stats["agreement"]):
             ctx.warn(advice)
     summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result, scoring)
     ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
     return summary
+
+
+def _adapter_base(
+    adapter: Adapter, checkpoints: list[Checkpoint], inputs: dict[str, ResumePart]
+) -> dict[str, Any] | None:
+    """With PEFT adapter checkpoints, the base model's weights digest and the adapter's configuration (None
+    otherwise): the weights of each checkpoint are made of them too."""
+    if adapter.peft_trainable is None:
+        return None
+    return {"weights": inputs["model"].value, "config": adapter_config(checkpoints[0].path)}
 
 
 def _excluded(adapter: Adapter, names: list[str], method: str) -> dict[str, str]:
@@ -228,6 +253,7 @@ def _check_plan(
         "filter": profile.tracin.filter,
         "processes": ctx.world_size,  # the blocks of training examples depend on it
         "parameters": names,
+        **({"adapter_base": options.adapter_base} if options.adapter_base is not None else {}),
     }
     weights = [[file_digest(c.path, ctx.cache_dir), c.lr] for c in checkpoints]
     where = "tracin.checkpoints" if profile.tracin.checkpoints else model_origin(profile.model)
@@ -257,6 +283,8 @@ def _write_results(
         "influence": ctx.results_dir / INFLUENCE_NAME,
         "self_jsonl": ctx.results_dir / SELF_JSONL_NAME,
         "self_csv": ctx.results_dir / SELF_CSV_NAME,
+        "dataset_jsonl": ctx.results_dir / DATASET_JSONL_NAME,
+        "dataset_csv": ctx.results_dir / DATASET_CSV_NAME,
         "summary": ctx.results_dir / SUMMARY_NAME,
     }
     ctx.stage("predicting the test examples (last checkpoint)")
@@ -266,10 +294,17 @@ def _write_results(
     ranked = _self_influence_ranking(train, result, flipped)
     write_jsonl(files["influence"], _influence_records(train, test, result, predictions))
     write_jsonl(files["self_jsonl"], ranked)
-    _write_csv(files["self_csv"], ranked)
+    write_csv(files["self_csv"], ranked)
     ctx.artifact(files["influence"], "top proponents and opponents of each test example")
     ctx.artifact(files["self_jsonl"], "training examples ranked by self-influence")
     ctx.artifact(files["self_csv"], "training examples ranked by self-influence (CSV)")
+    dataset = ranking_records(
+        result.train_rows, result.query_mean, result.query_max, result.query_count, lambda i: _example(train, i)
+    )
+    write_jsonl(files["dataset_jsonl"], dataset)
+    write_csv(files["dataset_csv"], dataset)
+    ctx.artifact(files["dataset_jsonl"], "training examples ranked by mean influence over the test examples")
+    ctx.artifact(files["dataset_csv"], "training examples ranked by mean influence over the test examples (CSV)")
     if result.matrix is not None:
         files["matrix"] = ctx.results_dir / MATRIX_NAME
         tensors = {
@@ -291,6 +326,7 @@ def _write_results(
         "train": train.origin,
         "test": test.origin,
         "checkpoints": [{"path": str(c.path), "lr": c.lr} for c in checkpoints],
+        "checkpoint_kind": STATE_DICT if adapter.peft_trainable is None else PEFT_ADAPTER,
         "label_names": adapter.label_names,
         "loss": adapter.loss_description,
         "predictions_checkpoint": str(checkpoints[-1].path),
@@ -299,6 +335,7 @@ def _write_results(
         "precision": stats["precision"],
         "n_parameters": stats["n_parameters"],
         "parameter_tensors": stats["parameters"],
+        "parameter_choice": dict(zip(("layers", "source"), resolved_layers(adapter, section.layers))),
         "gradient_size": stats["gradient_size"],
         "projection": _projection(section, profile.run.seed),
         "excluded_parameters": list(stats["excluded_parameters"]),  # the reasons are in the run's log
@@ -309,6 +346,7 @@ def _write_results(
         "final_batch_size": scoring["final_batch_size"],
         "flipped_label_auc": auc,
         "top_self_influence": [entry["index"] for entry in ranked[:10]],
+        "top_mean_influence": [entry["index"] for entry in dataset[:10]],
         "files": {k: p.name for k, p in files.items()},
     }
     write_json(files["summary"], summary)
@@ -355,6 +393,11 @@ def _label(ds: TextDataset, i: int) -> int | None:
 def _completion(ds: TextDataset, i: int) -> dict[str, str]:
     """{"completion": the text} for a causal LM's example, else nothing."""
     return {"completion": ds.meta[COMPLETIONS][i]} if has_completions(ds) else {}
+
+
+def _example(ds: TextDataset, i: int) -> dict[str, Any]:
+    """An example's text, then its completion (a causal LM's) or its label."""
+    return {"text": ds.texts[i], **(_completion(ds, i) if has_completions(ds) else {"label": _label(ds, i)})}
 
 
 def _neighbours(train: TextDataset, top: TopK, i: int) -> list[dict[str, Any]]:
@@ -445,16 +488,6 @@ def _self_influence_ranking(
             entry["flipped"] = i in flipped
         ranked.append(entry)
     return ranked
-
-
-def _write_csv(path: Path, ranked: list[dict[str, Any]]) -> None:
-    def write(tmp: Path) -> None:
-        with tmp.open("w", encoding="utf-8", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(ranked[0]) if ranked else ["rank"])
-            writer.writeheader()
-            writer.writerows(ranked)
-
-    write_atomically(path, write)
 
 
 def flipped_auc(self_influence: Tensor, rows: Tensor, flipped: set[int]) -> float | None:

@@ -51,11 +51,20 @@ def select_parameters(
     """Parameter names (as `model.named_parameters()` gives them, in that order) that count.
 
     layers = "all": every parameter; "last": those of the last `n_last` parameter-owning modules the forward
-    of `batch` calls; "names": those under each module name in `names` (a parameter name also works).
+    of `batch` calls; "names": those under each module name in `names` (a parameter name also works); "adapter":
+    the PEFT adapter's trainable ones (the model wrapped for adapter checkpoints); "auto": see `resolved_layers`.
     """
     model = adapter.model
     canonical = {id(p): n for n, p in model.named_parameters()}  # tied weights: the first name wins
-    if layers == "all":
+    layers = resolved_layers(adapter, layers)[0]
+    if layers == "adapter":
+        if adapter.peft_trainable is None:
+            raise UserError(
+                'layers = "adapter" needs PEFT adapter checkpoints (directories with adapter_model.safetensors and '
+                "adapter_config.json); these checkpoints are full state dicts"
+            )
+        chosen = set(adapter.peft_trainable)
+    elif layers == "all":
         chosen = set(canonical.values())
     elif layers == "last":
         order = modules_in_call_order(adapter, batch)
@@ -72,6 +81,16 @@ def select_parameters(
     else:
         raise UserError(f"layers must be one of {', '.join(LAYER_MODES)}, got {layers!r}")
     return [n for n in canonical.values() if n in chosen]
+
+
+def resolved_layers(adapter: Adapter, layers: str) -> tuple[str, str]:
+    """The mode `layers` stands for ("auto": "adapter" when the model is wrapped in a PEFT adapter for adapter
+    checkpoints, else "last"), and where that choice came from, for the summary and the log."""
+    if layers != "auto":
+        return layers, f"tracin.layers = {layers}"
+    if adapter.peft_trainable is not None:
+        return "adapter", "tracin.layers = auto, as the checkpoints are PEFT adapters"
+    return "last", "tracin.layers = auto, as the checkpoints are full state dicts"
 
 
 def _named(model: nn.Module, name: str, canonical: Mapping[int, str]) -> set[str]:

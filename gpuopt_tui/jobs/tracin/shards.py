@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from gpuopt_tui.jobs.tracin.dataset_ranking import query_mean_max
 from gpuopt_tui.jobs.tracin.filters import PairFilter
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, TopK, TracInOptions
 
@@ -92,7 +93,8 @@ def gather_shards(
     keys: tuple[Tensor, Tensor] | None,
     opts: TracInOptions,
 ) -> InfluenceResult:
-    """Final shards -> self-influence, top-k per test example and (optionally) the matrix, in row order."""
+    """Final shards -> self-influence, top-k per test example, each training example's mean and max over the test
+    examples (dataset_ranking.py) and (optionally) the matrix, in row order."""
     train_rows = torch.tensor(sorted(r for rows in blocks for r in rows), dtype=torch.long)
     position = torch.zeros(int(train_rows.max()) + 1 if len(train_rows) else 0, dtype=torch.long)
     position[train_rows] = torch.arange(len(train_rows))
@@ -100,6 +102,7 @@ def gather_shards(
     opponents = TopKMerger(n_test, opts.top_k, largest=False)
     selfinf: Tensor | None = None
     matrix: Tensor | None = None
+    over_queries = [torch.zeros(len(train_rows), dtype=torch.float64) for _ in range(3)]  # mean, max, count
     for j, rows in enumerate(blocks):
         shard = store.load(shard_name(n_ckpt - 1, j))
         if shard is None:
@@ -116,9 +119,21 @@ def gather_shards(
             if opts.keep_matrix:
                 matrix = torch.full((n_test, len(train_rows)), float("nan"), dtype=scores.dtype)
         selfinf[cols] = shard["self_influence"]
+        for whole, part in zip(over_queries, query_mean_max(scores)):
+            whole[cols] = part.double()
         if matrix is not None:
             matrix[:, cols] = scores
     if selfinf is None:
         selfinf = torch.zeros(0)
         matrix = torch.zeros(n_test, 0) if opts.keep_matrix else None
-    return InfluenceResult(train_rows, selfinf, proponents.result(), opponents.result(), matrix)
+    mean, best, count = over_queries
+    return InfluenceResult(
+        train_rows,
+        selfinf,
+        proponents.result(),
+        opponents.result(),
+        matrix,
+        query_mean=mean,
+        query_max=best,
+        query_count=count.long(),
+    )

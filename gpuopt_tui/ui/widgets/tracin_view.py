@@ -1,5 +1,6 @@
 """The results of a TracIn run: each test example with its proponents and opponents, the self-influence ranking
-of the training examples, the run's summary and its result files.
+of the training examples, their dataset-level ranking (mean and max influence over the test set; runs made before
+it have no such tab), the run's summary and its result files.
 
 Everything shown comes from the run's files (core.results.tracin), read in thread workers a page at a time, so
 a ranking of millions of training examples opens as fast as a small one.
@@ -8,7 +9,7 @@ a ranking of millions of training examples opens as fast as a small one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -23,6 +24,7 @@ from textual.widgets import DataTable, Static, TabbedContent, TabPane
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.results.tracin import (
     FILE_ROLES,
+    DatasetRanked,
     InfluenceRecord,
     Neighbour,
     PagedRecords,
@@ -62,6 +64,10 @@ def prediction_text(record: InfluenceRecord, name: Callable[[int | None], str]) 
 
 def score_text(score: float) -> str:
     return f"{score:+.4e}"
+
+
+def _optional_score(score: float | None) -> str:
+    return "-" if score is None else score_text(score)
 
 
 def cells(*values: str) -> tuple[Text, ...]:
@@ -192,12 +198,14 @@ class TracInFiles:
     n_ranked: int
     ranked: list[RankedExample]
     files: list[tuple[Path, int]]
+    n_dataset: int = 0
+    dataset: list[DatasetRanked] = field(default_factory=list)
 
 
 def read_results(results_dir: Path) -> TracInFiles:
     """Open a run's result files and read the first rows of each row file (UserError for unreadable ones)."""
     results = load_results(results_dir)
-    influence, ranking = results.influence, results.self_influence
+    influence, ranking, dataset = results.influence, results.self_influence, results.dataset_ranking
     return TracInFiles(
         results=results,
         n_tests=0 if influence is None else len(influence),
@@ -205,6 +213,8 @@ def read_results(results_dir: Path) -> TracInFiles:
         n_ranked=0 if ranking is None else len(ranking),
         ranked=[] if ranking is None else ranking.page(0, FIRST_PAGE),
         files=results.files(),
+        n_dataset=0 if dataset is None else len(dataset),
+        dataset=[] if dataset is None else dataset.page(0, FIRST_PAGE),
     )
 
 
@@ -213,7 +223,8 @@ class TracInResultsRead(Loaded):
 
 
 class TracInResultsView(RunResults):
-    """A run's summary line, then tabs: test examples, self-influence, summary, files. Maximizable."""
+    """A run's summary line, then tabs: test examples, self-influence, dataset ranking, summary, files.
+    Maximizable."""
 
     ALLOW_MAXIMIZE = True
     DEFAULT_CSS = """
@@ -258,6 +269,13 @@ class TracInResultsView(RunResults):
                     PagedTable[RankedExample](id="tracin-self"),
                     Static("", id="tracin-self-detail", classes="tracin-note", markup=False),
                     id="tracin-self-tab",
+                ),
+                TabPane(
+                    "Dataset ranking",
+                    Static("", id="tracin-dataset-note", classes="tracin-note", markup=False),
+                    PagedTable[DatasetRanked](id="tracin-dataset"),
+                    Static("", id="tracin-dataset-detail", classes="tracin-note", markup=False),
+                    id="tracin-dataset-tab",
                 ),
                 TabPane(
                     "Summary", VerticalScroll(Static("", id="tracin-summary", markup=False)), id="tracin-summary-tab"
@@ -340,6 +358,7 @@ class TracInResultsView(RunResults):
         tests.attach(("test", "label", "predicted", "text"), results.influence, loaded.n_tests, loaded.tests, test_row)
         self._show_test(tests.current)
         self._show_ranking(loaded)
+        self._show_dataset(loaded)
         summary = self.query_one("#tracin-summary", Static)
         summary.update(summary_content(results.summary) if results.summary else "No summary.json in this run.")
         self.query_one("#tracin-folder", Static).update(f"Folder: {results.results_dir}")
@@ -388,6 +407,46 @@ class TracInResultsView(RunResults):
     def _show_ranked(self, record: RankedExample | None) -> None:
         text = f"train {record.index} · label {label_text(record.label)} · {record.text}" if record else ""
         self.query_one("#tracin-self-detail", Static).update(text)
+
+    def _show_dataset(self, loaded: TracInFiles) -> None:
+        tabs = self.query_one("#tracin-tabs", TabbedContent)
+        ranking = loaded.results.dataset_ranking
+        if ranking is None:  # a run made before the ranking was written
+            tabs.hide_tab("tracin-dataset-tab")
+            return
+        tabs.show_tab("tracin-dataset-tab")
+        self.query_one("#tracin-dataset-note", Static).update(
+            f"{loaded.n_dataset:,} training examples, highest mean influence over the test set first (max: over any "
+            "one test example): keep a top slice for the test set's task; gpuopt-tui select exports the top k or p%."
+        )
+        lm = any(r.completion is not None for r in loaded.dataset)
+
+        def row(r: DatasetRanked) -> tuple[Text, ...]:
+            target = cut(r.completion or "", TEXT_CELL // 2) if lm else label_text(r.label)
+            return cells(
+                str(r.rank), _optional_score(r.mean), _optional_score(r.max), str(r.index), target, cut(r.text)
+            )
+
+        columns = ("rank", "mean", "max", "train", "completion" if lm else "label", "text")
+        table = self.query_one("#tracin-dataset", PagedTable)
+        table.attach(columns, ranking, loaded.n_dataset, loaded.dataset, row)
+        self._show_dataset_row(table.current)
+
+    def _show_dataset_row(self, record: DatasetRanked | None) -> None:
+        if record is None:
+            text = ""
+        else:
+            target = (
+                f"completion {record.completion}"
+                if record.completion is not None
+                else f"label {label_text(record.label)}"
+            )
+            text = f"train {record.index} · {record.n_queries} test examples · {target} · {record.text}"
+        self.query_one("#tracin-dataset-detail", Static).update(text)
+
+    @on(DataTable.RowHighlighted, "#tracin-dataset")
+    def _dataset_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_dataset_row(self.query_one("#tracin-dataset", PagedTable).record(event.cursor_row))
 
     @on(DataTable.RowHighlighted, "#tracin-tests")
     def _test_highlighted(self, event: DataTable.RowHighlighted) -> None:
