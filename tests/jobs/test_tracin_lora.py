@@ -74,7 +74,7 @@ def test_lora_scores_match_a_naive_per_example_loop(lora64, method: str, side: s
     names = adapter_names(adapter)
     assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
     result = tracin_scores(adapter, checkpoints, train, test, names, TracInOptions(method=method, batch_size=3))
-    assert result.stats["excluded_parameters"] == []
+    assert result.stats["excluded_parameters"] == {}
     reference = reference_tracin(adapter, checkpoints, train, test, names)
     assert result.matrix is not None
     assert max_rel_error(result.matrix, reference) < 1e-6
