@@ -223,9 +223,9 @@ def engine_row(
     batch = attribution.pop("batch_size", args.batch)
     section = AttributionSection(batch_size=batch, compile="off", **attribution)
     settings = Settings.resolve(section, adapter, adapter.device, len(texts))
-    print(f"  {name}: {len(texts)} texts, {settings.precision} steps ...", flush=True)
+    print(f"  {name}: {len(texts)} texts, {settings.ig.precision} steps ...", flush=True)
     if section.n_steps == "auto" and (
-        warning := tolerance_warning(section.tolerance, settings.precision, settings.full_precision_fallback)
+        warning := tolerance_warning(section.tolerance, settings.ig.precision, settings.ig.full_precision_fallback)
     ):
         print(f"    note: {warning}", flush=True)
     planner = settings.planner()

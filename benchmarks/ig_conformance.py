@@ -154,7 +154,7 @@ def engine_row(adapter: SequenceClassifierAdapter, batches: list[dict[str, Tenso
     print(
         f"    {_describe(attribution)}: {seconds:.1f} s" + (f" ({chooser.describe()})" if chooser else ""), flush=True
     )
-    return {"seconds": seconds, "precision": settings.precision, "start_precision": choice, **_stack(outs)}
+    return {"seconds": seconds, "precision": settings.ig.precision, "start_precision": choice, **_stack(outs)}
 
 
 def _describe(attribution: dict[str, Any]) -> str:

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             "samples": samples,
             "batches": len(batches),
             "lengths": f"{len(lengths)} distinct, {lengths[0]}..{lengths[-1]} tokens",
-            "precision": f"{settings.precision}{' weights' if settings.cast_weights else ''}",
+            "precision": f"{settings.ig.precision}{' weights' if settings.ig.cast_weights else ''}",
         }
         choices = [  # the engine's first pass goes first, so it also pays the process's first-use costs
             ("the engine's choice (short_attention kernels)", contextlib.nullcontext),

@@ -2,8 +2,8 @@
 
 `make_app()` builds it for the CLI and for tests. Nothing here (or under gpuopt_tui/ui) imports torch: the
 first frame comes in a fraction of a second, and runs are separate processes that outlive the app. The profile
-modules (and tomlkit) are not needed for the first frame: they are imported on first use, or by the warm-up
-after it (ui/warmup.py).
+modules are not needed for the first frame: they are imported on first use, or by the warm-up after it
+(ui/warmup.py); tomlkit only when a profile is written.
 """
 
 from __future__ import annotations

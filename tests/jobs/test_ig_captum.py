@@ -6,8 +6,6 @@ Relative error = max |ours - theirs| / max |theirs| over all attribution entries
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from captum.attr import IntegratedGradients, LayerIntegratedGradients
@@ -140,10 +138,9 @@ def test_zero_all_baseline_equals_layer_ig_with_captums_zero_baseline() -> None:
     model = build("bert")
     assert not model.bert.embeddings.word_embeddings.weight[0].any()
     adapter = SequenceClassifierAdapter("tiny-bert", model, tokenizer, 3, torch.device("cpu"))
-    settings = dataclasses.replace(
-        Settings.resolve(AttributionSection(n_steps=N_STEPS, baseline="zero-all"), adapter, torch.device("cpu"), 3),
-        alpha_batch_size=5,
-    )
+    settings = Settings.resolve(
+        AttributionSection(n_steps=N_STEPS, baseline="zero-all"), adapter, torch.device("cpu"), 3
+    ).with_ig(alpha_batch_size=5)
     batch = adapter.tokenize(["w1 w5 w9 w2 w33", "w7 w8", "w40 w41 w42 w43 w44 w45 w46"], max_length=16)
     ours = attribute_batch(adapter, batch, settings, settings.planner())
 

@@ -3,7 +3,6 @@ per-sample results against a direct engine call, bucketing, the reference path, 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -298,9 +297,7 @@ def test_an_fp16_overflow_is_redone_in_bf16(workdir: Path, tmp_path: Path, monke
     BertTokenizer.from_pretrained(workdir / "model").save_pretrained(tmp_path / "model")
     (tmp_path / "data.jsonl").write_text((workdir / "data.jsonl").read_text())
     resolve = Settings.resolve  # on the CPU it gives fp32: ask for fp16 weights as on a GPU
-    monkeypatch.setattr(
-        Settings, "resolve", lambda *args: dataclasses.replace(resolve(*args), precision="fp16", cast_weights=True)
-    )
+    monkeypatch.setattr(Settings, "resolve", lambda *args: resolve(*args).with_ig(precision="fp16", cast_weights=True))
     run_dir = tmp_path / "run"
     run_job(profile(tmp_path, n_samples=8), context(run_dir))
     events, _ = read_events(RunDir(run_dir).events)

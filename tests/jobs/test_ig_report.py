@@ -58,6 +58,10 @@ def test_auto_steps_report_the_engine_verdicts_and_the_close_margins(demo_classi
     assert summary["timing"]["attempt_samples_per_s"] == 4.0 and summary["timing"]["processes"] == 1
     assert summary["settings"]["batch_size"] == 3 and summary["settings"]["device"] == "cpu"
     assert summary["settings"]["n_steps"] == "auto" and summary["low_margin"]["count"] == 1
+    engine = {"n_steps", "method", "tolerance", "max_steps", "precision", "cast_weights", "full_precision_fallback"}
+    engine |= {"target", "baseline", "baseline_token", "optimized", "alpha_batch_size", "memory_fraction", "compile"}
+    output = {"device", "batch_size", "length_bucketing", "top_k", "top_k_sample", "min_token_count"}
+    assert set(summary["settings"]) == engine | output  # flat, as runs have always written it
     assert summary["files"] == FILE_NAMES and summary["audit"] is None and "completions" not in summary
     warnings = [text for kind, text in report.messages if kind == "warn"]
     assert summary["steps"]["warning"] in warnings

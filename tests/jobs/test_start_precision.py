@@ -3,8 +3,6 @@ back, and a batch that starts in full precision equals a run in that precision w
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
@@ -89,11 +87,8 @@ def case():
     tokens = adapter.tokenize(["w1 w5 w9 w2 w33", "w7 w8", "w40 w41 w42 w43 w44 w45 w46", "w3"], max_length=16)
     section = AttributionSection(n_steps="auto", tolerance=1e-2, use_amp=False, compile="off")
     # bf16 steps with the fallback, as a GPU run has them (the CPU's full precision is fp32)
-    settings = dataclasses.replace(
-        Settings.resolve(section, adapter, torch.device("cpu"), samples=4),
-        precision="bf16",
-        cast_weights=True,
-        full_precision_fallback=True,
+    settings = Settings.resolve(section, adapter, torch.device("cpu"), samples=4).with_ig(
+        precision="bf16", cast_weights=True, full_precision_fallback=True
     )
     return adapter, tokens, settings
 
@@ -105,7 +100,7 @@ def test_a_batch_runs_as_a_batch_of_the_chosen_precision(case, ratio: float) -> 
     chosen = attribute_batch(adapter, tokens, settings, settings.planner(), start=start)
     reduced = ratio < GAIN
     alone = settings if reduced else settings.started_in("fp32")
-    assert alone.precision == ("bf16" if reduced else "fp32") and alone.cast_weights == reduced
+    assert alone.ig.precision == ("bf16" if reduced else "fp32") and alone.ig.cast_weights == reduced
     plain = attribute_batch(adapter, tokens, alone, alone.planner())
     torch.testing.assert_close(chosen["token_scores"], plain["token_scores"], rtol=0, atol=0)
     assert torch.equal(chosen["steps"], plain["steps"])

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.kinds import KINDS
@@ -170,6 +168,8 @@ def _within(key: str, overridden: str) -> bool:
 
 def profile_to_toml(profile: ProfileBase) -> str:
     """A complete TOML text for a profile (the frozen copy kept in a run directory)."""
+    import tomlkit  # writing only (5-6 ms to import): a screen that reads profiles is shown without it
+
     doc = tomlkit.document()
     doc["kind"] = profile.kind
     for key, value in to_plain(profile).items():
@@ -216,6 +216,8 @@ def _update(node: Any, values: Mapping[str, Any], defaults: Mapping[str, Any]) -
 def save_profile(profile: ProfileBase, path: Path) -> None:
     """Write `profile` to `path`: the keys its file has (comments and layout kept) and those that differ from
     the defaults, never a default the file did not set."""
+    import tomlkit  # as in profile_to_toml
+
     try:
         original = path.read_text(encoding="utf-8-sig") if path.exists() else ""
         doc = tomlkit.parse(original) if original else tomlkit.document()

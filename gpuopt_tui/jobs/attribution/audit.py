@@ -48,18 +48,18 @@ def chosen_samples(n_samples: int, count: int) -> list[int]:
 
 def reference_settings(settings: Settings) -> Settings:
     """The run's settings as the reference runs them (the module docstring)."""
-    tolerance = REFERENCE_SHARE * settings.tolerance if settings.n_steps == "auto" else FIXED_REFERENCE_TOLERANCE
-    return dataclasses.replace(
-        settings,
+    ig = settings.ig
+    tolerance = REFERENCE_SHARE * ig.tolerance if ig.n_steps == "auto" else FIXED_REFERENCE_TOLERANCE
+    reference = settings.with_ig(
         n_steps="auto",
-        optimized=True,  # auto steps run batched (the model's own forward: `plain`)
         tolerance=tolerance,
         max_steps=REFERENCE_MAX_STEPS,
         precision="fp32",
         cast_weights=False,
         full_precision_fallback=False,
-        compile=False,
     )
+    # auto steps run batched (the model's own forward: `plain`)
+    return dataclasses.replace(reference, optimized=True, compile=False)
 
 
 def audit(
@@ -87,7 +87,7 @@ def audit(
     ref = values["token_scores"]
     ours = run_scores[indices][..., : ref.shape[-1]]
     errors = relative_difference(ours, ref).tolist()
-    tolerance = settings.tolerance if settings.n_steps == "auto" else None
+    tolerance = settings.ig.tolerance if settings.ig.n_steps == "auto" else None
     samples = [
         {
             "index": i,
@@ -105,7 +105,7 @@ def audit(
         "tolerance": tolerance,
         "above": None if tolerance is None else sum(not s["within"] for s in samples),
         "silent_misses": None if tolerance is None else sum(not s["within"] and s["reported_within"] for s in samples),
-        "reference": f"strict fp32, the model's own forward, adaptive panels to {reference.tolerance:g}",
+        "reference": f"strict fp32, the model's own forward, adaptive panels to {reference.ig.tolerance:g}",
         "seconds": seconds,
     }
 

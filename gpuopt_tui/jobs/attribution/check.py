@@ -34,14 +34,14 @@ def compare_paths(
     median relative difference of the token scores and timings. The difference can be exactly 0 in fp32 on
     the CPU: for small models the kernels compute each row the same way whatever the batch, so the two paths
     may round identically."""
-    if settings.n_steps == "auto":  # the original path has fixed steps: both take the same fixed rule
-        settings = dataclasses.replace(settings, n_steps=CHECK_AUTO_STEPS, method=CHECK_AUTO_METHOD)
+    if settings.ig.n_steps == "auto":  # the original path has fixed steps: both take the same fixed rule
+        settings = settings.with_ig(n_steps=CHECK_AUTO_STEPS, method=CHECK_AUTO_METHOD)
     subset = ds.head(n_samples)
     batch = to_device(trim_batch(subset.batch(list(range(len(subset)))), subset.token_fields), adapter.device)
     scores, seconds = {}, {}
-    steps = len(subset) * int(settings.n_steps)
-    for name, optimized, prec in (("optimized", True, settings.precision), ("original", False, "fp32")):
-        variant = dataclasses.replace(settings, optimized=optimized, precision=prec)
+    steps = len(subset) * int(settings.ig.n_steps)
+    for name, optimized, prec in (("optimized", True, settings.ig.precision), ("original", False, "fp32")):
+        variant = dataclasses.replace(settings.with_ig(precision=prec), optimized=optimized)
 
         def on_chunk(done: int, total: int, name: str = name) -> None:
             stage(CHECK_STAGES[name], steps * done // total, steps, "steps")
@@ -54,9 +54,9 @@ def compare_paths(
     optimized_s, original_s = seconds["optimized"], seconds["original"]
     return {
         "n_samples": len(subset),
-        "n_steps": settings.n_steps,
-        "precision_optimized": settings.precision,
-        "cast_weights_optimized": settings.cast_weights,
+        "n_steps": settings.ig.n_steps,
+        "precision_optimized": settings.ig.precision,
+        "cast_weights_optimized": settings.ig.cast_weights,
         "precision_original": "fp32",
         "max_rel_diff": float(diff.max()),
         "median_rel_diff": float(diff.median()),

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -43,24 +43,19 @@ RESULT_KEYS = (
     "error",
     "within",
 )
+UNRECORDED = ("per_dimension", "endpoint_precision")  # the same in every run (Settings.resolve): not in its summary
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What the engine needs from a profile's [attribution] section, resolved for the model and device."""
+    """What the engine needs from a profile's [attribution] section, resolved for the model and device: the
+    integration settings (`ig`) and how the run uses them."""
 
-    n_steps: int | Literal["auto"]
-    method: str  # clenshaw_curtis with "auto" steps
-    tolerance: float  # of the relative convergence delta, with "auto" steps
-    max_steps: int  # the cap of "auto" steps
-    precision: str  # fp32, tf32, bf16 or fp16
-    cast_weights: bool  # bf16/fp16 on a cast copy of the weights instead of autocast
-    full_precision_fallback: bool  # "auto" bf16/fp16 steps: samples they cannot resolve run in TF32/fp32
+    ig: IGOptions  # per_dimension off: only token scores are written, so "auto" steps keep no gradients
     target: str  # "predicted", "label" or a class index; "generate" for causal LMs
     baseline: str
     baseline_token: int | None  # the id filling content positions; None for zero vectors
     optimized: bool
-    alpha_batch_size: int | Literal["auto"]
     memory_fraction: float
     compile: bool  # torch.compile the forward of the steps
 
@@ -70,53 +65,53 @@ class Settings:
         prec = precision(section.use_amp, section.amp_dtype, section.tf32) if device.type == "cuda" else "fp32"
         if not amp_dtype_supported(device, prec):
             prec = "fp16"  # GPUs before Ampere have no bf16
-        return cls(
+        ig = IGOptions(
             n_steps=section.n_steps,
             method=RULE if section.n_steps == "auto" else section.method,
             tolerance=section.tolerance,
             max_steps=section.max_steps,
+            alpha_batch_size=section.alpha_batch_size,  # the chunk size goes through `planner`
             precision=prec,
             cast_weights=section.amp_mode == "weights" and prec in ("bf16", "fp16"),
             full_precision_fallback=section.full_precision_fallback and section.n_steps == "auto",
+            per_dimension=False,
+        )
+        return cls(
+            ig=ig,
             target=section.target,
             baseline=section.baseline,
             baseline_token=baseline_token_id(adapter, section.baseline, section.custom_baseline_token),
             optimized=section.use_optimized,
-            alpha_batch_size=section.alpha_batch_size,
             memory_fraction=section.memory_fraction,
             compile=section.use_optimized and should_compile(section.compile, device, samples, section.n_steps),
         )
 
-    def options(self) -> IGOptions:
-        """The engine's integration settings for these settings (only token scores are written: per_dimension off,
-        so that "auto" steps keep no gradients). The chunk size goes through `planner`."""
-        return IGOptions(
-            n_steps=self.n_steps,
-            method=self.method,
-            tolerance=self.tolerance,
-            max_steps=self.max_steps,
-            alpha_batch_size=self.alpha_batch_size,
-            precision=self.precision,
-            cast_weights=self.cast_weights,
-            full_precision_fallback=self.full_precision_fallback,
-            per_dimension=False,
-        )
+    def with_ig(self, **changes: Any) -> Settings:
+        """These settings with `changes` to the integration settings."""
+        return dataclasses.replace(self, ig=dataclasses.replace(self.ig, **changes))
+
+    def record(self) -> dict[str, object]:
+        """The settings as the run's summary writes them, in one flat mapping: the integration settings a run
+        chooses (not UNRECORDED: the same for every run), then the others."""
+        ig = {k: v for k, v in dataclasses.asdict(self.ig).items() if k not in UNRECORDED}
+        return {**ig, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ig"}}
 
     def planner(self, on_event: Callable[..., object] | None = None) -> ChunkPlanner:
         return ChunkPlanner(
-            self.alpha_batch_size,
+            self.ig.alpha_batch_size,
             memory_fraction=self.memory_fraction,
             on_event=on_event,
         )
 
     def start_precision(self, device: torch.device) -> StartPrecision | None:
         """The run's choice of the precision its batches start in (start_precision.py), where there is one."""
-        auto = self.n_steps == "auto" and self.optimized
-        return StartPrecision.of(self.precision, self.tolerance, auto and self.full_precision_fallback, device)
+        ig = self.ig
+        auto = ig.n_steps == "auto" and self.optimized
+        return StartPrecision.of(ig.precision, ig.tolerance, auto and ig.full_precision_fallback, device)
 
     def started_in(self, precision: str) -> Settings:
         """These settings with the steps starting in `precision` (a full one: no cast weights)."""
-        return dataclasses.replace(self, precision=precision, cast_weights=self.cast_weights and precision in REDUCED)
+        return self.with_ig(precision=precision, cast_weights=self.ig.cast_weights and precision in REDUCED)
 
 
 def step_compiler(
@@ -182,7 +177,7 @@ def attribute_batch(
         target = adapter.explained_outputs(settings.target, batch)
     target = batch_target(settings.target, batch, n_outputs) if target is None else target
     forward = adapter.logits_from_embeds
-    options, runtime = settings.options(), {"context": context, "model": adapter.model}
+    options, runtime = settings.ig, {"context": context, "model": adapter.model}
     if settings.optimized:
         step_mask = adapter.step_mask(mask)  # None for a batch without padding (one check of the mask, not two)
         lean = contextlib.nullcontext() if plain else adapter.logits_only()
@@ -206,7 +201,7 @@ def attribute_batch(
     target_index = cast(Tensor, result.target)  # a class index per sample, never None for an adapter
     # F(x) ran in fp32 (see resolve_endpoint_precision): the prediction and the margin are the model's own
     probabilities = result.outputs.float().softmax(-1)
-    margin, low_margin = output_margins(result.outputs, settings.precision)
+    margin, low_margin = output_margins(result.outputs, options.precision)
     values = {
         "token_scores": result.token_scores().float(),
         "deltas": result.deltas,
@@ -231,9 +226,7 @@ def _probe_timer(adapter: Adapter, batch: Batch, settings: Settings, planner: Ch
     every batch, run only when the run measures)."""
 
     def run(precision: str) -> None:
-        fixed = dataclasses.replace(
-            settings, n_steps=PROBE_STEPS, method="gausslegendre", full_precision_fallback=False
-        )
+        fixed = settings.with_ig(n_steps=PROBE_STEPS, method="gausslegendre", full_precision_fallback=False)
         attribute_batch(adapter, select_rows(batch, slice(0, PROBE_SAMPLES)), fixed.started_in(precision), planner)
 
     return timer(run, adapter.device)

@@ -7,7 +7,6 @@ the batches whose shard exists. At the end the shards are gathered into the resu
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,18 +66,19 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.log(note)
     ctx.stage(PREPARE_STAGE)
     settings = Settings.resolve(section, adapter, device, len(ds))
+    ig = settings.ig
     plan = plan_batches(ds, section.batch_size, section.length_bucketing)
     _check_plan(ctx, settings, plan, input_parts(profile.model, adapter, [ds], ctx.cache_dir))
     with adapter.logits_only() as lean:  # only asks whether the model qualifies
         pass
     ctx.log(
         f"{adapter.describe()}; {_describe_rows(ds, completions)} in {len(plan)} batches; {_describe_steps(settings)} "
-        f"({settings.method}, {_describe_mode(settings, lean, device)})"
+        f"({ig.method}, {_describe_mode(settings, lean, device)})"
     )
-    fallback = settings.full_precision_fallback
-    if settings.n_steps == "auto" and (warning := tolerance_warning(settings.tolerance, settings.precision, fallback)):
+    fallback = ig.full_precision_fallback
+    if ig.n_steps == "auto" and (warning := tolerance_warning(ig.tolerance, ig.precision, fallback)):
         ctx.warn(warning)
-    if settings.n_steps == "auto" and (note := batch_size_note(section.batch_size, len(ds), device.type)):
+    if ig.n_steps == "auto" and (note := batch_size_note(section.batch_size, len(ds), device.type)):
         ctx.log(note)
     compiler = step_compiler(settings, ctx.event, lambda: ctx.stage(COMPILE_STAGE))
     start = time.perf_counter()
@@ -90,7 +90,7 @@ def run_job(profile: AttributionProfile, ctx: JobContext) -> dict[str, Any]:
     if counts is None:  # ranks other than 0 are done: rank 0 merges
         return {"samples": attributed}
     stage: dict[str, Any] = {"samples": sum(counts), "seconds": time.perf_counter() - start}
-    collected, seconds = _gather(ctx, ds, len(plan), settings.n_steps == "auto")
+    collected, seconds = _gather(ctx, ds, len(plan), ig.n_steps == "auto")
     audited = _audit(ctx, adapter, ds, collected, settings, audit_count(section.audit_samples, device))
     if chooser is not None and chooser.ratio is not None:  # rank 0's choice (each rank measures its own)
         stage["start_precision"] = chooser.record()
@@ -131,20 +131,22 @@ def _describe_rows(ds: TextDataset, completions: CompletionRun | None) -> str:
 
 
 def _describe_steps(settings: Settings) -> str:
-    if settings.n_steps != "auto":
-        return f"{settings.n_steps} steps"
-    counts = step_counts(settings.max_steps)
+    ig = settings.ig
+    if ig.n_steps != "auto":
+        return f"{ig.n_steps} steps"
+    counts = step_counts(ig.max_steps)
     return (
         f"steps until the relative convergence delta and the token scores' error estimate are within "
-        f"{settings.tolerance:g} (adaptive panels: {', '.join(map(str, counts[:3]))}, ... up to {counts[-1]} steps)"
+        f"{ig.tolerance:g} (adaptive panels: {', '.join(map(str, counts[:3]))}, ... up to {counts[-1]} steps)"
     )
 
 
 def _describe_mode(settings: Settings, lean: bool, device: torch.device) -> str:
+    ig = settings.ig
     if not settings.optimized:
-        return f"{settings.precision}, one sample and one step at a time"
-    weights = f"{settings.precision} weights" if settings.cast_weights else settings.precision
-    fused = lean and short_attention.applies_to(device, REDUCED.get(settings.precision))
+        return f"{ig.precision}, one sample and one step at a time"
+    weights = f"{ig.precision} weights" if ig.cast_weights else ig.precision
+    fused = lean and short_attention.applies_to(device, REDUCED.get(ig.precision))
     return (
         f"{weights}, batched"
         + (", last layer for the first token only (exact)" if lean else "")
@@ -167,13 +169,10 @@ def _check_plan(ctx: JobContext, settings: Settings, plan: list[list[int]], inpu
     """Shards of an earlier attempt are reused only if they were made from the same data, model and tokenizer
     (`inputs`), with the same batches and the same settings that shape the results (chunk sizes, memory
     fraction and compilation may change on resume)."""
-    settings_record = {k: getattr(settings, k) for k in RESULT_SETTINGS}
-    if settings.n_steps == "auto":
-        settings_record |= {
-            "tolerance": settings.tolerance,
-            "max_steps": settings.max_steps,
-            "full_precision_fallback": settings.full_precision_fallback,
-        }
+    record = settings.record()
+    settings_record = {k: record[k] for k in RESULT_SETTINGS}
+    if settings.ig.n_steps == "auto":
+        settings_record |= {k: record[k] for k in ("tolerance", "max_steps", "full_precision_fallback")}
     ctx.check_resume_record(
         {
             **inputs,
@@ -215,12 +214,12 @@ def _attribute_pending(
         try:
             return attribute_batch(adapter, batch, settings, planner, on_chunk, compiler, start=chooser)
         except NonFiniteGradients:
-            if settings.precision != "fp16" or not amp_dtype_supported(adapter.device, "bf16"):
+            if settings.ig.precision != "fp16" or not amp_dtype_supported(adapter.device, "bf16"):
                 raise
         rows = batch["input_ids"].shape[0]
         ctx.event("fp16_overflow", rows=rows)
         ctx.warn(f"fp16 overflowed on a batch of {rows} samples: that batch was redone in bf16")
-        bf16 = dataclasses.replace(settings, precision="bf16")
+        bf16 = settings.with_ig(precision="bf16")
         return attribute_batch(adapter, batch, bf16, planner, on_chunk, compiler, start=chooser)
 
     def attribute(batch: Batch, offset: int) -> dict[str, Tensor]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -79,8 +78,8 @@ def build_report(adapter: Adapter, ds: TextDataset, collected: Collected, result
         collected.deltas,
         collected.scores,
         collected.baseline_scores,
-        n_steps=settings.n_steps,
-        method=settings.method,
+        n_steps=settings.ig.n_steps,
+        method=settings.ig.method,
         threshold=section.delta_warning,
     )
     if deltas["warning"]:
@@ -91,10 +90,11 @@ def build_report(adapter: Adapter, ds: TextDataset, collected: Collected, result
     if steps["warning"]:
         messages.append(("warn", steps["warning"]))
     if close := int(collected.low_margin.sum()):
+        precision = settings.ig.precision
         messages.append(
             (
                 "warn",
-                f"{close} samples have their two largest outputs within the {settings.precision} error of each other: "
+                f"{close} samples have their two largest outputs within the {precision} error of each other: "
                 "the steps may rank them the other way (`low_margin` in attributions.jsonl names them)",
             )
         )
@@ -109,7 +109,7 @@ def build_report(adapter: Adapter, ds: TextDataset, collected: Collected, result
         **({} if completions is None else {"completions": completions.summary()}),
         "deltas": deltas,
         "steps": steps,
-        "low_margin": low_margin_summary(collected, settings.precision),
+        "low_margin": low_margin_summary(collected, settings.ig.precision),
         "audit": audited,
         "ranking": RANKING,
         "top_k": top,
@@ -129,13 +129,14 @@ def build_report(adapter: Adapter, ds: TextDataset, collected: Collected, result
 
 def _steps(collected: Collected, settings: Settings, stage: dict[str, Any]) -> dict[str, Any]:
     """The summary's `steps`: the steps taken, the verdicts and the precisions the samples ran in."""
-    chain = precision_chain(settings.precision, settings.tolerance) if settings.full_precision_fallback else []
+    ig = settings.ig
+    chain = precision_chain(ig.precision, ig.tolerance) if ig.full_precision_fallback else []
     steps = steps_summary(
         collected.steps,
         collected.within,
-        tolerance=settings.tolerance if settings.n_steps == "auto" else None,
-        max_steps=settings.max_steps,
-        precision=settings.precision,
+        tolerance=ig.tolerance if ig.n_steps == "auto" else None,
+        max_steps=ig.max_steps,
+        precision=ig.precision,
         fallback=(collected.fallback, "/".join(chain[1:])) if len(chain) > 1 else None,
     )
     steps["start_precision"] = stage.get("start_precision")
@@ -145,7 +146,7 @@ def _steps(collected: Collected, settings: Settings, stage: dict[str, Any]) -> d
 def _settings(settings: Settings, section: AttributionSection, device: str) -> dict[str, Any]:
     """The summary's `settings`: the engine's, with the run's device and the section's output settings."""
     return {
-        **dataclasses.asdict(settings),
+        **settings.record(),
         "device": device,
         "batch_size": section.batch_size,
         "length_bucketing": section.length_bucketing,

@@ -88,24 +88,26 @@ class PlanView(VerticalScroll):
         self._rows: list[Candidate] = []
 
     def compose(self) -> ComposeResult:
-        # three widgets whatever the plan: what is above the candidates, the candidates, what is below them
+        # what is above the candidates; the candidates and what is below them are mounted with the first plan (a
+        # tier never planned, or a screen's first showing, has no use for them)
         yield Static(self._message, classes="plan-head")
-        table = DataTable[Text](cursor_type="row", classes="plan-candidates")
-        table.display = False
-        yield table
-        tail = Static("", classes="plan-tail")
-        tail.display = False
-        yield tail
+
+    def _plan_parts(self) -> tuple[DataTable[Text], Static]:
+        """The candidates' table and what is below them, mounted the first time a plan is shown."""
+        if not self.query(".plan-candidates"):
+            self.mount(DataTable[Text](cursor_type="row", classes="plan-candidates"), Static("", classes="plan-tail"))
+        return self.query_one(".plan-candidates", DataTable), self.query_one(".plan-tail", Static)
 
     def show_message(self, message: str | Content) -> None:
         """Only a message: the plan shown before (if any) is gone."""
         self.plan = None
         self._rows = []
         self.query_one(".plan-head", Static).update(message)
-        table = self.query_one(DataTable)
-        table.clear()
-        table.display = False
-        self.query_one(".plan-tail").display = False
+        for table in self.query(".plan-candidates").results(DataTable):
+            table.clear()
+            table.display = False
+        for tail in self.query(".plan-tail"):
+            tail.display = False
 
     def show_report(self, head: RenderableType, *parts: RenderableType | None) -> None:
         """A tier without candidates (the traced tier): its label and its tables, no plan to write."""
@@ -134,7 +136,7 @@ class PlanView(VerticalScroll):
         # warnings first: values only a default sets
         above = [Group(*warnings) if warnings else None, bars(plan), recommendation]
         self.query_one(".plan-head", Static).update(sections(plan.head, *above))
-        table = self.query_one(DataTable)
+        table, tail = self._plan_parts()
         table.display = True
         table.clear(columns=True)  # columns keep the widths of what they held
         table.add_columns(
@@ -146,7 +148,6 @@ class PlanView(VerticalScroll):
             table.add_row(*candidate_cells(c, chosen))
         table.move_cursor(row=next(i for i, (_, chosen) in enumerate(rows) if chosen), scroll=False)
         stages = stages_table(rec.stages, title=STAGES_TITLE, file_names=True) if rec.stages else None
-        tail = self.query_one(".plan-tail", Static)
         tail.display = True
         tail.update(sections(None, stages, Group(*plan.details), plan.breakdown))
 
@@ -154,7 +155,7 @@ class PlanView(VerticalScroll):
     def selected(self) -> Candidate | None:
         if not self._rows:
             return None
-        row = self.query_one(DataTable).cursor_row
+        row = self.query_one(".plan-candidates", DataTable).cursor_row
         return self._rows[row] if 0 <= row < len(self._rows) else None
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -9,7 +9,7 @@ whatever the number of keys.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from rich.text import Text
 from textual import on
@@ -121,9 +121,8 @@ class ProfileForm(Vertical):
             text = Input(id="editor-text", compact=True)
             text.cursor_blink = False  # a blinking cursor redraws twice a second: bytes over SSH for nothing
             yield text
-            yield ChoiceField(id="editor-choice", tooltip="Enter or a click lists the values this key takes")
-            yield Checkbox("", id="editor-toggle", compact=True)
-        yield Static("", id="form-error", markup=False)
+        # the choice and toggle editors and the error line are mounted the first time they are needed (a form opens
+        # on a text key, without errors; each widget costs time on the screen's first showing)
         yield Static(FORM_HINT, classes="form-help", markup=False)
 
     def on_mount(self) -> None:
@@ -263,7 +262,12 @@ class ProfileForm(Vertical):
         return Text(note if width >= NOTE_WIDTH else SHORT_NOTES[note], style)
 
     def _show_error_line(self) -> None:
-        line = self.query_one("#form-error", Static)
+        line = next(self.query("#form-error").results(Static), None)
+        if line is None:
+            if not self.errors:
+                return
+            line = Static("", id="form-error", markup=False)
+            self.mount(line, before=".form-help")
         line.display = bool(self.errors)
         if self.errors:
             key = self.current if self.current in self.errors else next(iter(self.errors))
@@ -283,7 +287,7 @@ class ProfileForm(Vertical):
         key = event.row_key.value
         if key in self.infos and not self.disabled:
             if editor_kind(self.infos[key]) == "toggle":
-                self.query_one("#editor-toggle", Checkbox).toggle()
+                cast(Checkbox, self._editor("toggle")).toggle()
             else:
                 self.edit_key(key)
 
@@ -305,7 +309,16 @@ class ProfileForm(Vertical):
         return editor
 
     def _editor(self, kind: Editor) -> Input | ChoiceField | Checkbox:
-        editor = self.query_one(f"#editor-{kind}")
+        """The editor of `kind`, mounted the first time a key needs it."""
+        found = self.query(f"#editor-{kind}")
+        if found:
+            editor = found.first()
+        else:
+            if kind == "choice":
+                editor = ChoiceField(id="editor-choice", tooltip="Enter or a click lists the values this key takes")
+            else:
+                editor = Checkbox("", id="editor-toggle", compact=True)
+            self.query_one("#form-editor").mount(editor)
         assert isinstance(editor, (Input, ChoiceField, Checkbox))
         return editor
 
@@ -318,7 +331,8 @@ class ProfileForm(Vertical):
         self.current = key if info else None
         kind = editor_kind(info) if info else None
         for name in ("text", "choice", "toggle"):
-            self.query_one(f"#editor-{name}").display = name == kind
+            for editor in self.query(f"#editor-{name}"):
+                editor.display = name == kind
         self.query_one("#editor-key", Label).update(key if info else "")
         help_line = self.query_one(".form-help", Static)
         if info is None:

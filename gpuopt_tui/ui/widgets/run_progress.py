@@ -51,12 +51,6 @@ class RunProgress(Static):
         self._poller: RunGpuPoller | None = None
         self._snapshot: Snapshot | None = None
 
-    def on_mount(self) -> None:
-        if self._gpu is not None and self.parent is not None:
-            # a Static cannot hold the (invisible) poller: it goes beside this widget, in the same container
-            self._poller = RunGpuPoller(self, self._gpu)
-            self.parent.mount(self._poller, after=self)
-
     def on_unmount(self) -> None:
         if self._poller is not None:
             self._poller.remove()
@@ -64,8 +58,17 @@ class RunProgress(Static):
     def show(self, info: RunInfo | None) -> None:
         self._info = info
         self.update(self._render_info())
-        if self._poller is not None and self.wants_gpu():
+        if self._gpu is not None and self.wants_gpu():
+            self._wake_poller(self._gpu)
+
+    def _wake_poller(self, gpu: TelemetrySource) -> None:
+        """Poll the GPUs for the active run shown. The poller is mounted the first time there is one (and polls at
+        once then); a Static cannot hold it: it goes beside this widget, in the same container."""
+        if self._poller is not None:
             self._poller.wake()
+        elif self.parent is not None:
+            self._poller = RunGpuPoller(self, gpu)
+            self.parent.mount(self._poller, after=self)
 
     def wants_gpu(self) -> bool:
         """Whether NVML figures of the shown run are wanted: it is active and its process is known."""

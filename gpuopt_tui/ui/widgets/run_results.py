@@ -182,10 +182,7 @@ class RunResults(VerticalScroll):
             self._views = "ready"  # composed here: mounted with the view, before its first draw
         if self.VIEWS_FIRST:
             yield from views
-        yield Static("", id="results-text", markup=False)
-        log = LogView(lines=40, id="results-log")
-        log.display = False
-        yield log
+        yield Static("", id="results-text", markup=False)  # the log of a failed run is mounted after it when needed
         if not self.VIEWS_FIRST:
             yield from views
 
@@ -234,11 +231,20 @@ class RunResults(VerticalScroll):
     def run_changed(self, info: RunInfo | None) -> None:
         """The run shown changed, or its status, end time or result files did: draw the summary (and the log of
         a failed run) again."""
-        log = self.query_one("#results-log", LogView)
         failed = info is not None and info.status in ("failed", "crashed")
-        log.display = failed
-        log.show(info.dir if failed and info else None)
+        log = next(self.query("#results-log").results(LogView), None)
+        if log is None and failed:
+            log = LogView(lines=40, id="results-log")
+            self.mount(log, after="#results-text")
+        if log is not None:
+            log.display = failed
+            log.show(info.dir if failed and info else None)
         self.query_one("#results-text", Static).update(self.describe(info))
+
+    @property
+    def showing_log(self) -> bool:
+        """Whether the tail of a failed run's log is shown."""
+        return any(log.display for log in self.query("#results-log"))
 
     @property
     def has_results(self) -> bool:

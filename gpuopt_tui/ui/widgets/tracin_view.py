@@ -326,7 +326,7 @@ class TracInResultsView(RunResults):
             return
         loaded = message.value
         if loaded is None or loaded.results.empty:
-            if self.query_one("#results-log").display:
+            if self.showing_log:
                 return  # a failed run: the base shows the end of its log
             text.update("No result files yet: they are written when the run finishes.")
             self._show(None)
