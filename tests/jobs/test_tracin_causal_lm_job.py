@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,15 +40,11 @@ def jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
-    model = save_tiny_decoder("llama", tmp_path / "model")
-    profile = tmp_path / "lm_tracin.toml"
-    adapter = load_adapter(ModelSection(adapter="hf", path=str(model)), torch.device("cpu"), tmp_path / "cache")
-    lrs = (0.3, 0.2, 0.1)
-    checkpoints = save_checkpoints(adapter, tmp_path, lrs=lrs, scale=0.05)
+def tracin_profile(path: Path, model: Path, checkpoints: Sequence[Any], tracin: str = "") -> Path:
+    """A TracIn profile at `path` on the CPU: `model` with TEST as queries and TRAIN as training rows (written beside
+    it), the `checkpoints` (with .path and .lr) and more [tracin] lines."""
     listed = ", ".join(f'{{ path = "{c.path}", lr = {c.lr} }}' for c in checkpoints)
-    profile.write_text(
+    path.write_text(
         f"""kind = "tracin"
 [run]
 device = "cpu"
@@ -55,19 +53,28 @@ adapter = "hf"
 path = "{model}"
 [data]
 source = "jsonl"
-path = "{jsonl(tmp_path / "test.jsonl", TEST)}"
+path = "{jsonl(path.parent / "test.jsonl", TEST)}"
 text_field = "prompt"
 target_field = "answer"
 max_length = 16
 [tracin]
-train_path = "{jsonl(tmp_path / "train.jsonl", TRAIN)}"
+train_path = "{jsonl(path.parent / "train.jsonl", TRAIN)}"
 checkpoints = [{listed}]
-layers = "last"
-n_last_layers = 3
 top_k = 2
 agreement_train = 4
-"""
+{tracin}"""
     )
+    return path
+
+
+@pytest.mark.slow
+def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
+    model = save_tiny_decoder("llama", tmp_path / "model")
+    profile = tmp_path / "lm_tracin.toml"
+    adapter = load_adapter(ModelSection(adapter="hf", path=str(model)), torch.device("cpu"), tmp_path / "cache")
+    lrs = (0.3, 0.2, 0.1)
+    checkpoints = save_checkpoints(adapter, tmp_path, lrs=lrs, scale=0.05)
+    tracin_profile(profile, model, checkpoints, 'layers = "last"\nn_last_layers = 3\n')
     env = {**os.environ, "GPUOPT_TUI_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "gpuopt_tui", "run", str(profile)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
