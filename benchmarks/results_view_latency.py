@@ -19,7 +19,10 @@ Two times per opening, from posting the enter key event to the app:
 - drawn: until, after that, the thread workers started under the results screen (reading the run's files) have
   finished and the same holds again: the run's results are on screen (for attribution, its sample list and the
   heatmap of its first sample).
-Beside the wall-clock figures, the CPU time of the process over the opening (all its threads).
+Beside the wall-clock figures, the CPU time of the process over the opening (all its threads). Looking again at
+once keeps the UI thread busy while the run's files are read in threads, so that they get the GIL about half the
+time; with `--poll-ms`, each look sleeps first, as an idle app's UI thread leaves the GIL to them (the figures then
+have steps of that size in them).
 
 With `--baseline REF`, the package as committed at REF is measured in the same run, its processes alternating with
 those of this checkout's package, so that both see the same load. Both are copies compiled beforehand (as an
@@ -56,9 +59,14 @@ LM_KIND = "attribution-lm"
 GOALS = "every kind: opening p95 <= 250 ms (first openings included); first samples drawn <= 400 ms"
 
 
+POLL_S = 0.0  # --poll-ms: how long each look at the app sleeps (0: it looks again at once)
+
+
 async def _settled(pilot: object, app: object, done: object) -> None:
     """Return once `done()` holds with nothing queued in the app or anywhere under its screen, and it is painted."""
     while True:
+        if POLL_S:
+            await asyncio.sleep(POLL_S)
         await pilot._wait_for_screen()  # type: ignore[attr-defined]
         screen = app.screen  # type: ignore[attr-defined]
         pumps = [app, *screen.walk_children(with_self=True)]
@@ -124,6 +132,8 @@ async def _drive(run_name: str, rounds: int, think: float, warmed: bool) -> dict
 def _child(args: argparse.Namespace) -> None:
     import gc
 
+    global POLL_S
+    POLL_S = args.poll_ms / 1000
     gc.disable()  # as `gpuopt-tui` starts the app (cli.run_tui): the app turns the collector on after its first frame
     print(json.dumps(asyncio.run(_drive(args.run, args.rounds, args.think, args.warmed))))
 
@@ -160,6 +170,7 @@ def _package(tmp: Path, name: str, ref: str | None) -> Path:
 def _run(args: argparse.Namespace, trees: dict[str, Path], tmp: Path) -> list[dict[str, object]]:
     results = []
     command = [sys.executable, __file__, "--rounds", str(args.rounds), "--think", str(args.think)]
+    command += ["--poll-ms", str(args.poll_ms)]
     command += ["--warmed", "--child"] if args.warmed else ["--child"]
     lm_run = _lm_run(tmp) if LM_KIND in args.kinds else None
     for index in range(args.processes):
@@ -244,7 +255,8 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], uptimes: 
         f"{min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}).",
         f"Terminal 120x40 (headless Pilot); per kind and package, {args.processes} fresh processes x {args.rounds} "
         f"openings (the first of each process a first opening), {args.think:g} s after the runs were listed"
-        + (" and the app's warm-up was done." if args.warmed else "."),
+        + (" and the app's warm-up was done" if args.warmed else "")
+        + (f"; waiting, each look at the app after a {args.poll_ms:g} ms sleep." if args.poll_ms else "."),
         f"Command: `{shlex.join(['python', 'benchmarks/results_view_latency.py', *args.argv])}`",
         f"Goal: {GOALS}. Definitions: the docstring of benchmarks/results_view_latency.py.",
         "",
@@ -272,6 +284,14 @@ def main() -> int:
     parser.add_argument("--think", type=float, default=0.0, help="seconds between the runs being listed and enter")
     parser.add_argument(
         "--warmed", action="store_true", help="open once the app's warm-up is done (then --think seconds more)"
+    )
+    parser.add_argument(
+        "--poll-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long before each look at the app while waiting (0: look again at once, which keeps the UI "
+        "thread busy and so takes the GIL from the app's reading threads half the time; an idle app's UI thread "
+        "would not)",
     )
     parser.add_argument("--baseline", metavar="REF", help="also measure gpuopt_tui as committed at this git ref")
     parser.add_argument("--machine", default="2-core CPU, no GPU", help="how the results name the machine")
