@@ -1,7 +1,10 @@
 """How long a finished run's results take to open from the Runs screen (enter on its row), per kind.
 
 The app is driven headless with Textual's Pilot at 120x40 on a copy of the frozen runs of the tests
-(tests/fixtures/browse_runs: one attribution, TracIn, ablation (probing) and plan run). Each of `--processes`
+(tests/fixtures/browse_runs: one attribution, TracIn, ablation (probing) and plan run) and, for the kind
+"attribution-lm", those and a causal LM run of the size of issue 34's 1B-model run (2048 prompts of 64-512 tokens,
+16-token completions, per completion token: benchmarks/lm_results_run.py), written once per invocation into its
+temporary folder (seeded: the same files every time) and hard-linked into each process's runs folder. Each of `--processes`
 fresh Python processes per kind starts the app on the Runs screen as `gpuopt-tui` does (garbage collector off
 until the first frame), waits until the runs are listed (with `--warmed`, until the app's warm-up is done, too)
 and `--think` seconds more, then opens that kind's run `--rounds` times, going back to the Runs screen with
@@ -16,7 +19,10 @@ Two times per opening, from posting the enter key event to the app:
 - drawn: until, after that, the thread workers started under the results screen (reading the run's files) have
   finished and the same holds again: the run's results are on screen (for attribution, its sample list and the
   heatmap of its first sample).
-Beside the wall-clock figures, the CPU time of the process over the opening (all its threads).
+Beside the wall-clock figures, the CPU time of the process over the opening (all its threads). Looking again at
+once keeps the UI thread busy while the run's files are read in threads, so that they get the GIL about half the
+time; with `--poll-ms`, each look sleeps first, as an idle app's UI thread leaves the GIL to them (the figures then
+have steps of that size in them).
 
 With `--baseline REF`, the package as committed at REF is measured in the same run, its processes alternating with
 those of this checkout's package, so that both see the same load. Both are copies compiled beforehand (as an
@@ -48,13 +54,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FROZEN = REPO / "tests" / "fixtures" / "browse_runs"
-KINDS = ("attribution", "tracin", "ablation", "plan")
+KINDS = ("attribution", "tracin", "ablation", "plan", "attribution-lm")
+LM_KIND = "attribution-lm"
 GOALS = "every kind: opening p95 <= 250 ms (first openings included); first samples drawn <= 400 ms"
+
+
+POLL_S = 0.0  # --poll-ms: how long each look at the app sleeps (0: it looks again at once)
 
 
 async def _settled(pilot: object, app: object, done: object) -> None:
     """Return once `done()` holds with nothing queued in the app or anywhere under its screen, and it is painted."""
     while True:
+        if POLL_S:
+            await asyncio.sleep(POLL_S)
         await pilot._wait_for_screen()  # type: ignore[attr-defined]
         screen = app.screen  # type: ignore[attr-defined]
         pumps = [app, *screen.walk_children(with_self=True)]
@@ -71,14 +83,23 @@ def _screen_workers_done(app: object) -> bool:
     )
 
 
-async def _drive(kind: str, rounds: int, think: float, warmed: bool) -> dict[str, object]:
+def _run_name(kind: str) -> str:
+    """The name of the run directory that `kind`'s processes open."""
+    if kind == LM_KIND:
+        from benchmarks.lm_results_run import RUN_NAME
+
+        return RUN_NAME
+    return next(d.name for d in FROZEN.iterdir() if d.is_dir() and d.name.split("-")[2] == kind)
+
+
+async def _drive(run_name: str, rounds: int, think: float, warmed: bool) -> dict[str, object]:
     from textual import events
 
     from gpuopt_tui.app import make_app
     from gpuopt_tui.ui.screens.results import ResultsScreen
     from gpuopt_tui.ui.widgets.runs_table import RunsTable
 
-    run_dir = next(d for d in Path(os.environ["GPUOPT_TUI_RUNS_DIR"]).iterdir() if d.name.split("-")[2] == kind)
+    run_dir = Path(os.environ["GPUOPT_TUI_RUNS_DIR"]) / run_name
     app = make_app(screen="runs")
     times: dict[str, list[float]] = {"shown": [], "drawn": [], "cpu": []}
     widgets = 0
@@ -111,8 +132,10 @@ async def _drive(kind: str, rounds: int, think: float, warmed: bool) -> dict[str
 def _child(args: argparse.Namespace) -> None:
     import gc
 
+    global POLL_S
+    POLL_S = args.poll_ms / 1000
     gc.disable()  # as `gpuopt-tui` starts the app (cli.run_tui): the app turns the collector on after its first frame
-    print(json.dumps(asyncio.run(_drive(args.child, args.rounds, args.think, args.warmed))))
+    print(json.dumps(asyncio.run(_drive(args.run, args.rounds, args.think, args.warmed))))
 
 
 def p95(values: list[float]) -> float:
@@ -147,13 +170,17 @@ def _package(tmp: Path, name: str, ref: str | None) -> Path:
 def _run(args: argparse.Namespace, trees: dict[str, Path], tmp: Path) -> list[dict[str, object]]:
     results = []
     command = [sys.executable, __file__, "--rounds", str(args.rounds), "--think", str(args.think)]
+    command += ["--poll-ms", str(args.poll_ms)]
     command += ["--warmed", "--child"] if args.warmed else ["--child"]
+    lm_run = _lm_run(tmp) if LM_KIND in args.kinds else None
     for index in range(args.processes):
-        for kind in KINDS:
+        for kind in args.kinds:
             names = list(trees) if index % 2 == 0 else list(reversed(trees))  # who goes first alternates
             for name in names:
                 home = tmp / f"home-{name}-{kind}-{index}"
                 shutil.copytree(FROZEN, home / "runs", ignore=shutil.ignore_patterns("README.md"))
+                if kind == LM_KIND and lm_run is not None:
+                    shutil.copytree(lm_run, home / "runs" / lm_run.name, copy_function=os.link)
                 env = {
                     **os.environ,
                     "PYTHONPATH": str(trees[name]),
@@ -164,7 +191,12 @@ def _run(args: argparse.Namespace, trees: dict[str, Path], tmp: Path) -> list[di
                 env.pop("TEXTUAL_ANIMATIONS", None)
                 load = os.getloadavg()[0]
                 done = subprocess.run(
-                    [*command, kind], env=env, capture_output=True, text=True, timeout=args.timeout, check=False
+                    [*command, kind, "--run", _run_name(kind)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=args.timeout,
+                    check=False,
                 )
                 if done.returncode != 0:
                     raise SystemExit(f"{name} {kind} process {index + 1} failed:\n{done.stderr[-3000:]}")
@@ -178,6 +210,17 @@ def _run(args: argparse.Namespace, trees: dict[str, Path], tmp: Path) -> list[di
                     flush=True,
                 )
     return results
+
+
+def _lm_run(tmp: Path) -> Path:
+    """The causal LM run, written once into `tmp` (with this checkout's writers)."""
+    from benchmarks.lm_results_run import write_lm_run
+
+    start = time.perf_counter()
+    run_dir = write_lm_run(tmp / "lm-run")
+    size = sum(f.stat().st_size for f in (run_dir / "results").iterdir()) / 1024**2
+    print(f"wrote {run_dir.name} ({size:.0f} MiB of results) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return run_dir
 
 
 def _checkout_label() -> str:
@@ -212,7 +255,8 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], uptimes: 
         f"{min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f}).",
         f"Terminal 120x40 (headless Pilot); per kind and package, {args.processes} fresh processes x {args.rounds} "
         f"openings (the first of each process a first opening), {args.think:g} s after the runs were listed"
-        + (" and the app's warm-up was done." if args.warmed else "."),
+        + (" and the app's warm-up was done" if args.warmed else "")
+        + (f"; waiting, each look at the app after a {args.poll_ms:g} ms sleep." if args.poll_ms else "."),
         f"Command: `{shlex.join(['python', 'benchmarks/results_view_latency.py', *args.argv])}`",
         f"Goal: {GOALS}. Definitions: the docstring of benchmarks/results_view_latency.py.",
         "",
@@ -220,7 +264,7 @@ def report(args: argparse.Namespace, results: list[dict[str, object]], uptimes: 
         "| later shown median / p95 ms | later drawn median / p95 ms | later CPU median ms | later n |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for kind in KINDS:
+    for kind in args.kinds:
         for tree in dict.fromkeys(str(r["tree"]) for r in results):
             runs = [r for r in results if r["kind"] == kind and r["tree"] == tree]
             first = {k: [r["times"][k][0] for r in runs] for k in ("shown", "drawn", "cpu")}  # type: ignore[index]
@@ -241,16 +285,27 @@ def main() -> int:
     parser.add_argument(
         "--warmed", action="store_true", help="open once the app's warm-up is done (then --think seconds more)"
     )
+    parser.add_argument(
+        "--poll-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long before each look at the app while waiting (0: look again at once, which keeps the UI "
+        "thread busy and so takes the GIL from the app's reading threads half the time; an idle app's UI thread "
+        "would not)",
+    )
     parser.add_argument("--baseline", metavar="REF", help="also measure gpuopt_tui as committed at this git ref")
     parser.add_argument("--machine", default="2-core CPU, no GPU", help="how the results name the machine")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS, help="the kinds to measure")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.argv = sys.argv[1:]
     if args.child:
         _child(args)
         return 0
+    sys.path.insert(0, str(REPO))  # benchmarks.lm_results_run (a child imports only the package it measures)
     start = _uptime()
     with tempfile.TemporaryDirectory(prefix="results-view-latency-") as tmp:
         trees = {_checkout_label(): _package(Path(tmp), "checkout", None)}

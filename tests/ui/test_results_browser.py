@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,6 +23,7 @@ from gpuopt_tui.ui.gpu_telemetry import GpuTelemetry
 from gpuopt_tui.ui.screens import results as results_screen
 from gpuopt_tui.ui.screens.results import ResultsScreen, screen_name
 from gpuopt_tui.ui.warmup import ScreenWarmup
+from gpuopt_tui.ui.widgets import attribution_view
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
 from gpuopt_tui.ui.widgets.confirm import ConfirmDialog
 from gpuopt_tui.ui.widgets.file_picker import FilePicker
@@ -339,6 +341,36 @@ async def test_a_finished_run_is_read_before_its_screen_is_shown(
         await settle(pilot)
         assert RUNS[kind] in flat_text(app)
     assert own_reads == [] and reads == [RUNS[kind]]
+
+
+async def test_a_read_outlasting_the_wait_is_handed_to_the_attribution_view(
+    frozen_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read still going when the screen is shown (a large run) is not done twice: the attribution view waits for
+    it, reading nothing itself, and draws what it read."""
+    monkeypatch.setattr(results_screen, "PREREAD_WAIT_S", 0.001)  # the screen is shown before the read ends
+    shown = threading.Event()
+    reads: list[Path] = []
+    load = attribution_view.load_run_files
+
+    def counted(run_dir: Path, *args: Any) -> Any:
+        reads.append(run_dir)
+        return load(run_dir, *args)
+
+    def held(cls: type[Any], info: Any) -> Any:
+        assert shown.wait(60), "the screen was not shown while the read went on"
+        return counted(info.dir)
+
+    monkeypatch.setattr(attribution_view, "load_run_files", counted)
+    monkeypatch.setattr(AttributionRunResults, "read_finished", classmethod(held))
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_from_runs(pilot, app, RUNS["attribution"])
+        assert "Reading the results" in flat_text(app)
+        shown.set()
+        await wait_for(pilot, lambda: READY["attribution"](screen.view))
+        await settle(pilot)
+    assert [d.name for d in reads] == [RUNS["attribution"]]
 
 
 async def results_picture(kind: str, warmed: bool) -> str:

@@ -5,7 +5,8 @@ their latest run), for any run: opened with enter from the Runs screen or the da
 A finished run's screen is shown once its view's files are read and parsed in a thread (`ResultsOpener`), so that
 its first frame is drawn with them: one layout and one repaint, instead of the screen, then the views mounted, then
 the tables filled, each a frame of its own. A read that takes longer than PREREAD_WAIT_S (a large run) does not
-hold the screen back: the view reads its files itself then, as it does for a run that goes on. The reads of the
+hold the screen back: the screen is shown with the read still going (the attribution view waits for it; other
+views read their files themselves, as they do for a run that goes on). The reads of the
 last RECENT_RUNS runs opened are kept: opening one again reads nothing while the run is unchanged.
 
 The screen of each kind is kept (installed) once made: a later opening of a run of that kind draws into its
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections import OrderedDict
+from concurrent.futures import Future
 from contextlib import suppress
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
@@ -212,18 +214,26 @@ class ResultsOpener:
         if recent is not None or info.status != "finished":
             self._show(opening, shown_from, info, nav, recent)
             return
-        read = partial(self._read, opening, shown_from, info, nav)
+        pending: Future[Preread | None] = Future()
+        read = partial(self._read, opening, shown_from, info, nav, pending)
         self.app.run_worker(read, name="reading results", group="results-preread", thread=True, exit_on_error=False)
-        self.app.set_timer(PREREAD_WAIT_S, partial(self._show, opening, shown_from, info, nav, None))
+        in_flight = Preread(run_state(info), pending=pending)  # what the screen gets if the read outlasts the wait
+        self.app.set_timer(PREREAD_WAIT_S, partial(self._show, opening, shown_from, info, nav, in_flight))
 
-    def _read(self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str) -> None:
-        """Thread work: read what the view of the run's kind shows, then show the screen with it."""
+    def _read(
+        self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, pending: Future[Preread | None]
+    ) -> None:
+        """Thread work: read what the view of the run's kind shows, then show the screen with it (or, shown already,
+        hand it to the view waiting for it through `pending`)."""
+        preread: Preread | None = None
         try:
-            preread: Preread | None = Preread(run_state(info), results_view(info.kind).read_finished(info))
+            preread = Preread(run_state(info), results_view(info.kind).read_finished(info))
         except UserError as error:
             preread = Preread(run_state(info), error=error)
         except Exception:  # the view's own read meets it again and reports it as every failed read is reported
             preread = None
+        finally:
+            pending.set_result(preread)
         with suppress(RuntimeError):  # raised when the app closed meanwhile: there is nothing to show it on
             self.app.call_from_thread(self._read_done, opening, shown_from, info, nav, preread)
 

@@ -10,6 +10,8 @@ sample's tokens are read from disk when it is selected. A run that is still goin
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,7 +33,7 @@ from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.loading import Loaded, reply
 from gpuopt_tui.ui.widgets.attribution_text import check_report, delta_report, figure, percent
-from gpuopt_tui.ui.widgets.run_results import RunResults, tabbed
+from gpuopt_tui.ui.widgets.run_results import Preread, RunResults, tabbed, wait_or_read
 from gpuopt_tui.ui.widgets.run_text import activity_text
 from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
@@ -138,14 +140,21 @@ class AttributionRunResults(RunResults):
             if (preread := self.take_preread(info, RunFilesRead, info.id)) is not None:
                 self._files_read(preread)
             else:
-                self._load(info.id, info.dir)
+                self._load(info.id, info.dir, self.take_pending())
         elif self._files is not None:
             self._show_check(self._files.check)  # what it says depends on whether the run goes on
 
     @work(thread=True, exclusive=True, group="attribution-results", exit_on_error=False)
-    def _load(self, run_id: str, run_dir: Path) -> None:
+    def _load(self, run_id: str, run_dir: Path, pending: Future[Preread | None] | None = None) -> None:
+        """Read the run's files, or wait for the read of them still going when the view was shown (`pending`): a
+        large run's samples take a while to index, and a second read beside it would only slow both down."""
         worker = get_current_worker()
-        reply(self, RunFilesRead, run_id, lambda: load_run_files(run_dir, lambda: worker.is_cancelled))
+
+        def cancelled() -> bool:
+            return worker.is_cancelled
+
+        read = partial(load_run_files, run_dir, cancelled)
+        reply(self, RunFilesRead, run_id, lambda: wait_or_read(pending, read, cancelled))
 
     def describe(self, info: RunInfo | None) -> Content:
         if info is None:

@@ -6,13 +6,17 @@ something to show in them: a screen whose run has no results yet builds only the
 
 A finished run's files can be read before the view is made (`read_finished`, in a thread: see
 ui/screens/results.py): the view is then composed with its views and draws what was read at once, in the frame
-that shows it, instead of reading in a worker and mounting its views a few frames later.
+that shows it, instead of reading in a worker and mounting its views a few frames later. A read that outlasts
+the opening's wait is handed to the view still going (`Preread.pending`): a view whose read is long (a large run's
+samples) waits for it (`wait_or_read`) rather than reading the same files again beside it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -88,11 +92,32 @@ def run_state(info: RunInfo | None) -> object:
 
 @dataclass(frozen=True)
 class Preread:
-    """What a view's `read_finished` returned for a run in the state `state` (or the UserError it raised)."""
+    """What a view's `read_finished` returned for a run in the state `state` (or the UserError it raised); or,
+    `pending`, that read still going: its Preread once it ends (None: it failed unexpectedly)."""
 
     state: object
     value: Any = None
     error: Exception | None = None
+    pending: Future[Preread | None] | None = None
+
+
+PENDING_POLL_S = 0.05  # how often a view waiting for a read in flight looks whether its own worker was cancelled
+
+
+def wait_or_read(pending: Future[Preread | None] | None, read: Callable[[], Any], cancelled: Callable[[], bool]) -> Any:
+    """Thread work: the value of the read in flight `pending` (see RunResults.take_pending) once it ends, or
+    `read()` where there is none or it failed unexpectedly; None once `cancelled()` (nothing is posted then)."""
+    while pending is not None and not cancelled():
+        try:
+            preread = pending.result(timeout=PENDING_POLL_S)
+        except FutureTimeout:
+            continue
+        if preread is None:
+            break
+        if preread.error is not None:
+            raise preread.error
+        return preread.value
+    return None if cancelled() else read()
 
 
 class ResultTabs(TabbedContent):
@@ -144,6 +169,7 @@ class RunResults(VerticalScroll):
         self._key: object = object()  # what is shown: run_state(the run)
         self._views: Literal["none", "mounting", "ready"] = "none"
         self.preread: Preread | None = None  # set before the view is mounted; used once, by the first draw
+        self._pending: Future[Preread | None] | None = None  # that read, still going when the view was shown
         self.views_ahead = False  # set before the view is mounted: its views are made with it, before any run
 
     @classmethod
@@ -165,10 +191,18 @@ class RunResults(VerticalScroll):
         """The read made before the view was shown, as the `reply_type` message (for `key`) its own read would
         post (see loading.reply), if it was made for `info` in its present state; once (a later change of the run
         is read again). None otherwise."""
-        preread, self.preread = self.preread, None
+        preread, self.preread, self._pending = self.preread, None, None
         if preread is None or preread.state != run_state(info):
             return None
+        if preread.pending is not None:  # still going: the view's own read may wait for it (take_pending)
+            self._pending = preread.pending
+            return None
         return reply_type(key, preread.value, preread.error)
+
+    def take_pending(self) -> Future[Preread | None] | None:
+        """The read made before the view was shown, where `take_preread` found it still going; once."""
+        pending, self._pending = self._pending, None
+        return pending
 
     @property
     def views_composed(self) -> bool:
