@@ -113,6 +113,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--undo", action="store_true", help="undo the last --apply: restore the newest NAME.backup.N copies"
     )
+    what.add_argument(
+        "--force", action="store_true", help="with --undo: restore even files edited after the planner wrote them"
+    )
 
     src = parser.add_argument_group("inputs")
     src.add_argument("--config", metavar="FILE", help="training YAML config (Hydra-style defaults lists supported)")
@@ -228,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     out = Console(highlight=False)
     profile = build_profile(args)
     if args.undo:
-        return _undo(out, profile, args.yes)
+        return _undo(out, profile, args.yes, args.force)
     _note_large_files(out, profile)
     inputs = session.prepare(profile, origins=origins(args, profile))
     show = args.show or not (args.auto or args.apply or args.profile)
@@ -407,10 +410,17 @@ def _apply(out: Console, inputs: session.PlanInputs, rec: Recommendation, tune: 
     return 0
 
 
-def _undo(out: Console, profile: PlanProfile, yes: bool) -> int:
+def _undo(out: Console, profile: PlanProfile, yes: bool, force: bool) -> int:
     if not profile.plan.config:
         raise UserError("--undo needs --config FILE (the config that was written)")
     restores = apply.undo_preview(config_files(profile.plan))
+    if edited := [r for r in restores if r.edits]:
+        out.print("changed since the planner wrote them (undo loses these edits):")
+        for r in edited:
+            _show_diff(out, r.edits)
+        if not force:
+            names = ", ".join(str(r.path) for r in edited)
+            raise UserError(f"{names}: edited after the planner wrote it; nothing was restored (--force restores it)")
     for r in restores:
         _show_diff(out, r.diff)
     if not _confirm(out, f"restore {len(restores)} file(s) from {', '.join(r.backup.name for r in restores)}?", yes):

@@ -62,6 +62,28 @@ def test_two_applies_and_two_undos_restore_the_original_bytes(
     assert code == 1 and "nothing to undo" in err
 
 
+def test_undo_refuses_to_discard_a_hand_edit_made_after_the_apply_unless_forced(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    shutil.copy(CORPUS / "lightning.yaml", config)
+    original = config.read_bytes()
+    common = ["--config", str(config), "--model", str(model), "--trainable", "lora", "--gpu-memory", "24"]
+    code, _, err = plan(capsys, *common, "--apply", "--yes")
+    assert code == 0, err
+    edited = config.read_text() + "# my own note\n"
+    config.write_text(edited)
+
+    code, out, err = plan(capsys, "--config", str(config), "--undo", "--yes")
+    assert code != 0 and "edited after the planner wrote it" in err and "--force" in err
+    assert "+# my own note" in out  # the lines undo would lose are shown
+    assert config.read_text() == edited and config.with_name("config.yaml.backup.1").exists()
+
+    code, out, err = plan(capsys, "--config", str(config), "--undo", "--yes", "--force")
+    assert code == 0, err
+    assert config.read_bytes() == original
+
+
 def test_undo_is_refused_when_the_file_changes_while_its_diff_is_read(
     tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

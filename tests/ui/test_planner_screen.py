@@ -262,10 +262,20 @@ async def test_preview_cancel_refusals_apply_and_undo(work: dict[str, Path]) -> 
         await pilot.press("y")
         await wait_for(pilot, lambda: any("nothing was restored, undo again" in n for n in notifications(app)))
         assert config.read_bytes() == written + b"# tuned by hand\n" and backup.read_bytes() == original
+
+        # an edit made before the preview is shown first, and the question says it is lost
+        await pilot.press("ctrl+z")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
+        assert isinstance(app.screen, DiffDialog)
+        assert app.screen.diff.index("+# tuned by hand") < app.screen.diff.index("-# tuned by hand")
+        assert "changed after the planner wrote it" in " ".join(widget_text(app, ".dialog-text").split())
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not isinstance(app.screen, DiffDialog))
         config.write_bytes(written)
 
         await pilot.press("ctrl+z")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffDialog))
+        assert "changed after the planner wrote it" not in " ".join(widget_text(app, ".dialog-text").split())
         await pilot.press("y")
         await wait_for(pilot, lambda: any("restored train.yaml" in n for n in notifications(app)))
     assert config.read_bytes() == original

@@ -77,7 +77,7 @@ def apply(patches: Sequence[FilePatch], config: Iterable[Path] = ()) -> list[Wri
         _check_writable(file)
         plan.append((patch, file, old))
     family = {backups.target(f) for f in config}
-    saved = backups.save([(file, old) for _, file, old in plan], family)
+    saved = backups.save([(file, old, patch.new_text) for patch, file, old in plan], family)
     written: list[tuple[Written, bytes]] = []
     for (patch, file, old), backup in zip(plan, saved):
         try:
@@ -119,6 +119,7 @@ class Restore:
     current: str  # SHA-256 of the file when previewed ("" when it did not exist)
     saved: bytes  # the backup's bytes when previewed
     diff: str  # from the file back to its backup
+    edits: str = ""  # from what the planner wrote to the file now: changes made after its write, lost by undo
 
 
 def _targets(files: Iterable[Path]) -> dict[Path, Path]:
@@ -167,7 +168,9 @@ def undo_preview(files: Iterable[Path]) -> list[Restore]:
         text = (current or b"").decode("utf-8", errors="replace")
         diff = unified_diff(named[file], text, saved.decode("utf-8", errors="replace"))
         digest = _sha256(current) if current is not None else ""
-        restores.append(Restore(named[file], file, backup, digest, saved, diff))
+        wrote = backup_records.written_over(backup)
+        edits = "" if wrote is None or wrote == text else unified_diff(named[file], wrote, text)
+        restores.append(Restore(named[file], file, backup, digest, saved, diff, edits))
     if not restores:
         names = ", ".join(str(f) for f in files)
         raise UserError(f"no backups the planner wrote (NAME{backups.SUFFIX}N) next to {names}: nothing to undo")

@@ -1,8 +1,10 @@
-"""The backups the planner wrote, each with the SHA-256 of its bytes, recorded in the data directory.
+"""The backups the planner wrote, each with the SHA-256 of its bytes and the text the planner then wrote into the
+config over it, recorded in the data directory.
 
 Undo restores and removes only recorded backups whose bytes still match their record, so a file that merely
-looks like one (a user's own NAME.backup.5, another tool's NAME.backup.999999999) is never restored or deleted.
-A record whose backup is gone is dropped the next time the records are written.
+looks like one (a user's own NAME.backup.5, another tool's NAME.backup.999999999) is never restored or deleted;
+the text written lets undo see edits made to the config after the planner's write (records of older versions hold
+the digest alone). A record whose backup is gone is dropped the next time the records are written.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load() -> dict[str, str]:
-    """Backup path -> SHA-256 of the bytes the planner wrote there; UserError when the record cannot be read."""
+Record = str | dict[str, str]  # the backup's SHA-256, or {"sha256": ..., "wrote": the text written over it}
+
+
+def load() -> dict[str, Record]:
+    """Backup path -> its record; UserError when the records cannot be read."""
     path = records_path()
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -36,15 +41,26 @@ def load() -> dict[str, str]:
         return {}
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: cannot read the record of the planner's backups ({e}); remove it") from None
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+    if not isinstance(data, dict) or not all(isinstance(k, str) and _is_record(v) for k, v in data.items()):
         raise UserError(f"{path}: not a record of the planner's backups (expected backup paths and digests)")
     return data
 
 
-def add(written: Mapping[Path, bytes]) -> None:
-    """Record backups just written (path -> their bytes); UserError when the record cannot be written."""
+def _is_record(value: object) -> bool:
+    if isinstance(value, dict):
+        return set(value) == {"sha256", "wrote"} and all(isinstance(v, str) for v in value.values())
+    return isinstance(value, str)
+
+
+def _sha256_of(record: Record | None) -> str | None:
+    return record["sha256"] if isinstance(record, dict) else record
+
+
+def add(written: Mapping[Path, tuple[bytes, str]]) -> None:
+    """Record backups just made: path -> (their bytes, the text the planner is about to write over them into the
+    config); UserError when the records cannot be written."""
     records = {k: v for k, v in load().items() if Path(k).exists()}
-    records.update({str(path): digest(data) for path, data in written.items()})
+    records.update({str(path): {"sha256": digest(data), "wrote": text} for path, (data, text) in written.items()})
     _write(records)
 
 
@@ -64,10 +80,16 @@ def numbered(file: Path, suffix: str) -> dict[int, Path]:
 
 def matches(path: Path, data: bytes) -> bool:
     """Whether `data`, read from `path`, are the bytes the planner wrote there."""
-    return load().get(str(path)) == digest(data)
+    return _sha256_of(load().get(str(path))) == digest(data)
 
 
-def _write(records: Mapping[str, str]) -> None:
+def written_over(path: Path) -> str | None:
+    """The text the planner wrote into the config when it made the backup `path` (None for older records)."""
+    record = load().get(str(path))
+    return record["wrote"] if isinstance(record, dict) else None
+
+
+def _write(records: Mapping[str, Record]) -> None:
     path = records_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -84,19 +84,19 @@ def read_backup(path: Path) -> bytes:
     return data
 
 
-def save(contents: Sequence[tuple[Path, bytes]], family: Iterable[Path] = ()) -> list[Path]:
-    """Back up each (target, bytes) under one number above every backup name of these files and of `family` (the
-    targets of the config's other files); the backups' paths. UserError, with no backup left behind, when any of
-    them cannot be written and read back."""
+def save(contents: Sequence[tuple[Path, bytes, str]], family: Iterable[Path] = ()) -> list[Path]:
+    """Back up each (target, bytes, the text about to be written over them) under one number above every backup
+    name of these files and of `family` (the targets of the config's other files); the backups' paths. UserError,
+    with no backup left behind, when any of them cannot be written and read back."""
     tmps: list[Path] = []
-    files = [file for file, _ in contents]
+    files = [file for file, _, _ in contents]
     try:
-        for file, data in contents:
+        for file, data, _ in contents:
             tmps.append(_verified_copy(file, data))
         taken = [n for f in {*files, *family} for n in (*_numbers(f), *backup_records.numbered(f, SUFFIX))]
         made = _link_all(files, tmps, max(taken, default=0) + 1)
         try:
-            backup_records.add({path: data for path, (_, data) in zip(made, contents)})
+            backup_records.add({path: (data, text) for path, (_, data, text) in zip(made, contents)})
         except UserError as e:
             _unlink(made)
             raise UserError(f"{e}; nothing was written") from None

@@ -438,12 +438,15 @@ class PlannerScreen(KindScreen):
         files: list[Restore] = message.value
         backups = ", ".join(f.backup.name for f in files)
         question = f"Restore {', '.join(f.path.name for f in files)} from {backups}? The backups are used up."
+        if edited := [f.path.name for f in files if f.edits]:  # shown first: what the restore throws away
+            question += f" {', '.join(edited)} changed after the planner wrote it: those edits (first diff) are lost."
 
         def answered(restore: bool | None) -> None:
             if restore:
                 self._write(ConfigRestored, partial(planner_tasks().undo, files))
 
-        self.app.push_screen(DiffDialog(question, "".join(f.diff for f in files), "Restore", "Keep"), answered)
+        diffs = "".join(f.edits for f in files) + "".join(f.diff for f in files)
+        self.app.push_screen(DiffDialog(question, diffs, "Restore", "Keep"), answered)
 
     @on(ConfigApplied)
     @on(ConfigRestored)
