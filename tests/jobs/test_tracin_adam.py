@@ -70,7 +70,7 @@ def train_with_adamw(
             sum(reference_loss(adapter, ds, k) for k in range(len(ds))).backward()
             opt.step()
         ckpt = folder / f"checkpoint-{2 * i + 2}"
-        ckpt.mkdir()
+        ckpt.mkdir(parents=True)
         paths.append(save_weights(ckpt))
         torch.save(opt.state_dict(), ckpt / OPTIMIZER_FILE)
     opt.zero_grad(set_to_none=True)
