@@ -20,12 +20,12 @@ import torch
 from lm_cases import tiny_decoder, tiny_tokenizer
 from safetensors.torch import save_file
 from test_tracin_causal_lm import TEST, TRAIN, dataset, reference_loss, reference_tracin
-from test_tracin_support import max_rel_error
+from test_tracin_support import bert_adapter, max_rel_error, text_dataset
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.tracin import CheckpointSpec
 from gpuopt_tui.jobs.data import TextDataset
-from gpuopt_tui.jobs.models.base import Checkpoint
+from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.tracin import Projector, TracInOptions, select_parameters, tracin_scores
 from gpuopt_tui.jobs.tracin.adam_state import OPTIMIZER_FILE, load_adam_state
@@ -77,7 +77,7 @@ def train_with_adamw(
     return paths, order
 
 
-def state_dict_saver(adapter: CausalLMAdapter) -> Callable[[Path], Path]:
+def state_dict_saver(adapter: Adapter) -> Callable[[Path], Path]:
     def save(folder: Path) -> Path:
         state = {k: v.detach().clone().contiguous() for k, v in adapter.model.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"))
@@ -330,3 +330,28 @@ def test_an_optimizer_state_that_does_not_fit_is_named(one_checkpoint, spoil: st
     with pytest.raises(UserError, match=message) as caught:
         score(adapter, [ckpt])
     assert str(file) in str(caught.value)
+
+
+def test_closed_form_gradients_of_one_vector_layers_are_preconditioned_as_vmap_does(tmp_path: Path) -> None:
+    """A classifier's pooler and head see one vector per example, where the closed form keeps g a^T factored: with
+    Adam it forms them, and must agree with vmap's per-example gradients."""
+    adapter = bert_adapter(torch.float64)
+    train, test = text_dataset(adapter, 6, 1), text_dataset(adapter, 3, 2)
+    opt = torch.optim.AdamW(adapter.model.parameters(), lr=0.01, betas=BETAS, eps=EPS)
+    checkpoints = []
+    for i, lr in enumerate(LRS[:2]):
+        opt.zero_grad()
+        adapter.loss_per_example(train.batch(list(range(len(train))))).sum().backward()
+        opt.step()
+        folder = tmp_path / f"checkpoint-{i + 1}"
+        folder.mkdir()
+        checkpoints.append(Checkpoint(state_dict_saver(adapter)(folder), lr))
+        torch.save(opt.state_dict(), folder / OPTIMIZER_FILE)
+    opt.zero_grad(set_to_none=True)
+    names = ["bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight", "classifier.bias"]
+    closed = tracin_scores(adapter, checkpoints, train, test, names, adam_options(method="closed_form"))
+    vmapped = tracin_scores(adapter, checkpoints, train, test, names, adam_options(method="vmap"))
+    assert closed.stats["method"] == "closed_form" and vmapped.stats["method"] == "vmap"
+    assert closed.matrix is not None and vmapped.matrix is not None
+    assert max_rel_error(closed.matrix, vmapped.matrix) < 1e-9
+    assert max_rel_error(closed.self_influence, vmapped.self_influence) < 1e-9

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lm_cases import save_tiny_decoder, tiny_decoder, tiny_tokenizer
 from test_tracin_adam import BETAS, EPS, LRS, train_with_adamw, trainer_groups
-from test_tracin_causal_lm_job import TEST, TRAIN, jsonl
+from test_tracin_causal_lm_job import lm_profile
 from test_tracin_lora_job import cli, run_dir
 
 from gpuopt_tui.core.errors import UserError
@@ -45,29 +45,8 @@ def adam_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     home = tmp_path_factory.mktemp("adam-run")
     model = save_tiny_decoder("llama", home / "model")
     folders = lora_checkpoints(home / "trainer")
-    listed = ", ".join(f'{{ path = "{f}", lr = {lr} }}' for f, lr in zip(folders, LRS))
-    profile = home / "adam_tracin.toml"
-    profile.write_text(
-        f"""kind = "tracin"
-[run]
-device = "cpu"
-[model]
-adapter = "hf"
-path = "{model}"
-[data]
-source = "jsonl"
-path = "{jsonl(home / "test.jsonl", TEST)}"
-text_field = "prompt"
-target_field = "answer"
-max_length = 16
-[tracin]
-train_path = "{jsonl(home / "train.jsonl", TRAIN)}"
-checkpoints = [{listed}]
-optimizer_state = "adam"
-top_k = 2
-agreement_train = 4
-"""
-    )
+    tracin = 'optimizer_state = "adam"\ntop_k = 2\nagreement_train = 4\n'
+    profile = lm_profile(home, model, list(zip(folders, LRS)), tracin)
     done = cli(home, "run", str(profile))
     return home, done.stdout + done.stderr
 

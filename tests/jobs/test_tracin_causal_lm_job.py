@@ -38,14 +38,11 @@ def jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
-    model = save_tiny_decoder("llama", tmp_path / "model")
-    profile = tmp_path / "lm_tracin.toml"
-    adapter = load_adapter(ModelSection(adapter="hf", path=str(model)), torch.device("cpu"), tmp_path / "cache")
-    lrs = (0.3, 0.2, 0.1)
-    checkpoints = save_checkpoints(adapter, tmp_path, lrs=lrs, scale=0.05)
-    listed = ", ".join(f'{{ path = "{c.path}", lr = {c.lr} }}' for c in checkpoints)
+def lm_profile(home: Path, model: Path, checkpoints: list[tuple[Path | str, float]], tracin: str) -> Path:
+    """A TracIn profile on the CPU for the decoder saved at `model`, TEST as prompt/answer rows, TRAIN as the
+    training set, `checkpoints` (path, lr), and the further [tracin] lines `tracin`."""
+    listed = ", ".join(f'{{ path = "{path}", lr = {lr} }}' for path, lr in checkpoints)
+    profile = home / "lm_tracin.toml"
     profile.write_text(
         f"""kind = "tracin"
 [run]
@@ -55,19 +52,26 @@ adapter = "hf"
 path = "{model}"
 [data]
 source = "jsonl"
-path = "{jsonl(tmp_path / "test.jsonl", TEST)}"
+path = "{jsonl(home / "test.jsonl", TEST)}"
 text_field = "prompt"
 target_field = "answer"
 max_length = 16
 [tracin]
-train_path = "{jsonl(tmp_path / "train.jsonl", TRAIN)}"
+train_path = "{jsonl(home / "train.jsonl", TRAIN)}"
 checkpoints = [{listed}]
-layers = "last"
-n_last_layers = 3
-top_k = 2
-agreement_train = 4
-"""
+{tracin}"""
     )
+    return profile
+
+
+@pytest.mark.slow
+def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
+    model = save_tiny_decoder("llama", tmp_path / "model")
+    adapter = load_adapter(ModelSection(adapter="hf", path=str(model)), torch.device("cpu"), tmp_path / "cache")
+    lrs = (0.3, 0.2, 0.1)
+    checkpoints = save_checkpoints(adapter, tmp_path, lrs=lrs, scale=0.05)
+    tracin = 'layers = "last"\nn_last_layers = 3\ntop_k = 2\nagreement_train = 4\n'
+    profile = lm_profile(tmp_path, model, [(c.path, c.lr) for c in checkpoints], tracin)
     env = {**os.environ, "GPUOPT_TUI_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "gpuopt_tui", "run", str(profile)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from lm_cases import save_tiny_decoder
 from safetensors.torch import load_file
-from test_tracin_causal_lm_job import TEST, TRAIN, jsonl
+from test_tracin_causal_lm_job import TEST, TRAIN, lm_profile
 from test_tracin_lora import save_lora_checkpoints
 
 from gpuopt_tui.core.runs.layout import RunDir
@@ -38,28 +38,8 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("lora-run")
     model = save_tiny_decoder("llama", home / "model")
     specs = save_lora_checkpoints("llama", home / "adapters", dtype=torch.float32)
-    listed = ", ".join(f'{{ path = "{s.path}", lr = {s.lr} }}' for s in specs)
-    profile = home / "lora_tracin.toml"
-    profile.write_text(
-        f"""kind = "tracin"
-[run]
-device = "cpu"
-[model]
-adapter = "hf"
-path = "{model}"
-[data]
-source = "jsonl"
-path = "{jsonl(home / "test.jsonl", TEST)}"
-text_field = "prompt"
-target_field = "answer"
-max_length = 16
-[tracin]
-train_path = "{jsonl(home / "train.jsonl", TRAIN)}"
-checkpoints = [{listed}]
-top_k = 2
-agreement_train = 4
-"""
-    )
+    tracin = "top_k = 2\nagreement_train = 4\n"
+    profile = lm_profile(home, model, [(s.path, s.lr) for s in specs], tracin)
     done = cli(home, "run", str(profile))
     (home / "run-output.txt").write_text(done.stdout + done.stderr)
     return home

@@ -171,8 +171,13 @@ def load_adam_state(
 
 
 def _read(file: Path) -> dict[str, Any]:
+    """The state dict in `file`, memory-mapped where torch.save wrote its zip format (a full model's optimizer
+    state is twice its size; only the chosen parameters' moments are then read)."""
     try:
-        raw = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            raw = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # not the zip format, which mmap needs; read as a whole
+            raw = torch.load(file, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
         raise UserError(
             f"{file}: cannot read it as a torch optimizer state with weights_only=True ({str(exc).splitlines()[0]})"
