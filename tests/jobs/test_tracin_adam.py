@@ -244,6 +244,9 @@ def test_lora_adam_scores_match_the_formula_applied_by_hand(tmp_path: Path) -> N
     assert result.matrix is not None and max_rel_error(result.matrix, scores) < 1e-9
     assert max_rel_error(result.self_influence, selfinf) < 1e-9
     assert scores.abs().max() > 1e-4
+    # the base model's weights were not optimized: they have no Adam state to precondition with
+    with pytest.raises(UserError, match=r"optimizer.pt: no optimizer state for .*lm_head.weight.*tracin.layers"):
+        tracin_scores(adapter, checkpoints, train, test, [*names, "base_model.model.lm_head.weight"], adam_options())
 
 
 def test_the_default_scores_plain_gradients_and_caches_never_mix(adam64, tmp_path: Path) -> None:

@@ -131,36 +131,16 @@ def load_adam_state(
     """The Adam state of the parameters `chosen` in `file` (torch.load with weights_only=True); UserError naming the
     file and what was expected when it is not an Adam state of the model's trainable parameters."""
     raw = _read(file)
-    groups = raw["param_groups"]
     trainable = trainable_parameters(adapter)
     names = _index_names(file, raw, trainable, no_decay_names(adapter.model))
     shapes = dict(trainable)
-    group_of = {idx: group for group in groups for idx in group["params"]}
+    group_of = {idx: group for group in raw["param_groups"] for idx in group["params"]}
+    wanted = set(chosen)
     moments, settings = {}, {}
     for idx, name in names.items():
-        if name not in chosen:
-            continue
-        entry = raw["state"].get(idx)
-        if not isinstance(entry, dict) or "exp_avg" not in entry or "exp_avg_sq" not in entry:
-            raise UserError(
-                f"{file}: state[{idx}] ({name}) has no exp_avg and exp_avg_sq: expected the state of an Adam or "
-                'AdamW optimizer that has taken a step; set tracin.optimizer_state = "off" for other optimizers'
-            )
-        group = group_of[idx]
-        if group.get("amsgrad") or "max_exp_avg_sq" in entry:
-            raise UserError(f"{file}: the optimizer used amsgrad, whose update tracin.optimizer_state = adam lacks")
-        m, v = entry["exp_avg"], entry["exp_avg_sq"]
-        for key, t in (("exp_avg", m), ("exp_avg_sq", v)):
-            if tuple(t.shape) != shapes[name]:
-                raise UserError(
-                    f"{file}: state[{idx}][{key!r}] has shape {tuple(t.shape)}, but parameter {name} of the model "
-                    f"has {shapes[name]}: the optimizer state is not of this model (or was flattened by a sharded "
-                    "optimizer)"
-                )
-        beta1, beta2 = (float(b) for b in group["betas"])
-        step = entry.get("step", 0)
-        settings[name] = AdamSettings(beta1, beta2, float(group["eps"]), int(float(step)))
-        moments[name] = (m.to(device, dtype), v.to(device, dtype))
+        if name in wanted:
+            m, v, settings[name] = _entry(file, raw["state"].get(idx), idx, name, shapes[name], group_of[idx])
+            moments[name] = (m.to(device, dtype), v.to(device, dtype))
     missing = [n for n in chosen if n not in moments]
     if missing:
         raise UserError(
@@ -168,6 +148,29 @@ def load_adam_state(
             'tracin.optimizer_state = "adam" must be ones the trainer optimized (choose them with tracin.layers)'
         )
     return AdamState(file, moments, settings)
+
+
+def _entry(
+    file: Path, entry: Any, idx: int, name: str, shape: tuple[int, ...], group: dict[str, Any]
+) -> tuple[Tensor, Tensor, AdamSettings]:
+    """(exp_avg, exp_avg_sq, settings) of parameter `name`, state[idx] of `file`, checked."""
+    if not isinstance(entry, dict) or "exp_avg" not in entry or "exp_avg_sq" not in entry:
+        raise UserError(
+            f"{file}: state[{idx}] ({name}) has no exp_avg and exp_avg_sq: expected the state of an Adam or "
+            'AdamW optimizer that has taken a step; set tracin.optimizer_state = "off" for other optimizers'
+        )
+    if group.get("amsgrad") or "max_exp_avg_sq" in entry:
+        raise UserError(f"{file}: the optimizer used amsgrad, whose update tracin.optimizer_state = adam lacks")
+    for key in ("exp_avg", "exp_avg_sq"):
+        if tuple(entry[key].shape) != shape:
+            raise UserError(
+                f"{file}: state[{idx}][{key!r}] has shape {tuple(entry[key].shape)}, but parameter {name} of the "
+                f"model has {shape}: the optimizer state is not of this model (or was flattened by a sharded "
+                "optimizer)"
+            )
+    beta1, beta2 = (float(b) for b in group["betas"])
+    settings = AdamSettings(beta1, beta2, float(group["eps"]), int(float(entry.get("step", 0))))
+    return entry["exp_avg"], entry["exp_avg_sq"], settings
 
 
 def _read(file: Path) -> dict[str, Any]:
