@@ -269,7 +269,7 @@ def test_the_default_scores_plain_gradients_and_caches_never_mix(adam64, tmp_pat
     assert max_rel_error(cached["off"].matrix, cached["adam"].matrix) > 0.1
 
 
-# --- what is refused, and how it is said ---------------------------------------------------------------------------
+# --- a spoiled or changed optimizer state: refused, or a cache entry of its own ---------------------------------------
 @pytest.fixture
 def one_checkpoint(adam64, tmp_path: Path) -> tuple[CausalLMAdapter, Checkpoint, dict]:
     """A copy of the first checkpoint in its own directory, with its optimizer state to spoil."""
@@ -286,6 +286,28 @@ def score(adapter: CausalLMAdapter, ckpts: list[Checkpoint], **kw) -> None:
     train, test = dataset(adapter, TRAIN[:2]), dataset(adapter, TEST[:1])
     names = select_parameters(adapter, test.batch([0]), "last", 2)
     tracin_scores(adapter, ckpts, train, test, names, adam_options(**kw))
+
+
+def test_a_changed_optimizer_state_gets_its_own_cache_entry(one_checkpoint, tmp_path: Path) -> None:
+    """The cached preconditioned gradients depend on optimizer.pt as well as the weights: rewriting it (the weights
+    untouched) computes them again, with the new moments."""
+    adapter, ckpt, raw = one_checkpoint
+    file = ckpt.path.parent / OPTIMIZER_FILE
+    torch.save(raw, file)
+    train, test = dataset(adapter, TRAIN), dataset(adapter, TEST)
+    names = select_parameters(adapter, test.batch([0]), "last", 2)
+    opts = adam_options(train_cache=tmp_path / "cache")
+    runs = [tracin_scores(adapter, [ckpt], train, test, names, opts) for _ in range(2)]
+    for entry in raw["state"].values():
+        entry["exp_avg"] = -entry["exp_avg"]
+    torch.save(raw, file)
+    changed = tracin_scores(adapter, [ckpt], train, test, names, opts)
+    assert [r.stats["cache_blocks"] for r in [*runs, changed]] == [
+        {"read": 0, "computed": 1},
+        {"read": 1, "computed": 0},
+        {"read": 0, "computed": 1},
+    ]
+    assert max_rel_error(changed.matrix, runs[1].matrix) > 0.1
 
 
 def test_a_missing_or_shared_optimizer_state_is_refused(one_checkpoint) -> None:
