@@ -120,7 +120,8 @@ def test_files_of_older_runs_without_predictions_or_label_names_are_read(results
     assert (record.prediction, record.probability, record.label_probability) == (None, None, None)
     raw = json.loads((results / "summary.json").read_text())
     del raw["label_names"], raw["predictions_checkpoint"]
-    del raw["projection"], raw["excluded_parameters"], raw["train_cache"], raw["agreement"]
+    assert raw["optimizer_state"] is None  # the default: plain training gradients
+    del raw["projection"], raw["excluded_parameters"], raw["train_cache"], raw["agreement"], raw["optimizer_state"]
     old = parse_summary(raw)
     assert old.label_names is None and old.predictions_checkpoint == "" and old.label_name(1) == "1"
     assert (old.projection, old.excluded_parameters, old.train_cache, old.agreement) == (None, (), None, None)
@@ -184,6 +185,32 @@ def test_agreement_of_a_low_precision_run_carries_its_settings_in_fp32(
     assert parse_summary(raw).agreement.fp32 is None  # type: ignore[union-attr]  # an fp32 run
 
 
+ADAM = {
+    "kind": "adam",
+    "description": "Adam-preconditioned training gradients (optimizer.pt of each checkpoint)",
+    "formula": "Γ(g) = m̂/(√v̂+ε)",
+    "checkpoints": [
+        {"file": "a/optimizer.pt", "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": 100},
+        {"file": "b/optimizer.pt", "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": [200, 210]},
+    ],
+}
+
+
+def test_summary_names_the_adam_preconditioning_with_its_settings(results: Path) -> None:
+    raw = json.loads((results / "summary.json").read_text())
+    s = parse_summary({**raw, "optimizer_state": ADAM})
+    assert s.optimizer_state is not None and s.optimizer_state.formula == ADAM["formula"]
+    assert s.optimizer_state.text == (
+        "Adam-preconditioned training gradients (optimizer.pt of each checkpoint): β1 0.9, β2 0.999, ε 1e-08, "
+        "step 100 / 200–210"
+    )
+    assert s.mode.endswith(", Adam-preconditioned training gradients")
+    other = {**ADAM, "checkpoints": [ADAM["checkpoints"][0], {**ADAM["checkpoints"][0], "beta2": 0.95}]}
+    assert parse_summary({**raw, "optimizer_state": other}).optimizer_state.text.endswith(  # type: ignore[union-attr]
+        ": β1 0.9, β2 0.999, ε 1e-08, step 100; β1 0.9, β2 0.95, ε 1e-08, step 100"
+    )
+
+
 def test_bad_projection_cache_or_agreement_names_the_key(results: Path, tmp_path: Path) -> None:
     raw = json.loads((results / "summary.json").read_text())
     raw_agreement = {
@@ -205,6 +232,12 @@ def test_bad_projection_cache_or_agreement_names_the_key(results: Path, tmp_path
             "agreement.fp32.top_k_overlap: expected a number, found None",
         ),
         ("excluded_parameters", "bias", "excluded_parameters: expected a list"),
+        ("optimizer_state", {**ADAM, "kind": "sgd"}, "optimizer_state.kind: expected adam, found 'sgd'"),
+        (
+            "optimizer_state",
+            {**ADAM, "checkpoints": [{**ADAM["checkpoints"][0], "eps": "tiny"}]},
+            "optimizer_state.checkpoints[0].eps: expected a number, found 'tiny'",
+        ),
     ]:
         (tmp_path / "summary.json").write_text(json.dumps({**raw, key: value}))
         with pytest.raises(UserError, match=re.escape(message)):

@@ -7,9 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -40,11 +38,12 @@ def jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
-def tracin_profile(path: Path, model: Path, checkpoints: Sequence[Any], tracin: str = "") -> Path:
-    """A TracIn profile at `path` on the CPU: `model` with TEST as queries and TRAIN as training rows (written beside
-    it), the `checkpoints` (with .path and .lr) and more [tracin] lines."""
-    listed = ", ".join(f'{{ path = "{c.path}", lr = {c.lr} }}' for c in checkpoints)
-    path.write_text(
+def lm_profile(home: Path, model: Path, checkpoints: list[tuple[Path | str, float]], tracin: str) -> Path:
+    """A TracIn profile on the CPU for the decoder saved at `model`, TEST as prompt/answer rows, TRAIN as the
+    training set, `checkpoints` (path, lr), and the further [tracin] lines `tracin`."""
+    listed = ", ".join(f'{{ path = "{path}", lr = {lr} }}' for path, lr in checkpoints)
+    profile = home / "lm_tracin.toml"
+    profile.write_text(
         f"""kind = "tracin"
 [run]
 device = "cpu"
@@ -53,28 +52,26 @@ adapter = "hf"
 path = "{model}"
 [data]
 source = "jsonl"
-path = "{jsonl(path.parent / "test.jsonl", TEST)}"
+path = "{jsonl(home / "test.jsonl", TEST)}"
 text_field = "prompt"
 target_field = "answer"
 max_length = 16
 [tracin]
-train_path = "{jsonl(path.parent / "train.jsonl", TRAIN)}"
+train_path = "{jsonl(home / "train.jsonl", TRAIN)}"
 checkpoints = [{listed}]
-top_k = 2
-agreement_train = 4
 {tracin}"""
     )
-    return path
+    return profile
 
 
 @pytest.mark.slow
 def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
     model = save_tiny_decoder("llama", tmp_path / "model")
-    profile = tmp_path / "lm_tracin.toml"
     adapter = load_adapter(ModelSection(adapter="hf", path=str(model)), torch.device("cpu"), tmp_path / "cache")
     lrs = (0.3, 0.2, 0.1)
     checkpoints = save_checkpoints(adapter, tmp_path, lrs=lrs, scale=0.05)
-    tracin_profile(profile, model, checkpoints, 'layers = "last"\nn_last_layers = 3\n')
+    tracin = 'layers = "last"\nn_last_layers = 3\ntop_k = 2\nagreement_train = 4\n'
+    profile = lm_profile(tmp_path, model, [(c.path, c.lr) for c in checkpoints], tracin)
     env = {**os.environ, "GPUOPT_TUI_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "gpuopt_tui", "run", str(profile)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from lm_cases import save_tiny_decoder
 from safetensors.torch import load_file
-from test_tracin_causal_lm_job import TEST, TRAIN, tracin_profile
+from test_tracin_causal_lm_job import TEST, TRAIN, lm_profile
 from test_tracin_lora import save_lora_checkpoints
 
 from gpuopt_tui.core.runs.layout import RunDir
@@ -38,7 +38,8 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("lora-run")
     model = save_tiny_decoder("llama", home / "model")
     specs = save_lora_checkpoints("llama", home / "adapters", dtype=torch.float32)
-    profile = tracin_profile(home / "lora_tracin.toml", model, specs)
+    tracin = "top_k = 2\nagreement_train = 4\n"
+    profile = lm_profile(home, model, [(s.path, s.lr) for s in specs], tracin)
     done = cli(home, "run", str(profile))
     (home / "run-output.txt").write_text(done.stdout + done.stderr)
     return home

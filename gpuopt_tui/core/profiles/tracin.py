@@ -12,6 +12,7 @@ from gpuopt_tui.core.profiles.schema import Failure, opt, section
 LAYER_MODES = ("auto", "adapter", "all", "last", "names")
 GRADIENT_METHODS = ("auto", "closed_form", "vmap", "factored")
 FILTER_CHOICES = ("none", "same_label", "shared_entity")
+OPTIMIZER_STATES = ("off", "adam")
 
 
 @dataclass
@@ -66,6 +67,14 @@ class TracInSection:
         "method = factored: projected size of each layer's output side, and of biases and LayerNorm (0 = exact)",
         min=0,
     )
+    optimizer_state: str = opt(
+        "off",
+        "adam: score each training gradient g by the Adam update it would make, Γ(g) = m̂/(√v̂+ε) with the moments, "
+        "betas, eps and step count of optimizer.pt in each checkpoint's directory (as Hugging Face's Trainer saves "
+        "it), one step on from the checkpoint; test gradients stay plain. closed_form or vmap only, not factored. "
+        "off: plain gradients",
+        choices=OPTIMIZER_STATES,
+    )
     train_cache: bool = opt(
         False,
         "Keep the (projected) training gradients of each checkpoint in the user cache (bf16): a later run with other "
@@ -110,6 +119,12 @@ class TracInSection:
             fail("layer_names", "layers = names needs at least one module name")
         if self.method == "factored" and self.projection_dim:
             fail("projection_dim", "method = factored projects with projection_in and projection_out; set it to 0")
+        if self.method == "factored" and self.optimizer_state == "adam":
+            fail(
+                "optimizer_state",
+                'optimizer_state = "adam" transforms gradients elementwise, which method = factored cannot do: '
+                "choose method = closed_form or vmap (projection_dim projects them), or optimizer_state = off",
+            )
         if self.method != "factored" and (self.projection_in or self.projection_out):
             fail("projection_in", "projection_in and projection_out apply to method = factored only")
 

@@ -1,8 +1,9 @@
 """summary.json of a TracIn run (written by jobs/tracin/job.py), read without torch: checkpoints with their
 learning rates, the parameters that counted and those a factored run left out, the gradient method and random
-projection, the training-gradient cache's use, timing, the label names and the checkpoint the predictions come
-from, the flipped-label AUC where the data marks flipped labels, and the agreement with exact all-parameter
-TracIn where the run checked it. Keys added in later versions are optional, so older runs still read.
+projection, the Adam preconditioning of the training gradients, the training-gradient cache's use, timing, the
+label names and the checkpoint the predictions come from, the flipped-label AUC where the data marks flipped labels,
+and the agreement with exact all-parameter TracIn where the run checked it. Keys added in later versions are
+optional, so older runs still read.
 """
 
 from __future__ import annotations
@@ -58,6 +59,48 @@ class Projection:
 
 
 @dataclass(frozen=True)
+class AdamFigures:
+    """One checkpoint's Adam settings as the summary gives them: one value each, or (lowest, highest) where the
+    parameters differ."""
+
+    file: str
+    beta1: float | tuple[float, float]
+    beta2: float | tuple[float, float]
+    eps: float | tuple[float, float]
+    step: float | tuple[float, float]
+
+    @property
+    def settings(self) -> str:
+        return f"β1 {_shown(self.beta1)}, β2 {_shown(self.beta2)}, ε {_shown(self.eps)}"
+
+    @property
+    def steps(self) -> str:
+        return _shown(self.step)
+
+
+def _shown(value: float | tuple[float, float]) -> str:
+    return f"{value[0]:g}–{value[1]:g}" if isinstance(value, tuple) else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Preconditioning:
+    """What the training gradients went through before the products: Adam's update direction Γ(g) from each
+    checkpoint's optimizer state (`formula`), with each checkpoint's settings."""
+
+    description: str
+    formula: str
+    checkpoints: tuple[AdamFigures, ...]
+
+    @property
+    def text(self) -> str:
+        """The description with the settings, once where every checkpoint has the same betas and eps."""
+        shared = {c.settings for c in self.checkpoints}
+        if len(shared) == 1:
+            return f"{self.description}: {shared.pop()}, step " + " / ".join(c.steps for c in self.checkpoints)
+        return f"{self.description}: " + "; ".join(f"{c.settings}, step {c.steps}" for c in self.checkpoints)
+
+
+@dataclass(frozen=True)
 class CacheUse:
     """Blocks of training gradients (one per checkpoint and block of training examples) read from the cache and
     computed (and stored there) by the run."""
@@ -108,6 +151,7 @@ class TracInSummary:
     excluded_parameters: tuple[str, ...] = ()  # chosen tensors method = factored left out
     train_cache: CacheUse | None = None  # None: the cache was off
     agreement: Agreement | None = None  # None: not checked
+    optimizer_state: Preconditioning | None = None  # None: plain training gradients
 
     def label_name(self, label: int | None) -> str:
         """A class as its name where the model names it, else its number ("-" for none)."""
@@ -119,7 +163,8 @@ class TracInSummary:
     @property
     def mode(self) -> str:
         method = METHOD_NAMES.get(self.method, self.method)
-        return f"{method}, {self.projection.text if self.projection else 'exact gradients'}"
+        adam = ", Adam-preconditioned training gradients" if self.optimizer_state else ""
+        return f"{method}, {self.projection.text if self.projection else 'exact gradients'}{adam}"
 
 
 def _layers_text(settings: Mapping[str, Any], choice: Any) -> str:
@@ -163,6 +208,37 @@ def _projection(value: Any, projection_dim: int) -> Projection | None:
         size_in, size_out = as_int(get_field(p, "in"), "projection.in"), as_int(get_field(p, "out"), "projection.out")
         return Projection(kind, seed, size_in=size_in, size_out=size_out)
     raise RecordError(f"projection.kind: expected dense or factored, found {kind!r}")
+
+
+def optimizer_state(value: Any) -> Preconditioning | None:
+    """summary["optimizer_state"] (None: plain gradients, as in runs older than the key)."""
+    if value is None:
+        return None
+    p = as_object(value, "optimizer_state")
+    kind = as_text(get_field(p, "kind"), "optimizer_state.kind")
+    if kind != "adam":
+        raise RecordError(f"optimizer_state.kind: expected adam, found {kind!r}")
+    found = get_field(p, "checkpoints")
+    if not isinstance(found, list):
+        raise RecordError("optimizer_state.checkpoints: expected a list")
+    return Preconditioning(
+        as_text(get_field(p, "description"), "optimizer_state.description"),
+        as_text(get_field(p, "formula"), "optimizer_state.formula"),
+        tuple(_adam_figures(c, f"optimizer_state.checkpoints[{i}]") for i, c in enumerate(found)),
+    )
+
+
+def _adam_figures(value: Any, where: str) -> AdamFigures:
+    c = as_object(value, where)
+
+    def figure(key: str) -> float | tuple[float, float]:
+        found = get_field(c, key)
+        if isinstance(found, list) and len(found) == 2:
+            return as_float(found[0], f"{where}.{key}"), as_float(found[1], f"{where}.{key}")
+        return as_float(found, f"{where}.{key}")
+
+    file = as_text(get_field(c, "file"), f"{where}.file")
+    return AdamFigures(file, figure("beta1"), figure("beta2"), figure("eps"), figure("step"))
 
 
 def _cache_use(value: Any) -> CacheUse | None:
@@ -228,6 +304,7 @@ def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
         excluded_parameters=as_texts(data.get("excluded_parameters") or [], "excluded_parameters"),
         train_cache=_cache_use(data.get("train_cache")),
         agreement=_agreement(data.get("agreement")),
+        optimizer_state=optimizer_state(data.get("optimizer_state")),
     )
 
 

@@ -24,6 +24,7 @@ from gpuopt_tui.core.caches.files import digest_chunks, split
 STORED = torch.bfloat16
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
 CHECKSUM = "checksum"
+SELF_DOT = "self_dot"  # <Γ(g), g> of Adam-preconditioned gradients
 # what each identity field names, for the message when a block's differs from the run's
 IDENTITY_WORDS = {
     "format": "cache format",
@@ -91,10 +92,12 @@ def _layout_problem(tensors: Mapping[str, Tensor]) -> str | None:
     rows = stored.tolist()
     pairs = sum(1 for name in tensors if name.startswith("g"))
     expected = {"rows", "dense"} | {f"{side}{i}" for i in range(pairs) for side in "ga"}
+    expected |= {SELF_DOT} & set(tensors)  # preconditioned gradients only: one number per row
     if set(tensors) != expected:
         return f"it holds tensors {sorted(tensors)}, not {sorted(expected)}"
     for name, t in tensors.items():
-        if name != "rows" and (t.dtype != STORED or t.dim() != 2 or t.shape[0] != len(rows)):
+        dims = 1 if name == SELF_DOT else 2
+        if name != "rows" and (t.dtype != STORED or t.dim() != dims or t.shape[0] != len(rows)):
             return f"its {name} is {t.dtype} {list(t.shape)}, not {STORED} with {len(rows)} rows"
     return None
 

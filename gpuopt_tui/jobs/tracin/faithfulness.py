@@ -52,13 +52,16 @@ def exact_agreement(
     ours = tracin_scores(
         adapter, checkpoints, sub_train, sub_test, names, quiet, reporter=PrefixedReporter(reporter, AGREEMENT_RUN)
     )
+    # Adam-preconditioned gradients are elementwise, which the factored method cannot give: the reference then
+    # takes them exactly per parameter (closed form where it applies, else vmap)
+    method = "auto" if options.optimizer_state == "adam" else "factored"
     exact_options = dataclasses.replace(
-        quiet, method="factored", projection_dim=0, projection_in=0, projection_out=0, precision="fp32"
+        quiet, method=method, projection_dim=0, projection_in=0, projection_out=0, precision="fp32"
     )
     exact_reporter = PrefixedReporter(reporter, AGREEMENT_EXACT)
     exact = tracin_scores(adapter, checkpoints, sub_train, sub_test, everything, exact_options, reporter=exact_reporter)
     found = {
-        "reference": FULL_REFERENCE if adapter.peft_trainable is None else ADAPTER_REFERENCE,
+        "reference": _reference(adapter, options),
         "excluded_from_reference": list(exact.stats["excluded_parameters"]),
         "n_train": len(sub_train),
         "n_test": len(sub_test),
@@ -76,6 +79,13 @@ def exact_agreement(
             "top_k_overlap": top_k_overlap(full.matrix, exact.matrix, TOP_K),
         }
     return found
+
+
+def _reference(adapter: Adapter, options: TracInOptions) -> str:
+    if options.optimizer_state != "adam":
+        return FULL_REFERENCE if adapter.peft_trainable is None else ADAPTER_REFERENCE
+    which = "every parameter" if adapter.peft_trainable is None else "every trainable parameter of the PEFT adapter"
+    return f"exact Adam-preconditioned training gradients of {which}, fp32"
 
 
 def precision_advice(agreement: dict[str, Any]) -> str | None:

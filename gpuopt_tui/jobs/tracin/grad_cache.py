@@ -12,7 +12,9 @@ Checkpoints are known by the digest of their file's content, read by every run b
 long as loading the checkpoint once more, mostly from the page cache): a file replaced or rewritten in place, its
 size and mtime put back, gets its own entry. A checkpoint whose file changes during the run (its `stamp` differs
 when it is loaded) is scored without the cache. A cache that cannot be written (a file where its folder should be,
-a read-only folder, a full disk) leaves the run going without storing blocks, with one warning.
+a read-only folder, a full disk) leaves the run going without storing blocks, with one warning. Adam-preconditioned
+gradients are known by their optimizer file's digest too (the checkpoint's `companion`), and keep each example's
+<Γ(g), g> beside them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from gpuopt_tui.core.caches.gradients import FORMAT, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.digests import dataset_digest
 from gpuopt_tui.jobs.models.base import Adapter
-from gpuopt_tui.jobs.tracin.block_file import STORED, HostBlock, read_block, write_block
+from gpuopt_tui.jobs.tracin.block_file import SELF_DOT, STORED, HostBlock, read_block, write_block
 from gpuopt_tui.jobs.tracin.grads import GradFeatures
 from gpuopt_tui.jobs.tracin.interface import TracInOptions
 
@@ -71,6 +73,8 @@ class CheckpointGradients:
         tensors = {"rows": torch.tensor(list(rows), dtype=torch.long), "dense": feats.dense.to(STORED).cpu()}
         for i, (g, a) in enumerate(feats.outer):
             tensors[f"g{i}"], tensors[f"a{i}"] = g.to(STORED).cpu(), a.to(STORED).cpu()
+        if feats.self_dot is not None:
+            tensors[SELF_DOT] = feats.self_dot.to(STORED).cpu()
         identity = self.identity(block)
         write_atomically(self.path(block), lambda tmp: write_block(tmp, identity, tensors))
 
@@ -87,15 +91,18 @@ def to_features(tensors: HostBlock, device: torch.device, dtype: torch.dtype) ->
     while f"g{i}" in tensors:
         outer.append((put(tensors[f"g{i}"]), put(tensors[f"a{i}"])))
         i += 1
-    return GradFeatures(put(tensors["dense"]), outer)
+    return GradFeatures(put(tensors["dense"]), outer, put(tensors[SELF_DOT]) if SELF_DOT in tensors else None)
 
 
 def rounded(feats: GradFeatures) -> GradFeatures:
     """The features as the cache stores them (bf16), in their own dtype."""
     dtype = feats.dense.dtype
-    return GradFeatures(
-        feats.dense.to(STORED).to(dtype), [(g.to(STORED).to(dtype), a.to(STORED).to(dtype)) for g, a in feats.outer]
-    )
+
+    def rounded(t: Tensor) -> Tensor:
+        return t.to(STORED).to(dtype)
+
+    self_dot = rounded(feats.self_dot) if feats.self_dot is not None else None
+    return GradFeatures(rounded(feats.dense), [(rounded(g), rounded(a)) for g, a in feats.outer], self_dot)
 
 
 def cache_key(
@@ -111,6 +118,7 @@ def cache_key(
         "precision": opts.precision,
         "projection": [opts.projection_dim, opts.projection_in, opts.projection_out, opts.seed],
         **({"adapter_base": opts.adapter_base} if opts.adapter_base is not None else {}),
+        **({"optimizer_state": opts.optimizer_state} if opts.optimizer_state != "off" else {}),
     }
 
 
@@ -118,7 +126,8 @@ class TrainGradientCache:
     """A run's training gradients in the cache under `root`, keyed by `parts` (`cache_key`) and the checkpoint in
     use: each block read from there, or computed, rounded as stored and saved there; counts both. The blocks
     named by `expect` are read ahead in a background thread, one at a time. `warn(message)` hears of damaged
-    blocks and of a cache that cannot be written. Use as a context manager."""
+    blocks and of a cache that cannot be written. `companions`: a file per checkpoint that the gradients depend on
+    too (its optimizer state). Use as a context manager."""
 
     def __init__(
         self,
@@ -127,15 +136,17 @@ class TrainGradientCache:
         device: torch.device,
         dtype: torch.dtype,
         warn: Callable[[str], None] = warnings.warn,
+        companions: Mapping[Path, Path] | None = None,
     ) -> None:
         self.root = root
+        self.companions = dict(companions or {})
         self.parts = dict(parts)
         self.device, self.dtype = device, dtype
         self.warn = warn
         self.pin = device.type == "cuda"
         self.read = self.computed = 0
         self.writable = True  # until a write fails
-        self._entries: dict[Path, tuple[tuple[int, ...], CheckpointGradients]] = {}
+        self._entries: dict[Path, tuple[tuple[tuple[int, ...], ...], CheckpointGradients]] = {}
         self._current: tuple[Path, CheckpointGradients | None] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracin-cache-read")
         self._plan: deque[tuple[Path, int, tuple[int, ...]]] = deque()
@@ -143,10 +154,15 @@ class TrainGradientCache:
 
     def _entry(self, path: Path) -> CheckpointGradients:
         if path not in self._entries:
-            before = stamp(path)  # taken first: a change while the file is hashed shows when it is loaded
-            entry = CheckpointGradients(self.root, {**self.parts, "checkpoint": file_digest(path)})
-            self._entries[path] = (before, entry)
+            before = self._stamps(path)  # taken first: a change while the files are hashed shows when it is loaded
+            parts = {**self.parts, "checkpoint": file_digest(path)}
+            if path in self.companions:
+                parts["companion"] = file_digest(self.companions[path])
+            self._entries[path] = (before, CheckpointGradients(self.root, parts))
         return self._entries[path][1]
+
+    def _stamps(self, path: Path) -> tuple[tuple[int, ...], ...]:
+        return tuple(stamp(p) for p in (path, self.companions.get(path)) if p is not None)
 
     def expect(self, plan: Iterable[tuple[Path, int, Sequence[int]]]) -> None:
         """The (checkpoint file, block, rows) that `block` will be asked for, in this order."""
@@ -170,7 +186,7 @@ class TrainGradientCache:
         """Use the entry of this checkpoint file (by its content) from now on; none if the file changed since
         its content was hashed (call this once it is loaded)."""
         entry = self._entry(path)
-        if stamp(path) != self._entries[path][0]:
+        if self._stamps(path) != self._entries[path][0]:
             self.warn(f"{path} changed during the run: its training gradients are computed without the cache")
             entry = None
         self._current = (path, entry)

@@ -12,11 +12,15 @@ Two ways to get them:
   forming them (factored.py); all layers at about the cost of one forward and backward pass.
 
 Both assume that an example's loss depends on that example alone (true for models in eval mode).
+
+With Adam preconditioning (adam_state.py) every gradient is kept dense (a factored g a^T is formed), so that the
+elementwise transform of the training gradients applies and test and training features share one layout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,7 @@ from gpuopt_tui.core.profiles.tracin import GRADIENT_METHODS
 from gpuopt_tui.jobs.attention import padded_batch_kernels
 from gpuopt_tui.jobs.device import autocast
 from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.tracin.adam_state import AdamState
 from gpuopt_tui.jobs.tracin.factored import FactoredGradients
 from gpuopt_tui.jobs.tracin.params import only_these_require_grad
 from gpuopt_tui.jobs.tracin.project import Projector
@@ -41,10 +46,12 @@ Block = Tensor | tuple[Tensor, Tensor]
 @dataclass
 class GradFeatures:
     """Per-example gradients of B examples: `dense` [B, D] holds flattened (or projected) gradients and
-    `outer` the factored Linear-weight gradients. TracIn scores are inner products of these."""
+    `outer` the factored Linear-weight gradients. TracIn scores are inner products of these. Preconditioned
+    training gradients Γ(g) carry `self_dot` [B], <Γ(g), g> taken before any projection."""
 
     dense: Tensor
     outer: list[tuple[Tensor, Tensor]]
+    self_dot: Tensor | None = None
 
     def __len__(self) -> int:
         return self.dense.shape[0]
@@ -56,8 +63,10 @@ class GradFeatures:
             scores += (g @ g2.T) * (a @ a2.T)
         return scores
 
-    def sqnorm(self) -> Tensor:
-        """[B] squared gradient norms."""
+    def self_products(self) -> Tensor:
+        """[B] each example's gradient with itself: `self_dot` where set, else the squared norms."""
+        if self.self_dot is not None:
+            return self.self_dot
         norms = self.dense.square().sum(1)
         for g, a in self.outer:
             norms += g.square().sum(1) * a.square().sum(1)
@@ -67,7 +76,8 @@ class GradFeatures:
     def empty(cls, like: GradFeatures, n: int) -> GradFeatures:
         """Room for `n` examples of the same layout as `like` (filled with `put`)."""
         outer = [(g.new_empty(n, g.shape[1]), a.new_empty(n, a.shape[1])) for g, a in like.outer]
-        return cls(like.dense.new_empty(n, like.dense.shape[1]), outer)
+        self_dot = like.self_dot.new_empty(n) if like.self_dot is not None else None
+        return cls(like.dense.new_empty(n, like.dense.shape[1]), outer, self_dot)
 
     def put(self, offset: int, part: GradFeatures) -> None:
         """Copy `part` into rows offset .. offset + len(part)."""
@@ -75,6 +85,8 @@ class GradFeatures:
         self.dense[rows] = part.dense
         for (g, a), (pg, pa) in zip(self.outer, part.outer, strict=True):
             g[rows], a[rows] = pg, pa
+        if self.self_dot is not None and part.self_dot is not None:
+            self.self_dot[rows] = part.self_dot
 
 
 def linear_owners(model: nn.Module, names: Sequence[str]) -> dict[str, tuple[str, nn.Linear, str]] | None:
@@ -109,7 +121,9 @@ class GradientComputer:
         gradient_checkpointing: bool = False,
         factored_sizes: tuple[int, int] = (0, 0),
         seed: int = 0,
+        dense: bool = False,
     ) -> None:
+        """`dense`: keep every gradient dense, as Adam preconditioning (`preconditioned`) needs."""
         if not names:
             raise UserError("no parameters chosen for TracIn")
         if method not in GRADIENT_METHODS:
@@ -122,7 +136,15 @@ class GradientComputer:
         self.gradient_checkpointing = gradient_checkpointing
         self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         self.factored: FactoredGradients | None = None
+        self.dense = dense
+        self.adam: AdamState | None = None  # set on the copy `preconditioned` makes for training gradients
         if method == "factored":
+            if dense:
+                raise UserError(
+                    'tracin.optimizer_state = "adam" transforms each gradient elementwise, which method = factored '
+                    "(per-layer outer products projected token by token) cannot do: choose method = closed_form or "
+                    'vmap (with projection_dim to project), or optimizer_state = "off"'
+                )
             if gradient_checkpointing or projector is not None:
                 raise UserError(
                     "method = factored projects with projection_in and projection_out (projection_dim must be 0) "
@@ -151,6 +173,14 @@ class GradientComputer:
                 "gradient_checkpointing needs the closed-form gradients (torch.func's vmap(grad) cannot "
                 "recompute activations); choose Linear layers only, or turn it off"
             )
+
+    def preconditioned(self, state: AdamState) -> GradientComputer:
+        """A computer of the same gradients, each transformed by `state` (training examples' Γ(g))."""
+        if not self.dense:
+            raise ValueError("Adam preconditioning needs a GradientComputer made with dense=True")
+        twin = copy.copy(self)
+        twin.adam = state
+        return twin
 
     def features(self, batch: Mapping[str, Tensor]) -> GradFeatures:
         # the lean forward of BERT-style heads, unless the layers are to be recomputed (it bypasses that)
@@ -272,15 +302,21 @@ class GradientComputer:
         outer: list[tuple[Tensor, Tensor]] = []
         proj = self.projector
         device = self.adapter.device
+        self_dot = torch.zeros(n, device=device, dtype=self.dtype) if self.adam is not None else None
         for name, block in blocks:
-            if isinstance(block, tuple):
+            if isinstance(block, tuple) and not self.dense:
                 g, a = (t.to(device, self.dtype) for t in block)
                 outer.append(proj.outer(name, g, a) if proj else (g, a))
-            else:
-                x = block.to(device, self.dtype)
-                dense.append(proj.dense(name, x) if proj else x.reshape(n, -1))
+                continue
+            if isinstance(block, tuple):
+                block = torch.einsum("bo,bi->boi", *block)
+            x = block.to(device, self.dtype)
+            if self.adam is not None and self_dot is not None:
+                raw, x = x, self.adam.precondition(name, x)
+                self_dot += (x * raw).reshape(n, -1).sum(1)
+            dense.append(proj.dense(name, x) if proj else x.reshape(n, -1))
         flat = torch.cat(dense, 1) if dense else torch.zeros(n, 0, device=device, dtype=self.dtype)
-        return GradFeatures(flat, outer)
+        return GradFeatures(flat, outer, self_dot)
 
 
 def _rows(t: Tensor, n: int, mod_name: str) -> Tensor:

@@ -19,6 +19,7 @@ class TracInOptions:
     projection_in: int = 0  # factored: projected size of each layer's input side (0 = exact)
     projection_out: int = 0  # factored: projected size of each layer's output side (0 = exact)
     seed: int = 0  # projection seed
+    optimizer_state: str = "off"  # off | adam: Adam-preconditioned training gradients (adam_state.py)
     batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
     gradient_checkpointing: bool = False
     cleanup_every: int = 0  # examples between memory clean-ups (0 = never)

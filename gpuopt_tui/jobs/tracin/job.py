@@ -14,7 +14,9 @@ Result files (in results/):
   set's task is a top slice of it (`gpuopt-tui select` prints or exports the top k or top p%, by mean or max).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
-- summary.json: settings, the loss TracIn differentiates (`loss`), parameter count, timing, the label names (null
+- summary.json: settings, the loss TracIn differentiates (`loss`), what preconditioned the training gradients
+  (`optimizer_state`: null for plain gradients; for Adam the formula and each checkpoint's optimizer file, β1, β2,
+  ε and step), parameter count, timing, the label names (null
   when the model has none), the checkpoint the predictions come from, and for the demo the flipped-label AUC of
   self-influence.
 """
@@ -42,6 +44,7 @@ from gpuopt_tui.core.results.tracin import (
     SELF_JSONL_NAME,
     SUMMARY_NAME,
 )
+from gpuopt_tui.core.results.tracin_summary import optimizer_state
 from gpuopt_tui.jobs.completion_data import COMPLETIONS, has_completions
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
@@ -49,6 +52,7 @@ from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_devic
 from gpuopt_tui.jobs.digests import file_digest, input_parts, model_origin
 from gpuopt_tui.jobs.models import Adapter, Checkpoint, load_adapter, to_device
 from gpuopt_tui.jobs.models.peft_adapters import adapter_config
+from gpuopt_tui.jobs.tracin.adam_state import DESCRIPTION, optimizer_files
 from gpuopt_tui.jobs.tracin.checkpoints import PEFT_ADAPTER, STATE_DICT, resolve_checkpoints
 from gpuopt_tui.jobs.tracin.dataset_ranking import ranking_records
 from gpuopt_tui.jobs.tracin.factored import module_uses
@@ -131,6 +135,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         projection_out=section.projection_out,
         train_cache=default_root() if section.train_cache else None,
         seed=profile.run.seed,
+        optimizer_state=section.optimizer_state,
         batch_size=section.batch_size,
         gradient_checkpointing=section.gradient_checkpointing,
         cleanup_every=section.cleanup_every,
@@ -157,6 +162,7 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         f"{len(names)} parameter tensors ({section.layers}), precision {options.precision}"
         + ("; last layer for the first token only (exact)" if lean else "")
     )
+    ctx.log(f"training gradients: {_training_gradients(section.optimizer_state)}")
     reporter = ContextReporter(ctx)
     run = TracInRun(
         adapter,
@@ -175,6 +181,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     scoring = _scoring(ctx, attempt_figures(rank_stats), len(checkpoints))  # kept before the merge
     ctx.stage("merging the blocks' scores")
     result = run.gather(rank_stats)
+    if preconditioning := optimizer_state(result.stats["optimizer_state"]):
+        ctx.log(f"training gradients: {preconditioning.text}")
     if section.agreement_train:
         result.stats["agreement"] = exact_agreement(
             adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
@@ -185,6 +193,13 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result, scoring)
     ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
     return summary
+
+
+def _training_gradients(choice: str) -> str:
+    """What the training gradients are, for the log before the scoring."""
+    if choice == "adam":
+        return f"{DESCRIPTION} (tracin.optimizer_state = adam)"
+    return "plain gradients (tracin.optimizer_state = off)"
 
 
 def _adapter_base(
@@ -254,8 +269,12 @@ def _check_plan(
         "processes": ctx.world_size,  # the blocks of training examples depend on it
         "parameters": names,
         **({"adapter_base": options.adapter_base} if options.adapter_base is not None else {}),
+        **({"optimizer_state": options.optimizer_state} if options.optimizer_state != "off" else {}),
     }
     weights = [[file_digest(c.path, ctx.cache_dir), c.lr] for c in checkpoints]
+    if options.optimizer_state == "adam":  # the training gradients depend on each checkpoint's optimizer state too
+        states = optimizer_files(checkpoints)
+        weights = [[*w, file_digest(f, ctx.cache_dir)] for w, f in zip(weights, states)]
     where = "tracin.checkpoints" if profile.tracin.checkpoints else model_origin(profile.model)
     ctx.check_resume_record(
         {
@@ -338,6 +357,7 @@ def _write_results(
         "parameter_choice": dict(zip(("layers", "source"), resolved_layers(adapter, section.layers))),
         "gradient_size": stats["gradient_size"],
         "projection": _projection(section, profile.run.seed),
+        "optimizer_state": stats["optimizer_state"],
         "excluded_parameters": list(stats["excluded_parameters"]),  # the reasons are in the run's log
         "train_cache": stats["cache_blocks"],
         "agreement": stats.get("agreement"),
@@ -354,7 +374,13 @@ def _write_results(
     ctx.metric("train_examples_per_s", rate)
     if auc is not None:
         ctx.metric("flipped_label_auc", auc)
-    return {"n_scored": stats["n_scored"], "train_examples_per_s": rate, "flipped_label_auc": auc}
+    preconditioning = optimizer_state(stats["optimizer_state"])
+    return {
+        "n_scored": stats["n_scored"],
+        "train_examples_per_s": rate,
+        "flipped_label_auc": auc,
+        "training_gradients": preconditioning.text if preconditioning else _training_gradients("off"),
+    }
 
 
 def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> dict[str, Any]:

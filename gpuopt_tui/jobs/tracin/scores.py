@@ -8,6 +8,9 @@ block's sums). Training examples are cut into blocks; after each (checkpoint, bl
 (scores against every test example, and self-influence sum_c lr_c * ||g_c||^2) are saved as a shard, so a resumed
 run redoes at most one block. Top-k proponents and opponents are merged block by block at the end. Scores
 accumulate in fp32 (float64 for float64 models).
+
+With options.optimizer_state = "adam" the training gradients are Adam-preconditioned from each checkpoint's
+optimizer.pt (adam_state.py): influence = sum_c lr_c * <Γ_c(grad L(z; w_c)), grad L(z'; w_c)>.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.profiles.tracin import OPTIMIZER_STATES
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
+from gpuopt_tui.jobs.tracin.adam_state import DESCRIPTION, FORMULA, load_adam_state, optimizer_files
 from gpuopt_tui.jobs.tracin.filters import PairFilter
 from gpuopt_tui.jobs.tracin.grad_cache import TrainGradientCache, cache_key
 from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
@@ -80,6 +85,13 @@ class TracInRun:
         self.pair_filter = pair_filter
         self.store = store if store is not None else MemoryStore()
         self.reporter = reporter or Reporter()
+        if self.opts.optimizer_state not in OPTIMIZER_STATES:
+            raise UserError(
+                f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, got {self.opts.optimizer_state!r}"
+            )
+        self.adam = self.opts.optimizer_state == "adam"
+        self.optimizer_files = optimizer_files(checkpoints) if self.adam else []
+        self.adam_described: dict[int, dict[str, Any]] = {}  # checkpoint -> its Adam settings, once loaded
         self.keys = _filter_keys(pair_filter, test, train)
         self.scored = _scored_rows(train, pair_filter, self.keys)
         self.blocks: list[list[int]] = []
@@ -99,6 +111,7 @@ class TracInRun:
             gradient_checkpointing=opts.gradient_checkpointing,
             factored_sizes=(opts.projection_in, opts.projection_out),
             seed=opts.seed,
+            dense=self.adam,
         )
         self.blocks, self.owners = split_blocks(self.scored, opts.shard_size, world_size)
         mine = [j for j, owner in enumerate(self.owners) if owner == rank]
@@ -145,6 +158,13 @@ class TracInRun:
         scorer.progress.loaded += 1
         if scorer.cache is not None:
             scorer.cache.checkpoint(self.checkpoints[c].path)
+        train_computer = scorer.computer
+        if self.adam:
+            self.reporter.stage(f"{stage}: reading its optimizer state")
+            file = self.optimizer_files[c]
+            state = load_adam_state(file, self.adapter, self.params, self.adapter.device, scorer.dtype)
+            self.adam_described[c] = state.describe()
+            train_computer = scorer.computer.preconditioned(state)
         test = _TestGradients(self, scorer, f"{stage}: gradients of {len(self.test)} test examples")
         # The test gradients come first when the run's first micro-batch is to measure the memory an example takes
         # (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they come after
@@ -153,24 +173,26 @@ class TracInRun:
         if scorer.batcher.probes_next(self.adapter.device) or scorer.computer.method != "closed_form":
             test.features()
         for j in blocks:
-            self._score_block(scorer, c, j, test, stage)
+            self._score_block(scorer, train_computer, c, j, test, stage)
 
-    def _score_block(self, scorer: _Scorer, c: int, j: int, test: _TestGradients, stage: str) -> None:
+    def _score_block(
+        self, scorer: _Scorer, computer: GradientComputer, c: int, j: int, test: _TestGradients, stage: str
+    ) -> None:
         """Add checkpoint `c`'s terms for block `j`'s training rows to the block's sums so far (its shard of the
-        checkpoint before) and save the sums as its shard of `c`."""
+        checkpoint before) and save the sums as its shard of `c`; `computer` gives the training gradients."""
         rows, lr, reporter, progress = self.blocks[j], self.checkpoints[c].lr, self.reporter, scorer.progress
         scores, selfinf = self._block_sums(scorer, c, j)
         cache_stage = f"{stage}: train gradient cache"
         on_rows = lambda n, at=progress.done: reporter.progress(at + n, progress.total, cache_stage)  # noqa: E731
         if scorer.cache is None:  # (with the cache the block says its own stage)
             reporter.progress(progress.done, progress.total, stage)
-        for offset, feats in self._train_features(scorer.batcher, scorer.computer, scorer.cache, j, rows, on_rows):
+        for offset, feats in self._train_features(scorer.batcher, computer, scorer.cache, j, rows, on_rows):
             test_feats = test.features()
             part = slice(offset, offset + len(feats))
             with record_function("tracin.products"):
                 if test_feats is not None:
                     scores[:, part] += lr * test_feats.inner(feats)
-                selfinf[part] += lr * feats.sqnorm()
+                selfinf[part] += lr * feats.self_products()
             scorer.count(len(feats))
             del feats  # not held while the next micro-batch is computed
             reporter.progress(progress.done, progress.total, stage)
@@ -221,7 +243,10 @@ class TracInRun:
             return None
         with record_function("tracin.cache_key"):
             parts = cache_key(self.adapter, self.train, self.params, computer.method, opts)
-            cache = TrainGradientCache(opts.train_cache, parts, self.adapter.device, dtype, self.reporter.warn)
+            companions = dict(zip((c.path for c in self.checkpoints), self.optimizer_files))
+            cache = TrainGradientCache(
+                opts.train_cache, parts, self.adapter.device, dtype, self.reporter.warn, companions=companions
+            )
             cache.expect((self.checkpoints[c].path, j, self.blocks[j]) for c, j in pending)
         return cache
 
@@ -238,6 +263,7 @@ class TracInRun:
             "n_parameters": count_parameters(self.adapter.model, self.params),
             "precision": self.opts.precision,
             "projection_dim": self.opts.projection_dim,
+            "optimizer_state": self._optimizer_state(),
             "checkpoints_loaded": max(s["checkpoints_loaded"] for s in rank_stats),
             "n_scored": len(self.scored),
             **attempt_figures(rank_stats),
@@ -246,6 +272,18 @@ class TracInRun:
             "processes": len(rank_stats),
         }
         return result
+
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        """What preconditioned the training gradients (None: plain gradients), with each checkpoint's Adam
+        settings (read again for a checkpoint whose shards an earlier attempt left)."""
+        if not self.adam:
+            return None
+        described = [
+            self.adam_described.get(c)
+            or load_adam_state(file, self.adapter, self.params, torch.device("cpu"), torch.float32).describe()
+            for c, file in enumerate(self.optimizer_files)
+        ]
+        return {"kind": "adam", "description": DESCRIPTION, "formula": FORMULA, "checkpoints": described}
 
 
 @dataclasses.dataclass

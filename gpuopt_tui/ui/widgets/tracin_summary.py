@@ -1,5 +1,6 @@
 """What the TracIn results view says about a run as a whole: the Summary tab (settings, parameters, gradient
-method and projection, cache use, agreement with exact TracIn, speed) and the line above the tabs."""
+method and projection, the training gradients' Adam preconditioning, cache use, agreement with exact TracIn, speed)
+and the line above the tabs."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def summary_content(s: TracInSummary) -> Content:
         parts += names(s.excluded_parameters)
     seed = f" (seed {s.projection.seed})" if s.projection and s.projection.seed is not None else ""
     parts.append(line("Mode", f"{s.mode}{seed}; {s.gradient_size:,} numbers per gradient; {s.precision} forward"))
+    parts.append(line("Training", s.optimizer_state.text if s.optimizer_state else "plain gradients"))
+    if s.optimizer_state is not None:
+        parts.append(Content(f"  {s.optimizer_state.formula}"))
     if s.train_cache is not None:
         c = s.train_cache
         parts.append(
