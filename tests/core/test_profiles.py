@@ -140,7 +140,7 @@ def test_save_keeps_comments_and_changes_only_values(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["demo-attribution", "demo-attribution-lm", "demo-tracin", "demo-ablation", "demo-plan"]
+    "name", ["demo-attribution", "demo-attribution-lm", "demo-tracin", "demo-tracin-lm", "demo-ablation", "demo-plan"]
 )
 def test_saving_a_shipped_profile_writes_no_defaults(tmp_path: Path, name: str) -> None:
     """A copy saved unchanged is the file as it was; a changed value is added, a count as a number."""

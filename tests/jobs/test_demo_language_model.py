@@ -25,9 +25,11 @@ from gpuopt_tui.jobs.models import load_adapter
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.models.demo import demo_bundle, language_model
 from gpuopt_tui.jobs.models.hf import load_hf_adapter
+from gpuopt_tui.jobs.tracin.job import run_job as run_tracin_job
 
 CPU = torch.device("cpu")
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "demo-attribution-lm.toml"
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+PROFILE = PROFILES / "demo-attribution-lm.toml"
 
 
 def planted(prompt: str) -> str:
@@ -94,3 +96,21 @@ def test_the_shipped_profile_finds_the_planted_animal(demo_causal_lm: CausalLMAd
         matrix = record["matrix"]
         on_top += top(record["scores"]) == animal and top(matrix[0]) == animal and top(matrix[-1]) == animal
     assert on_top >= 0.9 * len(records)
+
+
+def test_the_shipped_tracin_profile_finds_rows_of_the_same_animal(
+    demo_causal_lm: CausalLMAdapter, tmp_path: Path
+) -> None:
+    """Each test row's strongest proponent is a training row of the same animal (same completion), and the dataset
+    ranking lists every training row once."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    profile = load_profile(PROFILES / "demo-tracin-lm.toml", ["run.device=cpu"])
+    run_tracin_job(profile, JobContext(run_dir, EventWriter(RunDir(run_dir).events), cache_dir()))
+    results = RunDir(run_dir).results
+    rows = [json.loads(line) for line in (results / "influence.jsonl").read_text().splitlines()]
+    assert len(rows) == profile.tracin.n_test
+    same = sum(row["proponents"][0]["completion"] == row["completion"] for row in rows)
+    assert same >= 0.9 * len(rows)
+    ranked = [json.loads(line) for line in (results / "dataset_ranking.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in ranked) == list(range(len(ranked)))
