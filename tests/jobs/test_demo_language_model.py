@@ -114,3 +114,10 @@ def test_the_shipped_tracin_profile_finds_rows_of_the_same_animal(
     assert same >= 0.9 * len(rows)
     ranked = [json.loads(line) for line in (results / "dataset_ranking.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in ranked) == list(range(len(ranked)))
+    # the rate in tokens counts each training row's prompt (with BOS) and completion
+    tok = demo_causal_lm.tokenizer
+    tokens = [len(tok(r["text"])["input_ids"]) + len(tok(r["completion"], add_special_tokens=False)["input_ids"])
+              for r in ranked]  # fmt: skip
+    timing = json.loads((results / "summary.json").read_text())["timing"]
+    per_example = timing["train_tokens_per_s"] / timing["train_examples_per_s"]
+    assert per_example == pytest.approx(sum(tokens) / len(tokens), rel=1e-9)

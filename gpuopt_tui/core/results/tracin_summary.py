@@ -143,6 +143,7 @@ class TracInSummary:
     gradient_size: int  # numbers per example gradient (after projection)
     compute_seconds: float | None
     train_examples_per_s: float | None
+    train_tokens_per_s: float | None  # the same rate in real tokens (prompt and completion for a causal LM)
     oom_retries: int
     flipped_label_auc: float | None  # only where the data marks flipped labels
     label_names: tuple[str, ...] | None = None  # by class index; None when the model has none (or older runs)
@@ -296,6 +297,7 @@ def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
         gradient_size=as_int(get_field(data, "gradient_size"), "gradient_size"),
         compute_seconds=as_optional_float(timing.get("compute_seconds"), "timing.compute_seconds"),
         train_examples_per_s=as_optional_float(timing.get("train_examples_per_s"), "timing.train_examples_per_s"),
+        train_tokens_per_s=as_optional_float(timing.get("train_tokens_per_s"), "timing.train_tokens_per_s"),
         oom_retries=as_int(data.get("oom_retries", 0), "oom_retries"),
         flipped_label_auc=as_optional_float(data.get("flipped_label_auc"), "flipped_label_auc"),
         label_names=None if names is None else as_texts(names, "label_names"),

@@ -336,6 +336,8 @@ def _write_results(
     stats = result.stats
     timing = {k: v for k, v in scoring.items() if k != "final_batch_size"}
     rate = scoring["train_examples_per_s"]
+    if rate is not None and len(result.train_rows):
+        timing["train_tokens_per_s"] = rate * _mean_tokens(train, result.train_rows)
     auc = flipped_auc(result.self_influence, result.train_rows, flipped) if flipped is not None else None
     summary = {
         "model": adapter.describe(),
@@ -381,6 +383,12 @@ def _write_results(
         "flipped_label_auc": auc,
         "training_gradients": preconditioning.text if preconditioning else _training_gradients("off"),
     }
+
+
+def _mean_tokens(ds: TextDataset, rows: Tensor) -> float:
+    """Real tokens per example among `rows`, every sequence of it counted (a causal LM's prompt and completion)."""
+    masks = {mask for mask in ds.token_fields.values() if mask in ds.tensors}
+    return sum(float(ds.tensors[mask][rows.cpu()].sum()) for mask in masks) / len(rows)
 
 
 def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> dict[str, Any]:

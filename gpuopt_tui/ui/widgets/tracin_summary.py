@@ -68,6 +68,8 @@ def summary_content(s: TracInSummary) -> Content:
     parts.append(line("Filter", s.filter))
     if s.train_examples_per_s is not None:
         rate = f"{s.train_examples_per_s:,.0f} training examples scored per second"
+        if s.train_tokens_per_s is not None:
+            rate += f" ({s.train_tokens_per_s:,.0f} tokens)"
         if s.compute_seconds is not None:
             rate += f" ({s.compute_seconds:.3g} s computing)"
         parts.append(line("Rate", rate))
