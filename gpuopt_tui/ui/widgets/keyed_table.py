@@ -12,8 +12,16 @@ from textual.widgets.data_table import CursorType
 class KeyedTable(DataTable[Text]):
     """`set_rows` adds, removes and updates rows; the cursor stays on its row's key."""
 
-    def __init__(self, columns: Sequence[str], *, id: str | None = None, cursor_type: CursorType = "row") -> None:
-        super().__init__(id=id, cursor_type=cursor_type, zebra_stripes=True)
+    def __init__(
+        self,
+        columns: Sequence[str],
+        *,
+        id: str | None = None,
+        classes: str | None = None,
+        cursor_type: CursorType = "row",
+    ) -> None:
+        # classes given here, not added after: a class added to a widget not yet mounted restyles it at once
+        super().__init__(id=id, classes=classes, cursor_type=cursor_type, zebra_stripes=True)
         self._columns = tuple(columns)
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> plain text of each cell, as displayed
 

@@ -116,7 +116,7 @@ class ProfileForm(Vertical):
         self._ready = False
 
     def compose(self) -> ComposeResult:
-        yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
+        yield KeyedTable(("key", "value", "from"), id="form-table", classes="form-fields")
         with Horizontal(id="form-editor"):
             yield Label("", id="editor-key")
             text = Input(id="editor-text", compact=True)
@@ -286,7 +286,9 @@ class ProfileForm(Vertical):
     @on(DataTable.RowHighlighted, "#form-table")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
-        if event.row_key.value is not None:
+        # one the cursor has left since is passed over (the rows first drawn highlight the first row, then the key
+        # in the editor): showing that key would hide and show the editors again, relaid out after the first paint
+        if event.row_key.value is not None and event.cursor_row == self.table.cursor_row:
             self._show_key(event.row_key.value)
 
     @on(DataTable.RowSelected, "#form-table")
