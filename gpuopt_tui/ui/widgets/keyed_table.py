@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import DataTable
 from textual.widgets.data_table import CursorType
 
@@ -24,6 +25,16 @@ class KeyedTable(DataTable[Text]):
         super().__init__(id=id, classes=classes, cursor_type=cursor_type, zebra_stripes=True)
         self._columns = tuple(columns)
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> plain text of each cell, as displayed
+        self._laid_out = False
+
+    def on_resize(self, event: Resize) -> None:
+        # A cursor moved before the table had a size (rows filled in a screen built before it is shown) scrolled the
+        # table by its row, to no view at all: on its first size, scrolled from the top again, to the cursor.
+        if not self._laid_out:
+            self._laid_out = True
+            if self.scroll_y:
+                self.scroll_to(y=0, animate=False, immediate=True)
+                self.move_cursor(row=self.cursor_row, animate=False)
 
     def on_mount(self) -> None:
         for column in self._columns:
