@@ -14,6 +14,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.events import Resize
+from textual.geometry import Size
 from textual.widget import Widget
 from textual.widgets import Button, Label, Static, Tab, Tabs
 
@@ -137,6 +138,7 @@ class KindScreen(AppScreen):
 
     def on_mount(self) -> None:
         self._show_engine()
+        self._fit_width(self.app.size.width)  # as the first layout will: the form's rows drawn in the first paint
         listing = self.gapp.profile_listings.pop(self.KIND, None)  # read after the app's first frame, if it was
         if listing is None and self.gapp.startup_seconds is None:
             listing = read_listing(self.KIND, None)  # the first screen: nothing is on the terminal to keep answering
@@ -144,10 +146,17 @@ class KindScreen(AppScreen):
             self._show_listing(listing)
         else:
             self.reload_profiles()
-        self.form.table.focus()  # the arrows move through the keys at once; tab reaches the picker and buttons
+        # the arrows move through the keys at once; tab reaches the picker and buttons. Focused now, not after (as
+        # `focus()` does): the table would be drawn again, focused, right after the screen's first paint
+        self.set_focus(self.form.table)
 
     def on_resize(self, event: Resize) -> None:
-        narrow = event.size.width < NARROW_BELOW
+        self._fit_width(event.size.width)
+        self.refresh_bindings()
+
+    def _fit_width(self, width: int) -> None:
+        """Lay the panes out for a screen `width` columns wide: side by side, or taking turns when narrow."""
+        narrow = width < NARROW_BELOW
         self.set_class(narrow, "-narrow")
         if narrow and not self.query("#pane-tabs"):
             # the form and the run pane take turns: tabs to pick one, made the first time they are needed (a wide
@@ -157,7 +166,10 @@ class KindScreen(AppScreen):
                 Tab("Profile", id="pane-form"), Tab("Run & results", id="pane-run"), id="pane-tabs", active=active
             )
             self.mount(tabs, before="#kind-body")
-        self.refresh_bindings()
+        side_width = self.query_one("#run-side").styles.width  # beside the form, which takes the rest (1fr)
+        size = Size(width, self.app.size.height)
+        beside = int(side_width.resolve(size, size)) if side_width is not None and not narrow else 0
+        self.form.expect_width(width - beside)
 
     @property
     def results(self) -> RunResults:

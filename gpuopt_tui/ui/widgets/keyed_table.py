@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import DataTable
 from textual.widgets.data_table import CursorType
 
@@ -12,10 +13,28 @@ from textual.widgets.data_table import CursorType
 class KeyedTable(DataTable[Text]):
     """`set_rows` adds, removes and updates rows; the cursor stays on its row's key."""
 
-    def __init__(self, columns: Sequence[str], *, id: str | None = None, cursor_type: CursorType = "row") -> None:
-        super().__init__(id=id, cursor_type=cursor_type, zebra_stripes=True)
+    def __init__(
+        self,
+        columns: Sequence[str],
+        *,
+        id: str | None = None,
+        classes: str | None = None,
+        cursor_type: CursorType = "row",
+    ) -> None:
+        # classes given here, not added after: a class added to a widget not yet mounted restyles it at once
+        super().__init__(id=id, classes=classes, cursor_type=cursor_type, zebra_stripes=True)
         self._columns = tuple(columns)
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> plain text of each cell, as displayed
+        self._laid_out = False
+
+    def on_resize(self, event: Resize) -> None:
+        # A cursor moved before the table had a size (rows filled in a screen built before it is shown) scrolled the
+        # table by its row, to no view at all: on its first size, scrolled from the top again, to the cursor.
+        if not self._laid_out:
+            self._laid_out = True
+            if self.scroll_y:
+                self.scroll_to(y=0, animate=False, immediate=True)
+                self.move_cursor(row=self.cursor_row, animate=False)
 
     def on_mount(self) -> None:
         for column in self._columns:

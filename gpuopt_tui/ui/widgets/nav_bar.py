@@ -38,4 +38,6 @@ class NavBar(Static):
             if screen.name == self._active:
                 item = f"[reverse b]{item}[/]"
             items.append(f"[@click=app.show('{screen.name}')]{item}[/]")
-        self.update("".join(items))
+        markup = "".join(items)
+        if markup != self.content:  # a resize that keeps the labels (the first one, after the screen's first paint)
+            self.update(markup)

@@ -107,15 +107,16 @@ class ProfileForm(Vertical):
         self.errors: dict[str, str] = {}  # what is shown, by key
         self.current: str | None = None  # the key in the editor
         self._key_width = max(len("  " + key.rsplit(".", 1)[-1]) for key in self.infos)
-        # of the value and note columns (fitted_widths); the rows are drawn once the form's width is known: a table
-        # drawn before, at other widths, would be drawn twice on the screen's first showing
+        # of the value and note columns (fitted_widths); the rows are drawn once the form's width is known, or the
+        # width it will have (expect_width): a table drawn at other widths would be drawn twice on the screen's first
+        # showing, and one drawn only on the form's first resize comes after a first paint of an empty form
         self._widths: tuple[int, int] | None = None
         # and once a profile is loaded (or show_defaults says there is none to load): the defaults drawn before would
         # be drawn again at once with the profile's values (a profile is read in a thread)
         self._ready = False
 
     def compose(self) -> ComposeResult:
-        yield KeyedTable(("key", "value", "from"), id="form-table").add_class("form-fields")
+        yield KeyedTable(("key", "value", "from"), id="form-table", classes="form-fields")
         with Horizontal(id="form-editor"):
             yield Label("", id="editor-key")
             text = Input(id="editor-text", compact=True)
@@ -128,6 +129,14 @@ class ProfileForm(Vertical):
     def on_mount(self) -> None:
         self._show_rows()
         self._show_key(next(iter(self.infos)))
+
+    def expect_width(self, width: int) -> None:
+        """The width the form will have once laid out (from its screen's layout, before it is laid out): the rows
+        are drawn at that width, in the screen's first paint; the form's first resize draws them again only if the
+        width it gets fits other column widths."""
+        if self._widths is None:
+            self._widths = fitted_widths(width, self._key_width)
+            self._show_rows()
 
     def on_resize(self, event: Resize) -> None:
         widths = fitted_widths(event.size.width, self._key_width)
@@ -277,7 +286,9 @@ class ProfileForm(Vertical):
     @on(DataTable.RowHighlighted, "#form-table")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
-        if event.row_key.value is not None:
+        # one the cursor has left since is passed over (the rows first drawn highlight the first row, then the key
+        # in the editor): showing that key would hide and show the editors again, relaid out after the first paint
+        if event.row_key.value is not None and event.cursor_row == self.table.cursor_row:
             self._show_key(event.row_key.value)
 
     @on(DataTable.RowSelected, "#form-table")

@@ -80,7 +80,9 @@ class RunProgress(Static):
             self.update(self._render_info())
 
     def on_resize(self, event: Resize) -> None:
-        self.update(self._render_info())
+        content = self._render_info()
+        if content != self.content:  # its text, compared: a resize changes the bar's width, not the styles
+            self.update(content)
 
     def _render_info(self) -> Content:
         info = self._info
