@@ -180,6 +180,14 @@ def test_an_index_rewritten_with_its_digest_is_used(tmp_path: Path) -> None:
     assert SampleIndex.build(path).index_file is not None  # type: ignore[union-attr]
 
 
+def test_an_index_larger_than_its_jsonl_allows_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = written(tmp_path, fixture_records(CLASSIFIER))
+    monkeypatch.setattr("gpuopt_tui.core.results.attribution_index.INDEX_SLACK_BYTES", 0)
+    monkeypatch.setattr("gpuopt_tui.core.results.attribution_index.MAX_INDEX_RATIO", 0.25)
+    assert index_path(path).stat().st_size > path.stat().st_size / 4
+    assert_read_whole(path)
+
+
 def test_writing_again_removes_an_earlier_index_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that fails after the jsonl leaves no index of the earlier file behind."""
     records = fixture_records(CLASSIFIER)

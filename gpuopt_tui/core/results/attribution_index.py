@@ -27,6 +27,9 @@ from gpuopt_tui.core.atomic import write_atomically
 INDEX_SUFFIX = ".index.jsonl"
 FORMAT = "gpuopt-tui-attributions-index-1"
 EDGE_BYTES = 64 * 1024
+# An index is smaller than its jsonl (a row holds a line's text, which the line also holds as its tokens; escaped to
+# ASCII, a character takes at most twice its UTF-8 bytes): a larger file is not read.
+MAX_INDEX_RATIO, INDEX_SLACK_BYTES = 2, 1024**2
 _DIGEST_KEY = "sha256"
 
 
@@ -78,9 +81,12 @@ def read_index(jsonl: Path, fields: Sequence[str]) -> LoadedIndex | None:
     now; else None."""
     path = index_path(jsonl)
     try:
-        data = path.read_bytes()
         with jsonl.open("rb") as f:
             stamp, st = _stamp(f)
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_INDEX_RATIO * st.st_size + INDEX_SLACK_BYTES:
+                return None
+            data = f.read()
     except OSError:
         return None
     try:
