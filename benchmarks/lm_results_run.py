@@ -3,7 +3,7 @@
 Issue 34's 1B-model run attributes 2048 prompts of 64-512 tokens with 16-token completions, per completion token
 (`per_target_token = true`): each line of attributions.jsonl carries a [16, P] matrix. Committing such a run is
 out of the question (its jsonl is over 100 MB), so `write_lm_run` writes one from seeded random values through
-the job's own writers (CompletionRun.records / tensors, write_tensors, write_jsonl, token_ranking,
+the job's own writers (CompletionRun.records / tensors, write_tensors, write_samples (with its index), token_ranking,
 delta_summary, steps_summary): the files have the layout, sizes and field order a real run writes; only the
 numbers are random. The run's other files (profile, events, log, meta) are those of the frozen small run in
 tests/fixtures/runs/attribution-lm, with its sample counts changed to these.
@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuopt_tui.core.atomic import write_json, write_jsonl
+from gpuopt_tui.core.atomic import write_json
+from gpuopt_tui.core.results.attribution import write_samples
 from gpuopt_tui.jobs.attribution.completions import CompletionRun
 from gpuopt_tui.jobs.attribution.deltas import delta_summary, steps_summary
 from gpuopt_tui.jobs.attribution.outputs import Collected, token_ranking, write_tensors
@@ -157,7 +158,7 @@ def write_lm_run(runs_dir: Path, seed: int = 0) -> Path:
     _side_files(run_dir)
     results = run_dir / "results"
     results.mkdir()
-    write_jsonl(results / "attributions.jsonl", run.records(collected, to_tokens, {BOS, PAD}, TOP_K_SAMPLE))
+    write_samples(results / "attributions.jsonl", run.records(collected, to_tokens, {BOS, PAD}, TOP_K_SAMPLE))
     write_tensors(results / "attributions.safetensors", collected, run.tensors(collected))
     write_json(results / "summary.json", _summary(collected, to_tokens))
     return run_dir

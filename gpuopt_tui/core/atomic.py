@@ -75,11 +75,16 @@ def write_json(path: Path, data: Any) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8"))
 
 
-def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]], written: Callable[[bytes], None] | None = None) -> None:
+    """One JSON line per record; `written(line)` is called with each line's bytes as it is written."""
+
     def write(tmp: Path) -> None:
-        with tmp.open("w", encoding="utf-8") as f:
+        with tmp.open("wb") as f:
             for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+                f.write(line)
+                if written is not None:
+                    written(line)
 
     write_atomically(path, write)
 

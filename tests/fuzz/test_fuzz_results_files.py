@@ -1,7 +1,8 @@
 """attributions.jsonl files of any size and shape (samples of up to 300,000 tokens, two-tower ones, damaged
 bytes, wrong types): indexing the file, opening its first samples and laying out their heatmaps (what the results
 view does before its first frame) end within a few seconds and a bounded memory per input, with a sample or a
-UserError, never another exception."""
+UserError, never another exception. The index file written with a jsonl, damaged or left behind by a jsonl
+damaged after it, gives what a full read of the jsonl gives, or is not used."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.results.attribution import JSONL_NAME, SHOWN_TOKENS, SampleIndex
+from gpuopt_tui.core.results.attribution import JSONL_NAME, SHOWN_TOKENS, SampleIndex, write_samples
+from gpuopt_tui.core.results.attribution_index import index_path
 from gpuopt_tui.ui.widgets.token_heatmap import heatmap
 
 from .inputs import FUZZ, JSON_VALUES, damaged
@@ -88,3 +90,25 @@ def test_any_results_file_opens_in_bounded_time_and_memory(scratch: Path, data: 
         tracemalloc.stop()
     assert elapsed < SECONDS, f"{len(data)} bytes took {elapsed:.1f} s"
     assert peak < 3 * len(data) + 64 * MiB, f"{len(data)} bytes took {peak / MiB:.0f} MiB"
+
+
+def shown(index: SampleIndex | None) -> tuple[list[str], int, int]:
+    """What a sample list shows (repr: NaN equals NaN)."""
+    assert index is not None
+    return [repr(e) for e in index.entries], index.corrupt, index.too_long
+
+
+@FUZZ
+@given(rows=st.lists(records(), min_size=1, max_size=3), data=st.data())
+def test_an_index_damaged_or_stale_never_shows_other_entries(
+    scratch: Path, rows: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    path = scratch / JSONL_NAME
+    write_samples(path, rows)
+    index = index_path(path)
+    assert SampleIndex.build(path).index_file == index  # type: ignore[union-attr]
+    if data.draw(st.booleans(), label="damage the index"):
+        index.write_bytes(data.draw(damaged(index.read_bytes()), label="index"))
+    else:  # the jsonl written again (its mtime moves on), damaged
+        path.write_bytes(data.draw(damaged(path.read_bytes()), label="jsonl"))
+    assert shown(SampleIndex.build(path)) == shown(SampleIndex.scan(path))

@@ -20,6 +20,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import profile_from_data
+from gpuopt_tui.core.results.attribution import SampleIndex
 from gpuopt_tui.core.runs.events import EventWriter, read_events
 from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.attribution import IGOptions, integrated_gradients
@@ -146,6 +147,9 @@ def test_result_files(finished: Path) -> None:
     }
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"] == N_SAMPLES
+    index = SampleIndex.build(RunDir(finished).results / "attributions.jsonl")  # from the index written with it
+    assert index is not None and index.index_file == RunDir(finished).results / "attributions.index.jsonl"
+    assert [e.index for e in index.entries] == list(range(N_SAMPLES))
 
 
 def test_json_floats_are_the_shortest_exact_fp32_decimals() -> None:

@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from gpuopt_tui.app import make_app
 from gpuopt_tui.core.profiles.io import load_profile
-from gpuopt_tui.core.results.attribution import SampleIndex
+from gpuopt_tui.core.results.attribution import SampleIndex, write_samples
 from gpuopt_tui.core.runs import lifecycle as runs_module
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.status import RunWatcher
@@ -278,14 +278,20 @@ def expected_top(top: list[list[Any]]) -> list[list[str]]:
     return [[str(rank), token, str(position), f"{score:+.4g}"] for rank, (position, token, score) in enumerate(top, 1)]
 
 
+@pytest.mark.parametrize("indexed", [False, True], ids=["jsonl-read-whole", "index-file"])
 async def test_keys_choose_the_completion_token_the_heatmap_explains(
-    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, indexed: bool
 ) -> None:
-    frozen_run("attribution-lm", runs_root)
+    """The frozen run has no index file (an earlier version's run); written again with one, the same is shown and
+    the jsonl is not read whole."""
+    run_dir = frozen_run("attribution-lm", runs_root)
     reads: list[int] = []
     read = SampleIndex.read
     monkeypatch.setattr(SampleIndex, "read", lambda index, entry: reads.append(entry.index) or read(index, entry))
     records = jsonl_records(LM_FROZEN)
+    if indexed:
+        write_samples(run_dir / "results" / "attributions.jsonl", records)
+        monkeypatch.setattr(SampleIndex, "scan", None)  # reading the jsonl whole would fail
     app = make_app(screen="attribution")
     async with app.run_test(size=(120, 40)) as pilot:
         results = await open_results(pilot, len(records))

@@ -1,9 +1,12 @@
 """The result files of an attribution run, read without torch (the TUI reads them through this module).
 
-- attributions.jsonl: one line per sample. `SampleIndex.build` reads it once (in a worker: a 40k-sample file
-  is a few hundred MB) and keeps, per line, its byte offset and the few fields a sample list shows; the
-  tokens and scores of a sample are read again from its offset when the sample is opened. Unreadable lines
-  are skipped and counted (a line damaged only inside its tokens or scores is noticed when it is opened).
+- attributions.jsonl: one line per sample, written with its index (`write_samples`, attribution_index.py): the
+  offset, length and list fields of every line. `SampleIndex.build` reads that index when it is valid for the
+  jsonl as it is; else (a run of an earlier version, an index damaged or stale) it reads the jsonl once (in a
+  worker: a 40k-sample file is a few hundred MB) and keeps, per line, its byte offset and the few fields a sample
+  list shows; the tokens and scores of a sample are read again from its offset when the sample is opened.
+  Unreadable lines are skipped and counted (a line damaged only inside its tokens or scores is noticed when it is
+  opened).
   Whatever the file holds, time and memory stay bounded: a line over MAX_LINE_BYTES is left out (counted), and
   an opened sample keeps only its first SHOWN_TOKENS tokens, parsed from the start of its arrays, with the
   count of the others.
@@ -19,13 +22,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from gpuopt_tui.core.atomic import write_jsonl
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import load_profile
+from gpuopt_tui.core.results.attribution_index import index_path, read_index, write_index
 from gpuopt_tui.core.results.attribution_summary import (
     CHECK_NAME,
     SUMMARY_NAME,
@@ -201,6 +206,11 @@ def _entry(record: dict[str, Any], offset: int) -> SampleEntry:
         completion=None if record.get("completion") is None else str(record["completion"]),
         logprob=optional_float(record.get("logprob")),
     )
+
+
+def line_entry(line: bytes, offset: int) -> SampleEntry:
+    """The list fields of one line at byte `offset`; UNREADABLE when it is not a sample record."""
+    return _entry(_list_fields(line), offset)
 
 
 def parse_sample(line: bytes, offset: int) -> Sample:
@@ -397,6 +407,79 @@ def _lines(f: BinaryIO) -> Iterator[tuple[bytes, int]]:
         yield line if length <= MAX_LINE_BYTES else b"", length
 
 
+# --- the index file: one row per line, [offset, length, *ENTRY_FIELDS] ---------------------------------------
+
+ENTRY_FIELDS = tuple(f.name for f in fields(SampleEntry) if f.name != "offset")  # in the order of SampleEntry
+# the JSON types each field's value may have in a row (top_tokens: a list of strings)
+_OPTIONAL_INT, _OPTIONAL_FLOAT = (int, type(None)), (float, type(None))
+_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "index": (int,),
+    "target": (int,),
+    "label": _OPTIONAL_INT,
+    "prediction": (int,),
+    "probability": (float,),
+    "delta": (float,),
+    "relative_delta": (float,),
+    "top_tokens": (list,),
+    "search_text": (str,),
+    "margin": _OPTIONAL_FLOAT,
+    "low_margin": (bool,),
+    "steps": _OPTIONAL_INT,
+    "full_precision": (bool,),
+    "within_tolerance": (bool, type(None)),
+    "error_estimate": _OPTIONAL_FLOAT,
+    "completion": (str, type(None)),
+    "logprob": _OPTIONAL_FLOAT,
+}
+_ROW_KINDS = tuple(_ROW_TYPES[name] for name in ENTRY_FIELDS)
+_TOP_TOKENS = ENTRY_FIELDS.index("top_tokens")
+
+
+def _entry_row(entry: SampleEntry, length: int) -> list[Any]:
+    values = (getattr(entry, name) for name in ENTRY_FIELDS)
+    return [entry.offset, length, *(list(v) if isinstance(v, tuple) else v for v in values)]
+
+
+def _row_entry(row: list[Any]) -> SampleEntry:
+    """The entry of an index row (read_index checked its offset and length); TypeError for a value of another
+    type than the writer's. (Checked value by value: a 1B-model run's index has 2048 rows of 17 values.)"""
+    values = row[2:]
+    if not all(type(value) in kinds for value, kinds in zip(values, _ROW_KINDS, strict=True)):
+        raise TypeError("a value of another type than the index's writer's")
+    top = values[_TOP_TOKENS]
+    if not all(type(token) is str for token in top):
+        raise TypeError("top_tokens: not a list of strings")
+    values[_TOP_TOKENS] = tuple(top)
+    return SampleEntry(row[0], *values)
+
+
+class _IndexRows:
+    """The index rows of lines as they are written, counted as a full read counts them."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.corrupt = self.too_long = self.offset = 0
+
+    def __call__(self, line: bytes) -> None:
+        if len(line) > MAX_LINE_BYTES:
+            self.too_long += 1
+        elif not line.isspace():
+            try:
+                self.rows.append(_entry_row(line_entry(line, self.offset), len(line)))
+            except UNREADABLE:
+                self.corrupt += 1
+        self.offset += len(line)
+
+
+def write_samples(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Write attributions.jsonl atomically, one line per record, then its index (an index of an earlier file is
+    removed first: a failure in between leaves the jsonl without one, read whole)."""
+    index_path(path).unlink(missing_ok=True)
+    rows = _IndexRows()
+    write_jsonl(path, records, rows)
+    write_index(path, ENTRY_FIELDS, rows.rows, rows.corrupt, rows.too_long)
+
+
 def _stamp(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return st.st_ino, st.st_size, st.st_mtime_ns
@@ -406,16 +489,45 @@ class SampleIndex:
     """The lines of an attributions.jsonl: entries in file order, the samples read on demand."""
 
     def __init__(
-        self, path: Path, entries: Sequence[SampleEntry], corrupt: int, stamp: tuple[int, int, int], too_long: int = 0
+        self,
+        path: Path,
+        entries: Sequence[SampleEntry],
+        corrupt: int,
+        stamp: tuple[int, int, int],
+        too_long: int = 0,
+        index_file: Path | None = None,
     ) -> None:
         self.path = path
         self.entries = tuple(entries)
         self.corrupt = corrupt  # unreadable lines that were skipped
         self.too_long = too_long  # lines over MAX_LINE_BYTES that were left out
+        self.index_file = index_file  # the index file the entries were read from (None: from the jsonl itself)
         self._stamp = stamp
 
     @classmethod
     def build(cls, path: Path, cancelled: Callable[[], bool] = lambda: False) -> SampleIndex | None:
+        """The entries of the file's index file when it is valid for the file as it is, else of the file read once
+        (`scan`); None when `cancelled()` turned true. Raises UserError when the file cannot be read."""
+        indexed = cls.from_index_file(path)
+        if indexed is None:
+            return cls.scan(path, cancelled)
+        return None if cancelled() else indexed
+
+    @classmethod
+    def from_index_file(cls, path: Path) -> SampleIndex | None:
+        """The entries of the index file of `path`; None when it is missing, damaged or stale."""
+        loaded = read_index(path, ENTRY_FIELDS)
+        if loaded is None:
+            return None
+        try:
+            entries = [_row_entry(row) for row in loaded.rows]
+        except (TypeError, ValueError):
+            return None
+        st = loaded.stat
+        return cls(path, entries, loaded.corrupt, (st.st_ino, st.st_size, st.st_mtime_ns), loaded.too_long, loaded.path)
+
+    @classmethod
+    def scan(cls, path: Path, cancelled: Callable[[], bool] = lambda: False) -> SampleIndex | None:
         """Read the file once, keeping each line's offset and list fields; None when `cancelled()` turned true.
         Raises UserError when the file cannot be read."""
         entries: list[SampleEntry] = []
@@ -431,7 +543,7 @@ class SampleIndex:
                         too_long += 1
                     elif line and not line.isspace():  # (strip() would copy the line)
                         try:
-                            entries.append(_entry(_list_fields(line), offset))
+                            entries.append(line_entry(line, offset))
                         except UNREADABLE:
                             corrupt += 1
                     offset += length
@@ -458,11 +570,14 @@ class SampleIndex:
             with self.path.open("rb") as f:
                 f.seek(entry.offset)
                 line = f.readline(MAX_LINE_BYTES + 1)  # an indexed line is no longer
-            return parse_sample(line, entry.offset)
+            sample = parse_sample(line, entry.offset)
         except OSError as e:
             raise UserError(f"{self.path}: cannot read it ({e.strerror or e})") from None
         except UNREADABLE as e:
             raise UserError(f"{self.path}: the line at byte {entry.offset} is unreadable ({e})") from None
+        if sample.entry.index != entry.index:  # (an index file checked against the jsonl never leads here)
+            raise UserError(f"{self.path}: the line at byte {entry.offset} is not sample {entry.index}")
+        return sample
 
 
 def page(rows: Sequence[SampleEntry], number: int, size: int) -> Sequence[SampleEntry]:

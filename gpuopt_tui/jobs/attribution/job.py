@@ -17,9 +17,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from gpuopt_tui.core.atomic import write_json, write_jsonl
+from gpuopt_tui.core.atomic import write_json
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import AttributionProfile
+from gpuopt_tui.core.results.attribution import write_samples
 from gpuopt_tui.core.results.attribution_summary import CHECK_NAME
 from gpuopt_tui.jobs import short_attention
 from gpuopt_tui.jobs.attribution.adaptive import batch_size_note, tolerance_warning
@@ -311,7 +312,7 @@ def _write_results(ctx: JobContext, report: Report, collected: Collected) -> dic
     """The three result files and their events; returns the short summary for the run's `finished` event."""
     ctx.stage(WRITE_STAGE)
     files = {key: ctx.results_dir / name for key, name in FILE_NAMES.items()}
-    write_jsonl(files["jsonl"], report.records)
+    write_samples(files["jsonl"], report.records)
     write_tensors(files["tensors"], collected, report.tensors)
     for kind, text in report.messages:
         (ctx.warn if kind == "warn" else ctx.log)(text)
