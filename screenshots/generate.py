@@ -132,7 +132,8 @@ async def shoot(out: Path, trace: Trace | None, start: int, gpu_caption: str) ->
         if lm is not None:
             pilot.app.open_results(lm.id)
             await settle(pilot)
-            await pilot.press("ctrl+o", "full_stop")  # the sample list; the completion's first token
+            pilot.app.screen.view.focus_first()  # the sample table (tab, tab from the tab bar)
+            await pilot.press("full_stop")  # the completion's first token
             await settle(pilot)
             save(pilot.app, out, "attribution-lm.svg", "gpuopt-tui")
             print("  a causal LM's results, per completion token", flush=True)
