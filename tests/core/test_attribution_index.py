@@ -189,7 +189,7 @@ def test_an_index_larger_than_its_jsonl_allows_is_not_read(tmp_path: Path, monke
 
 
 def test_writing_again_removes_an_earlier_index_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write that fails after the jsonl leaves no index of the earlier file behind."""
+    """An index that cannot be written leaves no index of the earlier file behind, and says so: the jsonl stands."""
     records = fixture_records(CLASSIFIER)
     path = written(tmp_path, records)
 
@@ -197,7 +197,7 @@ def test_writing_again_removes_an_earlier_index_first(tmp_path: Path, monkeypatc
         raise OSError("disk full")
 
     monkeypatch.setattr("gpuopt_tui.core.results.attribution.write_index", fail)
-    with pytest.raises(OSError, match="disk full"):
-        write_samples(path, records[:3])
+    note = write_samples(path, records[:3])
+    assert note is not None and "disk full" in note and "attributions.index.jsonl was not written" in note
     assert not index_path(path).exists()
     assert len(assert_read_whole(path)) == 3

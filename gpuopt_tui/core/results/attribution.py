@@ -471,13 +471,18 @@ class _IndexRows:
         self.offset += len(line)
 
 
-def write_samples(path: Path, records: Iterable[dict[str, Any]]) -> None:
+def write_samples(path: Path, records: Iterable[dict[str, Any]]) -> str | None:
     """Write attributions.jsonl atomically, one line per record, then its index (an index of an earlier file is
-    removed first: a failure in between leaves the jsonl without one, read whole)."""
+    removed first: a failure in between leaves the jsonl without one, read whole). The index only speeds up opening
+    the run: when it cannot be written, a note that says so is returned (None when it was written)."""
     index_path(path).unlink(missing_ok=True)
     rows = _IndexRows()
     write_jsonl(path, records, rows)
-    write_index(path, ENTRY_FIELDS, rows.rows, rows.corrupt, rows.too_long)
+    try:
+        write_index(path, ENTRY_FIELDS, rows.rows, rows.corrupt, rows.too_long)
+    except (OSError, UserError) as e:
+        return f"{index_path(path).name} was not written ({e}): opening the run reads {path.name} whole"
+    return None
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:

@@ -312,7 +312,8 @@ def _write_results(ctx: JobContext, report: Report, collected: Collected) -> dic
     """The three result files and their events; returns the short summary for the run's `finished` event."""
     ctx.stage(WRITE_STAGE)
     files = {key: ctx.results_dir / name for key, name in FILE_NAMES.items()}
-    write_samples(files["jsonl"], report.records)
+    if note := write_samples(files["jsonl"], report.records):
+        ctx.warn(note)
     write_tensors(files["tensors"], collected, report.tensors)
     for kind, text in report.messages:
         (ctx.warn if kind == "warn" else ctx.log)(text)
