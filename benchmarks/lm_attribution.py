@@ -215,7 +215,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     per_token_ds = per_token_rows(ds.subset(order[: args.per_token_samples]))
     per_token = engine_row(adapter, on_device(per_token_ds, args.batch, device), **auto)
     reference = refs[args.reference_steps]
-    err = errors([prompt_scores(ours, ds)[i] for i in audit], reference)
+    ours_scores = prompt_scores(ours, ds)  # every prompt's, once
+    err = errors([ours_scores[i] for i in audit], reference)
     within = ours["within"][[order.index(i) for i in audit]].bool()
     entries = [
         {"row": f"reference: {args.reference_steps // 2} GL steps, strict fp32 (against {args.reference_steps})",

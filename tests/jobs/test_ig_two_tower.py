@@ -102,15 +102,8 @@ def test_only_the_target_candidate_is_attributed_and_matches_captum(case) -> Non
     with torch.no_grad():
         user = model.user(history_ids, history_mask)
     target = torch.tensor([0, 1, 3])
-    ours = integrated_gradients(
-        model.cached,
-        embeds,
-        baselines,
-        mask,
-        target,
-        IGOptions(n_steps=12, method="riemann_middle"),
-        context={"user": user},
-    )
+    inputs = (model.cached, embeds, baselines, mask, target, IGOptions(n_steps=12, method="riemann_middle"))
+    ours = integrated_gradients(*inputs, context={"user": user})
     per_candidate = ours.token_scores().abs().sum(-1)  # [3, 4]
     chosen = torch.zeros_like(per_candidate, dtype=torch.bool)
     chosen[torch.arange(3), target] = True
@@ -121,15 +114,7 @@ def test_only_the_target_candidate_is_attributed_and_matches_captum(case) -> Non
         embeds, baselines, target=target, additional_forward_args=(mask, user), n_steps=12, method="riemann_middle"
     )
     assert (ours.attributions - theirs).abs().max() < 1e-5 * theirs.abs().max()
-    reference = integrated_gradients_reference(
-        model.cached,
-        embeds,
-        baselines,
-        mask,
-        target,
-        IGOptions(n_steps=12, method="riemann_middle"),
-        context={"user": user},
-    )
+    reference = integrated_gradients_reference(*inputs, context={"user": user})
     assert (reference.attributions - ours.attributions).abs().max() < 1e-12 * theirs.abs().max()
 
 
