@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import shlex
 import sys
 import time
@@ -232,10 +233,11 @@ def measure(family: str, task: str, args: argparse.Namespace, device: torch.devi
     strict = {"use_amp": False, "tf32": False}
     refs = {
         "gl2000": engine_row(adapter, batches, n_steps=args.reference_steps, batch_size=args.batch, **strict),
-        "fine": engine_row(
-            adapter, batches, n_steps="auto", tolerance=FINE_TOLERANCE, max_steps=8193, batch_size=args.batch, **strict
-        ),
     }
+    if not args.skip_fine:
+        refs["fine"] = engine_row(
+            adapter, batches, n_steps="auto", tolerance=FINE_TOLERANCE, max_steps=8193, batch_size=args.batch, **strict
+        )
     rows: dict[str, dict] = {}
     for tol in args.tolerances:
         rows[f"auto {tol:g}, defaults (fp16 weights + fallback)"] = engine_row(
@@ -289,17 +291,22 @@ def attribute_batch_targets(adapter: SequenceClassifierAdapter, batch: dict[str,
 
 
 def summarize(refs: dict[str, dict], rows: dict[str, dict], args: argparse.Namespace) -> list[dict[str, Any]]:
-    gl, fine = refs["gl2000"]["scores"], refs["fine"]["scores"]
-    out = [{"row": f"fixed {args.reference_steps} GL, strict fp32 (reference)", **_figures(refs["gl2000"], gl, fine, None)},
-           {"row": f"auto {FINE_TOLERANCE:g}, strict fp32 (fine reference)", **_figures(refs["fine"], gl, fine, None)}]  # fmt: skip
+    gl, fine = refs["gl2000"]["scores"], refs["fine"]["scores"] if "fine" in refs else None
+    out = [
+        {"row": f"fixed {args.reference_steps} GL, strict fp32 (reference)", **_figures(refs["gl2000"], gl, fine, None)}
+    ]
+    if fine is not None:
+        out.append({"row": f"auto {FINE_TOLERANCE:g}, strict fp32 (fine reference)", **_figures(refs["fine"], gl, fine, None)})  # fmt: skip
     for name, row in rows.items():
         tol = float(name.split()[1].rstrip(",")) if name.startswith("auto") else None
         out.append({"row": name, **_figures(row, gl, fine, tol)})
     return out
 
 
-def _figures(row: dict, gl: Tensor, fine: Tensor, tol: float | None) -> dict[str, Any]:
-    err_gl, err_fine = relative_difference(row["scores"], gl), relative_difference(row["scores"], fine)
+def _figures(row: dict, gl: Tensor, fine: Tensor | None, tol: float | None) -> dict[str, Any]:
+    """A row's figures; with no fine reference (--skip-fine) its columns are NaN ("—" in the table)."""
+    err_gl = relative_difference(row["scores"], gl)
+    err_fine = relative_difference(row["scores"], fine) if fine is not None else torch.full_like(err_gl, float("nan"))
     figures = {
         "samples_per_s": len(row["scores"]) / row["seconds"],
         "mean_steps": float(row["steps"].double().mean()),
@@ -313,9 +320,9 @@ def _figures(row: dict, gl: Tensor, fine: Tensor, tol: float | None) -> dict[str
         figures |= {
             "reported_within": int(within.sum()),
             "flagged": int((~within).sum()),
-            "silent_misses_fine": int((within & (err_fine > tol)).sum()),
+            "silent_misses_fine": int((within & (err_fine > tol)).sum()) if fine is not None else "—",
             "silent_misses_gl": int((within & (err_gl > tol)).sum()),
-            "true_within_fine": int((err_fine <= tol).sum()),
+            "true_within_fine": int((err_fine <= tol).sum()) if fine is not None else None,
         }
     return figures
 
@@ -361,13 +368,17 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 else "— | —"
             )
             lines.append(
-                f"| {e['row']} | {e['samples_per_s']:.1f} | {e['mean_steps']:.1f} | {e['err_fine_median']:.1e} / "
-                f"{e['err_fine_max']:.1e} | {e['err_gl_median']:.1e} / {e['err_gl_max']:.1e} | {verdict} | "
+                f"| {e['row']} | {e['samples_per_s']:.1f} | {e['mean_steps']:.1f} | "
+                f"{_pair(e['err_fine_median'], e['err_fine_max'])} | {_pair(e['err_gl_median'], e['err_gl_max'])} | {verdict} | "
                 f"{e['full_precision']} |"
             )
         lines.append("")
         lines += _render_rates(res.get("rates"))
     return "\n".join(lines)
+
+
+def _pair(median: float, worst: float) -> str:
+    return "—" if math.isnan(median) else f"{median:.1e} / {worst:.1e}"
 
 
 def _render_rates(rates: list[dict[str, Any]] | None) -> list[str]:
@@ -424,6 +435,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tolerances", type=float, nargs="+", default=[1e-2, 1e-3])
     parser.add_argument("--captum-steps", type=int, default=50)
     parser.add_argument("--skip-captum", action="store_true")
+    parser.add_argument(
+        "--skip-fine", action="store_true", help="no fine reference (its strict fp32 steps can take minutes)"
+    )
     parser.add_argument("--rate-samples", type=int, default=1024, help="texts of the rate rows (0: none)")
     parser.add_argument("--merge", type=Path, nargs="+", help="render these .json results together into --out")
     parser.add_argument("--rates-only", action="store_true", help="train, then only the rate rows")
