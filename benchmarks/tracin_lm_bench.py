@@ -236,7 +236,8 @@ class NvmlPeak:
 def cli_run(profile: Path, home: Path, log: Path) -> dict[str, Any]:
     """Run `python -m gpuopt_tui run PROFILE` with its data under `home`: wall seconds, NVML peak, the run's
     summary.json, its results folder and the peaks of its progress events."""
-    env = {**os.environ, "GPUOPT_TUI_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    path = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "GPUOPT_TUI_HOME": str(home), "PYTHONPATH": os.pathsep.join(path)}
     env.pop("GPUOPT_TUI_RUNS_DIR", None)
     env.pop("GPUOPT_TUI_CACHE_DIR", None)
     before = set((home / "runs").glob("*")) if (home / "runs").is_dir() else set()
@@ -505,7 +506,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             continue
         lines.append(
             f"| {r['row']} | {r['train']} x {r['queries']} | {r['wall']:.1f} | {r['scoring_seconds']:.1f} "
-            f"| {_rate(r, 'examples_per_s')} | {_rate(r, 'tokens_per_s')} | {r['batch']} | {_gib(r['torch_peak'])} / "
+            f"| {_rate(r, 'examples_per_s')} | {_rate(r, 'tokens_per_s')} | {r['batch'] or 'none (cache)'} | {_gib(r['torch_peak'])} / "
             f"{_gib(r['torch_reserved'])} | {_gib(r['nvml_peak'])} | {_gib(r['cache_bytes'])} | "
             f"{_fmt(r['bytes_per_number'])} | {r['extrapolated_seconds'] / 60:.1f}, {_gib(r['extrapolated_cache_bytes'])} |"
         )
