@@ -2,7 +2,7 @@
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
 # Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
-#        planner-traced startup lm-attribution
+#        planner-traced startup lm-attribution tracin-lm
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -108,6 +108,9 @@ for step in "$@"; do
     lm-attribution)  # a 1B-class decoder (LM_SHAPE, default llama-1b) against Captum's LLMGradientAttribution
       python3 benchmarks/lm_attribution.py --shape "${LM_SHAPE:-llama-1b}" ${LM_ARGS:-} \
         --out "$out/lm_attribution_${LM_SHAPE:-llama-1b}_${card}.md" > "$out/lm_attribution.log" 2>&1; tail -30 "$out/lm_attribution.log" ;;
+    tracin-lm)  # TracIn over LoRA adapter checkpoints of a 1B-class decoder through the CLI (TRACIN_LM_ARGS: extra args)
+      python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm ${TRACIN_LM_ARGS:-} \
+        --out "$out/tracin_lm_${card}.md" > "$out/tracin_lm.log" 2>&1; tail -30 "$out/tracin_lm.log" ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;

@@ -24,9 +24,14 @@ def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypa
     other_test = text_dataset(adapter, 3, seed=5)
     names = select_parameters(adapter, test.batch([0]), "all")
     root = tmp_path / "cache"
-    options = TracInOptions(method="factored", projection_in=6, projection_out=6, shard_size=4, train_cache=root)
+    options = TracInOptions(
+        method="factored", projection_in=6, projection_out=6, shard_size=4, train_cache=root, batch_size=2
+    )
     first = tracin_scores(adapter, checkpoints, train, test, names, options)
     assert first.stats["cache_blocks"] == {"read": 0, "computed": 9}  # 3 blocks x 3 checkpoints
+    # the last micro-batch's size, as without the cache (a block is 4 rows, or 3)
+    plain = tracin_scores(adapter, checkpoints, train, test, names, dataclasses.replace(options, train_cache=None))
+    assert first.stats["final_batch_size"] == plain.stats["final_batch_size"] < 3
 
     computed: list[int] = []
     original = GradientComputer.features
@@ -36,6 +41,7 @@ def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypa
     again = tracin_scores(adapter, checkpoints, train, test, names, options)
     assert torch.equal(again.matrix, first.matrix) and torch.equal(again.self_influence, first.self_influence)
     assert again.stats["cache_blocks"] == {"read": 9, "computed": 0}
+    assert again.stats["final_batch_size"] is None  # no micro-batch of training rows ran
     assert sum(computed) == len(test) * len(checkpoints)  # only the test examples' gradients
 
     entries = gradient_cache.entries(root)

@@ -30,6 +30,7 @@ class MicroBatcher:
         self.planner = ChunkPlanner(size, on_event=self._planner_event)
         self.reporter = reporter
         self.ooms = 0
+        self.last_size: dict[str, int] = {}  # what ("train", "test") -> the size of its last micro-batch
         self._lengths: dict[int, Tensor] = {}  # id(dataset) -> real tokens per example, computed once
 
     def run(
@@ -58,6 +59,7 @@ class MicroBatcher:
                 self.ooms += 1
                 continue
             self.planner.chunk_done(size, 1, tokens, device)
+            self.last_size[what] = size
             yield start, feats
             del feats  # not held while the next micro-batch is computed
             start += size

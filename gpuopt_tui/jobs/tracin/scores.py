@@ -312,7 +312,8 @@ class _Scorer:
         """Count a micro-batch of training gradients as scored."""
         self.progress.done += examples
         self.progress.computed += examples
-        self.progress.final_batch = examples
+        # a block read from the cache counts at once: the size is the last micro-batch of training rows computed
+        self.progress.final_batch = self.batcher.last_size.get("train", 0)
         self.cleanup.step(examples)
 
 
