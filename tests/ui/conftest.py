@@ -18,12 +18,15 @@ from textual.css.query import NoMatches
 from textual.pilot import Pilot
 from textual.widgets import Tabs
 
+from gpuopt_tui.app import GpuOptApp
 from gpuopt_tui.core.atomic import atomic_write_text
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.lifecycle import create_run
 from gpuopt_tui.core.runs.processes import JOB_MODULE
 from gpuopt_tui.ui.gpu_poller import GpuPoller
+from gpuopt_tui.ui.screens.results import ResultsScreen
+from gpuopt_tui.ui.widgets.runs_table import RunsTable
 
 FROZEN_RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 
@@ -102,6 +105,20 @@ def screen_lines(app: App[object]) -> list[str]:
 
 def screen_text(app: App[object]) -> str:
     return "\n".join(screen_lines(app))
+
+
+async def open_from_runs(pilot: Pilot[object], app: GpuOptApp, run_id: str) -> ResultsScreen:
+    """Open the results of `run_id` as a user does: select it on the Runs screen (the app shows it) and press enter."""
+    await wait_for(pilot, lambda: any(r.id == run_id for r in app.runs.runs))
+    await pilot.pause()
+    table = app.screen.query_one("#runs-table", RunsTable)
+    table.select(run_id)
+    table.focus()
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: isinstance(app.screen, ResultsScreen))
+    screen = app.screen
+    assert isinstance(screen, ResultsScreen) and screen.run_id == run_id
+    return screen
 
 
 def notifications(app: App[object]) -> list[str]:

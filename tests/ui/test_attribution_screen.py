@@ -348,8 +348,11 @@ async def test_the_token_keys_are_in_the_help_and_only_where_there_are_rows(fini
         await app.push_screen(HelpScreen())
         await pilot.pause()
         help_text = " ".join(widget_text(app, ".help-keys").split())
-        assert ", Causal LM, per completion token: explain the previous completion token" in help_text
-        assert ". Causal LM, per completion token: explain the next completion token" in help_text
+        where = "Causal LM run per completion token (its Samples tab, wherever the focus is in its results):"
+        assert f", {where} explain the previous completion token (first: the whole completion)" in help_text
+        assert f". {where} explain the next completion token" in help_text
+        results_group = "A run's results (enter on a run; the keys of its kind's results, listed above, work there too)"
+        assert results_group in help_text
 
 
 def test_snapshot_of_a_causal_lm_sample_per_completion_token(runs_root: Path, snap_compare: Any) -> None:

@@ -33,7 +33,7 @@ from gpuopt_tui.ui.widgets.probing_results import ProbingResults
 from gpuopt_tui.ui.widgets.runs_table import RunsTable
 from gpuopt_tui.ui.widgets.tracin_view import PagedTable, TracInResultsView
 
-from .conftest import flat_text, settle, wait_for, widget_text
+from .conftest import flat_text, open_from_runs, settle, wait_for, widget_text
 
 FROZEN = Path(__file__).parents[1] / "fixtures" / "browse_runs"
 RUNS = {d.name.split("-")[2]: d.name for d in sorted(FROZEN.iterdir()) if d.is_dir()}  # kind -> run id
@@ -47,19 +47,6 @@ def lines_of(path: Path) -> list[dict[str, object]]:
 def frozen_runs(runs_root: Path) -> Path:
     shutil.copytree(FROZEN, runs_root, ignore=shutil.ignore_patterns("README.md"))
     return runs_root
-
-
-async def open_from_runs(pilot: object, app: GpuOptApp, run_id: str) -> ResultsScreen:
-    await wait_for(pilot, lambda: len(app.runs.runs) == len(RUNS))
-    await pilot.pause()  # type: ignore[attr-defined]
-    table = app.screen.query_one("#runs-table", RunsTable)
-    table.select(run_id)
-    table.focus()
-    await pilot.press("enter")  # type: ignore[attr-defined]
-    await wait_for(pilot, lambda: isinstance(app.screen, ResultsScreen))
-    screen = app.screen
-    assert isinstance(screen, ResultsScreen) and screen.run_id == run_id
-    return screen
 
 
 @pytest.mark.parametrize(("kind", "tabs"), [("attribution", "#attribution-tabs"), ("tracin", "#tracin-tabs")])

@@ -74,7 +74,10 @@ class HelpScreen(AppScreen):
                     *self._rows([("enter", "Open the run's results (as on the dashboard)")]),
                 ],
             ),
-            ("A run's results (enter on a run)", self._binding_rows(ResultsScreen.BINDINGS, hidden=True)),
+            (
+                "A run's results (enter on a run; the keys of its kind's results, listed above, work there too)",
+                self._binding_rows(ResultsScreen.BINDINGS, hidden=True),
+            ),
             (
                 "GPU screen (signals only with confirmation, never with --readonly or a replayed trace)",
                 [

@@ -22,7 +22,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Button, DataTable, OptionList, Static, TabbedContent, TabPane
+from textual.widgets import Button, DataTable, Input, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
@@ -39,6 +39,7 @@ from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
 
 TOP_COLUMNS = ("#", "token", "share", "mean", "mean |a|", "count")
+TOKEN_KEYS_WHERE = "Causal LM run per completion token (its Samples tab, wherever the focus is in its results): "
 
 
 class RunFilesRead(Loaded):
@@ -68,8 +69,26 @@ class AttributionRunResults(RunResults):
     }
     AttributionRunResults.-has-results #attribution-tabs { display: block; }
     """
+    # The completion-token keys are the view's, not the sample browser's: they work wherever the focus is in the
+    # view (a results screen opens with its tab bar focused), on the Samples tab that shows what they choose.
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "copy_path", "Copy path", id="attribution.copy", tooltip="Copy the highlighted path"),
+        Binding(
+            "comma",
+            "completion_token(-1)",
+            "Prev token",
+            key_display=",",
+            id="attribution.prev_token",
+            tooltip=f"{TOKEN_KEYS_WHERE}explain the previous completion token (first: the whole completion)",
+        ),
+        Binding(
+            "full_stop",
+            "completion_token(1)",
+            "Next token",
+            key_display=".",
+            id="attribution.next_token",
+            tooltip=f"{TOKEN_KEYS_WHERE}explain the next completion token",
+        ),
     ]
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -367,7 +386,17 @@ class AttributionRunResults(RunResults):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "copy_path":
             return self.has_results and self.active_tab == "tab-files"
+        if action == "completion_token":
+            return (
+                self.has_results
+                and self.active_tab == "tab-samples"
+                and not isinstance(self.screen.focused, Input)  # the search field types them
+                and self.query_one(SampleBrowser).has_completion_tokens
+            )
         return True
+
+    def action_completion_token(self, step: int) -> None:
+        self.query_one(SampleBrowser).step_completion_token(step)
 
     def action_copy_path(self) -> None:
         options = self.query_one("#export-files", OptionList)

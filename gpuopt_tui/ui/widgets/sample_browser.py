@@ -2,9 +2,9 @@
 token heatmap and top tokens, read from its line of attributions.jsonl when it is selected.
 
 A causal LM sample of a per_target_token run also holds each completion token's row of its [completion, prompt]
-matrix: `,` and `.` choose what the heatmap, the top tokens and the delta explain, the whole completion (the first
-choice) or one of its tokens, from the sample already read. The choice stays while other samples are opened (cut to
-their number of tokens)."""
+matrix: `step_completion_token` (`,` and `.`, bound by the results view around it) chooses what the heatmap, the top
+tokens and the delta explain, the whole completion (the first choice) or one of its tokens, from the sample already
+read. The choice stays while other samples are opened (cut to their number of tokens)."""
 
 from __future__ import annotations
 
@@ -78,23 +78,6 @@ class SampleBrowser(Vertical):
             key_display="]",
             id="attribution.next_page",
             tooltip="Next page of the sample list",
-        ),
-        Binding(
-            "comma",
-            "completion_token(-1)",
-            "Prev token",
-            key_display=",",
-            id="attribution.prev_token",
-            tooltip="Causal LM, per completion token: explain the previous completion token (first: the whole "
-            "completion)",
-        ),
-        Binding(
-            "full_stop",
-            "completion_token(1)",
-            "Next token",
-            key_display=".",
-            id="attribution.next_token",
-            tooltip="Causal LM, per completion token: explain the next completion token",
         ),
     ]
 
@@ -256,7 +239,7 @@ class SampleBrowser(Vertical):
 
     def _open(self, entry: SampleEntry | None) -> None:
         """Show one sample's heatmap and top tokens."""
-        had_tokens = self._has_tokens
+        had_tokens = self.has_completion_tokens
         self._sample = None
         self._selected = entry.index if entry else None
         if entry is not None and self._index is not None:
@@ -268,11 +251,12 @@ class SampleBrowser(Vertical):
                 self._show_sample()
         else:
             self._show_sample(Content("no sample matches the search" if self._index else ""))
-        if self._has_tokens != had_tokens:
+        if self.has_completion_tokens != had_tokens:
             self.screen.refresh_bindings()
 
     @property
-    def _has_tokens(self) -> bool:
+    def has_completion_tokens(self) -> bool:
+        """Whether the open sample has per-token rows to choose from (a causal LM run per completion token)."""
         return self._sample is not None and bool(self._sample.completion_tokens)
 
     def _show_sample(self, why: Content | None = None) -> None:
@@ -303,12 +287,11 @@ class SampleBrowser(Vertical):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "page":
             return page_count(self._rows, PAGE_SIZE) > 1
-        if action == "completion_token":
-            return self._has_tokens
         return True
 
-    def action_completion_token(self, step: int) -> None:
-        """Explain the next (`step` 1) or previous (-1) choice of [whole completion, token 1, token 2, ...]."""
+    def step_completion_token(self, step: int) -> None:
+        """Explain the next (`step` 1) or previous (-1) choice of [whole completion, token 1, token 2, ...] (the view
+        around binds the keys: they work wherever its focus is)."""
         if self._sample is None or not self._sample.completion_tokens:
             return
         choice = 0 if self._token is None else self._token + 1  # 0: the whole completion
