@@ -15,6 +15,10 @@ Errors are against the measured figures (allocated against allocated, reserved a
     python benchmarks/planner_traced.py --cases llama-1b-full,phi2-lora --out /tmp/traced.json
     python benchmarks/planner_traced.py --list
     python benchmarks/planner_traced.py --quick                  # CPU: each case on a tiny config, traces only
+    python benchmarks/planner_traced.py --render a.json b.json --out results.md   # one table from several runs
+
+--render merges runs case by case, a later file's tier replacing an earlier one's (e.g. a CPU run of the traces
+after a fix beside the GPU's measurements), and recomputes the errors against the measured tier.
 
 A time budget (--budget, seconds, default 360) stops starting new cases once spent; skipped cases are listed.
 """
@@ -262,6 +266,60 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _merged(files: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The cases of `files` merged (later tiers win), and a line per file saying what it contributed."""
+    rows: dict[str, dict[str, Any]] = {}
+    sources = []
+    for path in files:
+        data = json.loads(path.read_text())
+        tiers: set[str] = set()
+        for row in data["rows"]:
+            merged = rows.setdefault(row["case"], {})
+            for key, value in row.items():
+                if value is not None:
+                    merged[key] = value
+            tiers |= {k for k in row if k in ("measured", "closed") or k.startswith("traced_")}
+        gpu = data.get("gpu") or "no GPU"
+        sources.append(f"`{path.name}`: {data['date']}, {gpu}, torch {data['torch']}, transformers "
+                       f"{data['transformers']}; {len(data['rows'])} cases ({', '.join(sorted(tiers))})")  # fmt: skip
+    for row in rows.values():
+        _errors(row)
+    return list(rows.values()), sources
+
+
+def render(files: list[Path]) -> str:
+    rows, sources = _merged(files)
+
+    def pct(tier: dict[str, Any] | None, what: str) -> str:
+        error = (tier or {}).get(f"{what}_error")
+        return "—" if error is None else f"{error * 100:+.1f}%"
+
+    lines = [
+        "# The traced planner tier against the real training step",
+        "",
+        *(f"- source {s}" for s in sources),
+        f"- command: `python benchmarks/planner_traced.py --render {' '.join(p.name for p in files)}`",
+        "- errors: predicted / measured - 1; measured = max_memory_allocated / max_memory_reserved over 2 steps after"
+        " a warm-up, in a fresh process on the GPU; traced_cpu = fake tensors on the CPU (the planner on a machine"
+        " without a GPU), traced_cuda = fake CUDA tensors; closed = the closed form where it covers the family",
+        "",
+        "| case | setup | measured alloc / reserved GiB | traced CPU alloc / res | traced CUDA alloc / res "
+        "| closed alloc / res | trace s (CPU) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        m, setup = row.get("measured") or {}, row["setup"]
+        trained = setup["trainable"] + (f" r{setup['lora_rank']}" if setup["trainable"] == "lora" else "")
+        ckpt = ", checkpointing" if setup["gradient_checkpointing"] else ""
+        what = f"{setup['precision']}, {trained}{ckpt}, seq {setup['seq_len']} x {setup['micro_batch']}"
+        measured = f"{m['allocated'] / GIB:.2f} / {m['reserved'] / GIB:.2f}" if "allocated" in m else "—"
+        cells = [f"{pct(row.get(t), 'allocated')} / {pct(row.get(t), 'reserved')}"
+                 for t in ("traced_cpu", "traced_cuda", "closed")]  # fmt: skip
+        seconds = (row.get("traced_cpu") or {}).get("seconds", "—")
+        lines.append(f"| {row['case']} | {what} | {measured} | {' | '.join(cells)} | {seconds} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
@@ -270,7 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default="cpu,cuda", help="devices the fake tensors live on (cpu, cuda)")
     parser.add_argument("--budget", type=float, default=360.0, help="seconds after which no new case starts")
     parser.add_argument("--out", help="results JSON (default: $OUT/planner_traced.json or benchmarks/results/)")
+    parser.add_argument("--render", type=Path, nargs="+", help="results JSON files to merge into a markdown --out")
     args = parser.parse_args(argv)
+    if args.render:
+        text = render(args.render)
+        if args.out:
+            Path(args.out).write_text(text)
+        else:
+            print(text)
+        return 0
     cases = tuple(map(tiny, CASES)) if args.quick else CASES
     if args.list:
         print("\n".join(c.name for c in cases))
