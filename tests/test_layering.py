@@ -176,3 +176,19 @@ def test_core_groups_its_modules_into_packages() -> None:
     folders = {p.parent for p in CORE.rglob("*.py")} - {CORE}
     assert sorted(str(f.relative_to(CORE)) for f in folders if not (f / "__init__.py").exists()) == []
     assert {"runs", "results", "caches", "planner", "profiles", "telemetry"} <= set(CORE_PACKAGES)
+
+
+@pytest.mark.parametrize("folder", ["jobs", "core"])
+def test_engine_and_core_tests_import_no_ui(folder: str) -> None:
+    """tests/jobs and tests/core run on the GPU machine, where only the engines' packages are installed."""
+    tests = Path(__file__).parent / folder
+    found = {
+        path.name: bad
+        for path in sorted(tests.rglob("*.py"))
+        if (
+            bad := sorted(
+                n for n in _imports(path) if n.split(".")[0] in ("textual", "rich") or n.startswith("gpuopt_tui.ui")
+            )
+        )
+    }
+    assert found == {}
