@@ -62,13 +62,17 @@ def _lora(setup: TrainSetup, targets: tuple[str, ...] = ("all-linear",), rank: i
     return replace(setup, trainable="lora", lora_targets=targets, lora_rank=rank)
 
 
+def _llama_1b() -> T.PretrainedConfig:  # Llama-3.2-1B shapes
+    return T.LlamaConfig(
+        vocab_size=128256, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=8192, tie_word_embeddings=True, max_position_embeddings=4096,
+    )  # fmt: skip
+
+
 CASES = (
     Case(  # Llama-3.2-1B shapes
         "llama-1b-full",
-        lambda: T.LlamaConfig(
-            vocab_size=128256, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-            num_key_value_heads=8, intermediate_size=8192, tie_word_embeddings=True, max_position_embeddings=4096,
-        ),
+        _llama_1b,
         "causal_lm",
         replace(HF, seq_len=1024, micro_batch=8),
     ),
@@ -161,6 +165,32 @@ CASES = (
         ),
         "causal_lm",
         replace(HF, seq_len=1024, micro_batch=4),
+    ),
+    Case(  # DeBERTa-v3-base shapes classification (disentangled relative attention)
+        "deberta-v3-base-cls",
+        lambda: T.DebertaV2Config(
+            vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+            relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
+            pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_biased_input=False,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        ),
+        "classification",
+        replace(HF, seq_len=512, micro_batch=16),
+    ),
+    Case(  # Gemma-2-2B shapes (logit soft-capping, sliding-window layers), LoRA with checkpointing
+        "gemma2-2b-lora-ckpt",
+        lambda: T.Gemma2Config(
+            vocab_size=256000, hidden_size=2304, num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+            head_dim=256, intermediate_size=9216, sliding_window=4096,
+        ),
+        "causal_lm",
+        _lora(replace(HF, seq_len=1024, micro_batch=8, gradient_checkpointing=True)),
+    ),
+    Case(  # Llama-3.2-1B shapes at a small batch (the recommended one is llama-1b-full's)
+        "llama-1b-full-b1",
+        _llama_1b,
+        "causal_lm",
+        replace(HF, seq_len=1024, micro_batch=1),
     ),
 )  # fmt: skip
 
