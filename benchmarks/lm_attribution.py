@@ -300,19 +300,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    MEMORY_FRACTION[0] = args.memory_fraction
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
-    meta = {
+def run_meta(device: torch.device, package: str, args: argparse.Namespace, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A results file's header figures: date, card, versions (torch, transformers, `package`), command, `keys` of args."""
+    return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "device": device_name(device),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "captum": _version("captum"),
+        package: _version(package),
         "command": shlex.join(["python", *sys.argv]),
-        **{k: getattr(args, k) for k in ("shape", "min_prompt", "max_prompt", "completion", "note")},
+        **{k: getattr(args, k) for k in keys},
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    MEMORY_FRACTION[0] = args.memory_fraction
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
+    meta = run_meta(device, "captum", args, ("shape", "min_prompt", "max_prompt", "completion", "note"))
     result = measure(args, device)
     text = render(meta, result)
     print(text)

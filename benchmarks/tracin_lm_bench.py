@@ -36,7 +36,6 @@ The 100k-example figures are extrapolations, linear in the number of training ro
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -50,13 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ig_bench import _version, device_name
-from benchmarks.lm_attribution import SHAPES, SPECIAL, build_model, dataset, word_tokenizer
+from benchmarks.lm_attribution import SHAPES, SPECIAL, build_model, dataset, run_meta, word_tokenizer
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
 from gpuopt_tui.jobs.tracin.job import flipped_auc
@@ -567,15 +564,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    meta = {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": _version("peft"),
-        "command": shlex.join(["python", *sys.argv]),
-        **{k: getattr(args, k) for k in META_ARGS},
-    }
+    meta = run_meta(device, "peft", args, META_ARGS)
     report = Report(args, meta)
     measure(args, device, report)
     print(render(meta, report.rows))
