@@ -34,8 +34,9 @@ GUIDE = "\n\n".join(
         "the form and the run take turns: ctrl+l (or the tabs above them) switches.",
         "The focus: a profile screen opens with its form focused, so up and down move through the keys at once "
         "and enter edits one; tab and shift+tab move the focus to the profile picker, the buttons and the run's "
-        "results. In a run's results opened from the runs list, left and right switch the view's tabs; tab moves "
-        "into the view (its table or list), and escape goes back.",
+        "results. In a run's results opened from the runs list, left and right switch the view's tabs and the "
+        "shown tab's keys work at once, wherever the focus is (an attribution run's Samples tab: / searches, s "
+        "sorts, [ and ] turn pages); tab moves into the view (its table or list), and escape goes back.",
         "3. r lists every run: c cancels (the run stops after its current chunk and keeps what it finished), "
         "s resumes a stopped run from its finished shards, l follows the log, x deletes the run directory.",
         "4. The same from a shell: gpuopt-tui run PROFILE, gpuopt-tui runs, gpuopt-tui attach ID, "
