@@ -97,7 +97,7 @@ class HelpScreen(AppScreen):
         return Content("\n").join(lines)
 
     def _kind_screen_groups(self) -> list[tuple[str, list[tuple[str, str]]]]:
-        """The keys each run kind's screen adds: its own, and those of its results' views."""
+        """The keys each run kind's screen adds: its own, and those of its results view."""
         groups = []
         for spec in SCREENS:
             screen = getattr(importlib.import_module(spec.module), spec.factory)
@@ -105,8 +105,7 @@ class HelpScreen(AppScreen):
                 continue
             own = [b for b in screen.__dict__.get("BINDINGS", []) if isinstance(b, Binding)]
             rows = self._binding_rows(own)
-            for widget in (screen.RESULTS, *screen.HELP_WIDGETS):
-                rows += self._binding_rows(widget.__dict__.get("BINDINGS", []))
+            rows += self._binding_rows(screen.RESULTS.__dict__.get("BINDINGS", []))
             if rows:
                 groups.append((f"{spec.label} screen", rows))
         return groups
