@@ -1,9 +1,9 @@
 """The TracIn screen's results, on a frozen run of the real engine (tests/fixtures/runs/tracin: the demo profile on
 6 test and 500 training examples; the UI test process never loads torch): test examples with their proponents
-and opponents, the self-influence ranking read a page at a time, the files with their copy key, and a run that
-has not written results yet; a run over all layers with projected gradients, the gradient cache and the check
-against exact TracIn (made by the CLI, its numbers read from its own files); the profile form's mode, projection
-and cache fields."""
+and opponents, the self-influence ranking read a page at a time, the files with their copy key (also at once in a
+run's results opened from the Runs screen), and a run that has not written results yet; a run over all layers with
+projected gradients, the gradient cache and the check against exact TracIn (made by the CLI, its numbers read from
+its own files); the profile form's mode, projection and cache fields."""
 
 from __future__ import annotations
 
@@ -26,10 +26,20 @@ from gpuopt_tui.core.atomic import atomic_write_text, write_csv
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.lifecycle import create_run
+from gpuopt_tui.ui.widgets.app_footer import AppFooter
 from gpuopt_tui.ui.widgets.choice_field import ChoiceField
 from gpuopt_tui.ui.widgets.tracin_view import FIRST_PAGE, PAGE, score_text
 
-from .conftest import flat_text, frozen_run, frozen_source, screen_text, settle, wait_for, widget_text
+from .conftest import (
+    flat_text,
+    frozen_run,
+    frozen_source,
+    open_from_runs,
+    screen_text,
+    settle,
+    wait_for,
+    widget_text,
+)
 
 
 def cli_run(home: Path, *settings: str) -> Path:
@@ -168,6 +178,38 @@ async def test_files_tab_copies_a_path(run_dir: Path) -> None:
         await pilot.press("escape")  # back from the whole screen
         await pilot.pause()
         assert app.screen.maximized is None
+
+
+async def test_c_copies_a_path_at_once_in_a_run_opened_from_the_runs_screen(run_dir: Path) -> None:
+    """c copies the highlighted file's path wherever the focus is in the results (a results screen opens with the
+    view focused, not its file table), on the Files tab only (the footer offers it there alone); right and left
+    switch the tabs."""
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_from_runs(pilot, app, run_dir.name)
+        await wait_for(pilot, lambda: screen.view.query_one("#tracin-files", DataTable).row_count > 0)
+        await settle(pilot)
+        tabs = screen.view.query_one("#tracin-tabs", TabbedContent)
+        focused = app.focused
+        assert focused is screen.view and tabs.active == "tracin-tests-tab"  # as the screen opens
+        assert "Copy path" not in footer_keys(app)
+        await pilot.press("c")
+        assert not app.clipboard
+        while tabs.active != "tracin-files-tab":
+            await pilot.press("right")
+            await pilot.pause()
+        assert "Copy path" in footer_keys(app) and app.focused is focused
+        await pilot.press("c")
+        assert app.clipboard == str(run_dir / "results" / "influence.jsonl")  # the first file, highlighted
+        await pilot.press("left")
+        await wait_for(pilot, lambda: tabs.active != "tracin-files-tab")
+        await pilot.pause()
+        assert "Copy path" not in footer_keys(app)
+
+
+def footer_keys(app: Any) -> set[str]:
+    """The descriptions of the keys the footer shows."""
+    return {k.description for k in app.screen.query_one(AppFooter).keys}
 
 
 async def test_results_fit_80x24_on_the_whole_screen(run_dir: Path) -> None:

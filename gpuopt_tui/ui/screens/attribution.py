@@ -17,7 +17,6 @@ from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.ui.run_poller import RunsSnapshot
 from gpuopt_tui.ui.screens.kind import KindScreen
 from gpuopt_tui.ui.widgets.attribution_view import AttributionRunResults
-from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser
 
 CHECK_SAMPLES = 8  # samples of a check run: each is attributed by both paths
 
@@ -26,7 +25,6 @@ class AttributionScreen(KindScreen):
     SCREEN_NAME = "attribution"
     KIND = "attribution"
     RESULTS = AttributionRunResults
-    HELP_WIDGETS = (SampleBrowser,)
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(

@@ -34,8 +34,9 @@ GUIDE = "\n\n".join(
         "the form and the run take turns: ctrl+l (or the tabs above them) switches.",
         "The focus: a profile screen opens with its form focused, so up and down move through the keys at once "
         "and enter edits one; tab and shift+tab move the focus to the profile picker, the buttons and the run's "
-        "results. In a run's results opened from the runs list, left and right switch the view's tabs; tab moves "
-        "into the view (its table or list), and escape goes back.",
+        "results. In a run's results opened from the runs list, left and right switch the view's tabs and the "
+        "shown tab's keys work at once, wherever the focus is (an attribution run's Samples tab: / searches, s "
+        "sorts, [ and ] turn pages); tab moves into the view (its table or list), and escape goes back.",
         "3. r lists every run: c cancels (the run stops after its current chunk and keeps what it finished), "
         "s resumes a stopped run from its finished shards, l follows the log, x deletes the run directory.",
         "4. The same from a shell: gpuopt-tui run PROFILE, gpuopt-tui runs, gpuopt-tui attach ID, "
@@ -96,7 +97,7 @@ class HelpScreen(AppScreen):
         return Content("\n").join(lines)
 
     def _kind_screen_groups(self) -> list[tuple[str, list[tuple[str, str]]]]:
-        """The keys each run kind's screen adds: its own, and those of its results' views."""
+        """The keys each run kind's screen adds: its own, and those of its results view."""
         groups = []
         for spec in SCREENS:
             screen = getattr(importlib.import_module(spec.module), spec.factory)
@@ -104,8 +105,7 @@ class HelpScreen(AppScreen):
                 continue
             own = [b for b in screen.__dict__.get("BINDINGS", []) if isinstance(b, Binding)]
             rows = self._binding_rows(own)
-            for widget in (screen.RESULTS, *screen.HELP_WIDGETS):
-                rows += self._binding_rows(widget.__dict__.get("BINDINGS", []))
+            rows += self._binding_rows(screen.RESULTS.__dict__.get("BINDINGS", []))
             if rows:
                 groups.append((f"{spec.label} screen", rows))
         return groups

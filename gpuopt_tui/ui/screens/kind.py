@@ -15,7 +15,6 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.events import Resize
 from textual.geometry import Size
-from textual.widget import Widget
 from textual.widgets import Button, Label, Static, Tab, Tabs
 
 from gpuopt_tui.core.atomic import atomic_write_text
@@ -71,7 +70,6 @@ class KindScreen(AppScreen):
     BROWSE_RESULTS: ClassVar[type[RunResults] | None] = (
         None  # the view of one run in the results browser: RESULTS if None
     )
-    HELP_WIDGETS: ClassVar[tuple[type[Widget], ...]] = ()  # widgets inside RESULTS whose keys the help lists too
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "run", "Run", id="profile.run", tooltip="Start a run of this profile in the background"),

@@ -28,6 +28,7 @@ from textual.worker import get_current_worker
 
 from gpuopt_tui.core.format import human_bytes
 from gpuopt_tui.core.results.attribution import MAX_LINE_BYTES, RunFiles, load_run_files
+from gpuopt_tui.core.results.attribution_query import QUERY_HELP
 from gpuopt_tui.core.results.attribution_summary import AttributionSummary, CheckResult, load_check
 from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.core.runs.status import RunInfo
@@ -39,7 +40,9 @@ from gpuopt_tui.ui.widgets.sample_browser import SampleBrowser, right
 from gpuopt_tui.ui.widgets.token_heatmap import shade
 
 TOP_COLUMNS = ("#", "token", "share", "mean", "mean |a|", "count")
+SAMPLES_WHERE = "On the Samples tab, wherever the focus is in the results: "
 TOKEN_KEYS_WHERE = "Causal LM run per completion token (its Samples tab, wherever the focus is in its results): "
+SAMPLE_ACTIONS = ("search", "cycle_sort", "page", "completion_token")  # bound here, done by the sample browser
 
 
 class RunFilesRead(Loaded):
@@ -69,10 +72,40 @@ class AttributionRunResults(RunResults):
     }
     AttributionRunResults.-has-results #attribution-tabs { display: block; }
     """
-    # The completion-token keys are the view's, not the sample browser's: they work wherever the focus is in the
-    # view (a results screen opens with its tab bar focused), on the Samples tab that shows what they choose.
+    # The sample browser's keys are the view's, not the browser's: they work wherever the focus is in the view (a
+    # results screen opens with its tab bar focused), on the Samples tab that shows what they act on.
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "copy_path", "Copy path", id="attribution.copy", tooltip="Copy the highlighted path"),
+        Binding(
+            "slash",
+            "search",
+            "Search",
+            id="attribution.search",
+            tooltip=f"{SAMPLES_WHERE}search the samples ({QUERY_HELP})",
+        ),
+        Binding(
+            "s",
+            "cycle_sort",
+            "Sort",
+            id="attribution.sort",
+            tooltip=f"{SAMPLES_WHERE}sort the samples: dataset order, largest delta, least sure",
+        ),
+        Binding(
+            "left_square_bracket",
+            "page(-1)",
+            "Prev page",
+            key_display="[",
+            id="attribution.prev_page",
+            tooltip=f"{SAMPLES_WHERE}previous page of the sample list",
+        ),
+        Binding(
+            "right_square_bracket",
+            "page(1)",
+            "Next page",
+            key_display="]",
+            id="attribution.next_page",
+            tooltip=f"{SAMPLES_WHERE}next page of the sample list",
+        ),
         Binding(
             "comma",
             "completion_token(-1)",
@@ -386,14 +419,24 @@ class AttributionRunResults(RunResults):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "copy_path":
             return self.has_results and self.active_tab == "tab-files"
-        if action == "completion_token":
-            return (
-                self.has_results
-                and self.active_tab == "tab-samples"
-                and not isinstance(self.screen.focused, Input)  # the search field types them
-                and self.query_one(SampleBrowser).has_completion_tokens
-            )
+        if action in SAMPLE_ACTIONS:
+            if not self.has_results or self.active_tab != "tab-samples" or isinstance(self.screen.focused, Input):
+                return False  # they would act on nothing shown, or the search field types them
+            browser = self.query_one(SampleBrowser)
+            if action == "page":
+                return browser.has_pages
+            if action == "completion_token":
+                return browser.has_completion_tokens
         return True
+
+    def action_search(self) -> None:
+        self.query_one(SampleBrowser).focus_search()
+
+    def action_cycle_sort(self) -> None:
+        self.query_one(SampleBrowser).cycle_sort()
+
+    def action_page(self, step: int) -> None:
+        self.query_one(SampleBrowser).step_page(step)
 
     def action_completion_token(self, step: int) -> None:
         self.query_one(SampleBrowser).step_completion_token(step)

@@ -2,19 +2,21 @@
 token heatmap and top tokens, read from its line of attributions.jsonl when it is selected.
 
 A causal LM sample of a per_target_token run also holds each completion token's row of its [completion, prompt]
-matrix: `step_completion_token` (`,` and `.`, bound by the results view around it) chooses what the heatmap, the top
-tokens and the delta explain, the whole completion (the first choice) or one of its tokens, from the sample already
-read. The choice stays while other samples are opened (cut to their number of tokens)."""
+matrix: `step_completion_token` chooses what the heatmap, the top tokens and the delta explain, the whole completion
+(the first choice) or one of its tokens, from the sample already read. The choice stays while other samples are
+opened (cut to their number of tokens).
+
+The keys (`/` search, `s` sort, `[` and `]` pages, `,` and `.` completion tokens) are bound by the results view around
+the browser, not here: they work wherever the focus is in the view (a results screen opens with its tab bar
+focused)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import ClassVar
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.timer import Timer
@@ -54,32 +56,6 @@ class SampleBrowser(Vertical):
         #heatmap-legend { color: $text-muted; }
     }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("slash", "search", "Search", id="attribution.search", tooltip=f"Search the samples: {QUERY_HELP}"),
-        Binding(
-            "s",
-            "cycle_sort",
-            "Sort",
-            id="attribution.sort",
-            tooltip="Sort the samples: dataset order, largest delta, least sure",
-        ),
-        Binding(
-            "left_square_bracket",
-            "page(-1)",
-            "Prev page",
-            key_display="[",
-            id="attribution.prev_page",
-            tooltip="Previous page of the sample list",
-        ),
-        Binding(
-            "right_square_bracket",
-            "page(1)",
-            "Next page",
-            key_display="]",
-            id="attribution.next_page",
-            tooltip="Next page of the sample list",
-        ),
-    ]
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -282,16 +258,15 @@ class SampleBrowser(Vertical):
             style = shade(item.score, max_abs) or ""
             top.add_row(right(str(rank)), Text(item.token, style=style), right(where), right(f"{item.score:+.4g}"))
 
-    # -- keys ---------------------------------------------------------------------------------------------------
+    # -- what the keys do (the results view around binds them: they work wherever its focus is) ----------------
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "page":
-            return page_count(self._rows, PAGE_SIZE) > 1
-        return True
+    @property
+    def has_pages(self) -> bool:
+        """Whether the samples that match the search take more than one page."""
+        return page_count(self._rows, PAGE_SIZE) > 1
 
     def step_completion_token(self, step: int) -> None:
-        """Explain the next (`step` 1) or previous (-1) choice of [whole completion, token 1, token 2, ...] (the view
-        around binds the keys: they work wherever its focus is)."""
+        """Explain the next (`step` 1) or previous (-1) choice of [whole completion, token 1, token 2, ...]."""
         if self._sample is None or not self._sample.completion_tokens:
             return
         choice = 0 if self._token is None else self._token + 1  # 0: the whole completion
@@ -299,16 +274,16 @@ class SampleBrowser(Vertical):
         self._token = None if choice == 0 else choice - 1
         self._show_sample()
 
-    def action_search(self) -> None:
+    def focus_search(self) -> None:
         self.query_one("#sample-search", Input).focus()
 
-    def action_cycle_sort(self) -> None:
+    def cycle_sort(self) -> None:
         order = list(SORTS)
         self._sort = order[(order.index(self._sort) + 1) % len(order)]
         self._page = 0
         self._show_rows()
 
-    def action_page(self, step: int) -> None:
+    def step_page(self, step: int) -> None:
         self._page = max(0, min(page_count(self._rows, PAGE_SIZE) - 1, self._page + step))
         self._selected = None
         self._fill_table()

@@ -165,11 +165,8 @@ class PagedTable(DataTable[Text], Generic[T]):
 
 
 class FileTable(DataTable[Text]):
-    """The run's result files; `c` copies the highlighted file's full path."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("c", "copy_path", "Copy path", tooltip="Copy the highlighted file's full path"),
-    ]
+    """The run's result files; `copy_highlighted` copies the highlighted file's full path (`c`, bound by the view
+    around it)."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
@@ -180,7 +177,7 @@ class FileTable(DataTable[Text]):
         rows = [cells(path.name, human_bytes(size), FILE_ROLES.get(path.name, "")) for path, size in files]
         fill(self, ("file", "size", "holds"), rows)
 
-    def action_copy_path(self) -> None:
+    def copy_highlighted(self) -> None:
         if not 0 <= self.cursor_row < len(self.paths):
             return
         path = str(self.paths[self.cursor_row])
@@ -227,6 +224,17 @@ class TracInResultsView(RunResults):
     Maximizable."""
 
     ALLOW_MAXIMIZE = True
+    # `c` is the view's, not the file table's: it works wherever the focus is in the view (a results screen opens
+    # with the view focused, not its file table), on the Files tab that shows what it copies.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "c",
+            "copy_path",
+            "Copy path",
+            id="tracin.copy",
+            tooltip="On the Files tab, wherever the focus is in the results: copy the highlighted file's full path",
+        ),
+    ]
     DEFAULT_CSS = """
     TracInResultsView {
         #tracin-tabs { height: 1fr; min-height: 10; }
@@ -455,6 +463,21 @@ class TracInResultsView(RunResults):
     @on(DataTable.RowHighlighted, "#tracin-self")
     def _ranked_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_ranked(self.query_one("#tracin-self", PagedTable).record(event.cursor_row))
+
+    # -- keys -------------------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "copy_path":
+            tabs = self.query_one("#tracin-tabs", TabbedContent) if self.views_ready else None
+            return tabs is not None and tabs.display and tabs.active == "tracin-files-tab"
+        return True
+
+    def action_copy_path(self) -> None:
+        self.query_one("#tracin-files", FileTable).copy_highlighted()
+
+    @on(TabbedContent.TabActivated, "#tracin-tabs")
+    def _tab_changed(self) -> None:
+        self.refresh_bindings()
 
     def focus_first(self) -> None:
         """Focus the table of the tab shown (after the view is maximized)."""
