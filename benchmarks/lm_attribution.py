@@ -63,6 +63,11 @@ SHAPES: dict[str, dict[str, Any]] = {  # public checkpoints' shapes (config.json
         "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
         "rope_theta": 1000000.0, "max_position_embeddings": 2048,
     },
+    "mistral-7b": {  # Mistral-7B-v0.1 (built in fp32: 29 GB of weights; too large for --train-steps' AdamW on one card)
+        "class": "MistralConfig", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+    },
     "tiny": {  # --quick: the script's plumbing on the CPU
         "class": "LlamaConfig", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 256,
