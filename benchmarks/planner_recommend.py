@@ -131,13 +131,13 @@ def reachable(entry: dict[str, Any], small: dict[str, Any], target: int) -> tupl
     """Whether a micro-batch the exact search may choose could have reached `LOW_SHARE` of the budget, and why
     (by a line through the small run and the recommended run, in sequences)."""
     micro, peak, limit = entry["micro_batch"], footprint(entry["run"]), entry["limit"]
-    if peak is not None and peak >= LOW_SHARE * limit:
+    if peak is None or peak >= LOW_SHARE * limit:  # out of memory fails whatever a divisor could do
         return True, ""
     larger = _next_divisor(target, micro)
     if larger is None:
         return False, f"the whole effective batch ({target}) is one micro-batch: no divisor can use more"
     low = footprint(small.get("run", {}))
-    if peak is None or low is None or micro == small["micro_batch"]:
+    if low is None or micro == small["micro_batch"]:
         return True, "no line through two runs to judge the next divisor"
     slope = (peak - low) / (micro - small["micro_batch"])
     need = peak + slope * (larger - micro)
