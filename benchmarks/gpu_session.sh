@@ -2,7 +2,7 @@
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
 # Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
-#        planner-traced startup lm-attribution tracin-lm
+#        planner-traced planner-recommend startup lm-attribution tracin-lm
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -102,6 +102,10 @@ for step in "$@"; do
     planner-traced)  # the traced tier against the real step (PLANNER_TRACED_BUDGET seconds, default 240)
       python3 benchmarks/planner_traced.py --devices cpu,cuda --budget "${PLANNER_TRACED_BUDGET:-240}" \
         --out "$out/planner_traced_${card}.json" 2>&1 | tail -30 ;;
+    planner-recommend)  # the traced tier's recommendations run in the HF Trainer (PLANNER_RECOMMEND_ARGS: cases,
+      # budgets; default: up to four cases at a 40 GiB card, no new case after 300 s: about 8 minutes)
+      python3 benchmarks/planner_traced.py --recommend ${PLANNER_RECOMMEND_ARGS:---cases llama-1b-full,phi2-lora,gemma-2b-full-ckpt,bert-base-cls --no-card --budget 300} \
+        --out "$out/planner_recommend_${card}.json" > "$out/planner_recommend.log" 2>&1; tail -40 "$out/planner_recommend.log" ;;
     startup)  # time to the first computed batch: the demos and a local 30M model on the GPU
       python3 benchmarks/run_startup.py --model-size 30m --device cuda --rounds 2 --machine "$card" \
         --title "one $card, --device cuda" --out "$out/run_startup_${card}.md" 2>&1 | tail -30 ;;

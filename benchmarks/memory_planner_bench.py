@@ -51,8 +51,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from recommend_verdict import budget_share, passes, pretend_card  # noqa: E402
+
 from gpuopt_tui.core.planner import gpu as gpu_memory  # noqa: E402
-from gpuopt_tui.core.planner.estimate import Overheads, estimate  # noqa: E402
+from gpuopt_tui.core.planner.estimate import estimate  # noqa: E402
 from gpuopt_tui.core.planner.fit import ProbeResult, fit_line, shrink  # noqa: E402
 from gpuopt_tui.core.planner.measure import (  # noqa: E402
     ALLOC_CONF,
@@ -133,9 +135,7 @@ LOOP = "plain"  # the truth: model(input_ids, labels=...), backward, step, zero_
 RUN_STEPS = 50
 # --quick: a pretend card with 8 MiB to spare beyond the fixed overheads and the closed form's headroom, so
 # recommended batches stay CPU-sized
-QUICK_GPU = int(
-    (Overheads().context + Overheads().workspaces + Overheads().allocator + 8 * MiB) / 0.85 / (1 - CLOSED_FORM_HEADROOM)
-)
+QUICK_GPU = pretend_card(8 * MiB, 0.85, CLOSED_FORM_HEADROOM)
 QUICK_CASES = ("bert-lora-bf16", "gpt2-ckpt-bf16", "qwen2-lora", "llama-ckpt", "mistral-lora-ckpt")
 TINY = {  # --quick: the same families at test size
     "bert": {
@@ -385,7 +385,7 @@ def run_recommended(
         "retries": run.num_alloc_retries,
         "footprint": run.footprint,
         "allocated": run.max_allocated,
-        "of_budget": run.footprint / budget.limit if not run.oom else None,
+        "of_budget": None if run.oom else budget_share(run.footprint, budget.limit),
     }
 
 
@@ -553,7 +553,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                     f"| {r['case']} | {x['tier']} | {x['batch']} | {x['probes']}{shrinks} | not run yet ||||||"
                 )
                 continue
-            ok = not x["oom"] and not x["retries"] and x["of_budget"] is not None and 0.8 <= x["of_budget"] <= 1.0
+            ok = passes(x["oom"], x["retries"], x["of_budget"])
             lines.append(
                 f"| {r['case']} | {x['tier']} | {x['batch']} | {x.get('probes', 0)}{shrinks} | "
                 f"{'yes' if x['oom'] else 'no'} | {x['retries']} | {_gib(x.get('predicted'))} | "

@@ -16,6 +16,12 @@ Errors are against the measured figures (allocated against allocated, reserved a
     python benchmarks/planner_traced.py --list
     python benchmarks/planner_traced.py --quick                  # CPU: each case on a tiny config, traces only
     python benchmarks/planner_traced.py --render a.json b.json --out results.md   # one table from several runs
+    python benchmarks/planner_traced.py --recommend --cases phi2-lora --budget-gib 40   # run recommendations
+    python benchmarks/planner_traced.py --recommend --quick      # CPU: the whole --recommend path, tiny configs
+
+--recommend (planner_recommend.py): the traced tier's recommendation for each case under each budget (--budget-gib
+cards, and with --card the card here) run for real in the HF Trainer (trainer_loop.py), and the same at a small
+micro-batch, with a verdict per recommendation; results as JSON after each case and a markdown table beside it.
 
 --render merges runs case by case, a later file's tier replacing an earlier one's (e.g. a CPU run of the traces
 after a fix beside the GPU's measurements), and recomputes the errors against the measured tier.
@@ -359,6 +365,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=360.0, help="seconds after which no new case starts")
     parser.add_argument("--out", help="results JSON (default: $OUT/planner_traced.json or benchmarks/results/)")
     parser.add_argument("--render", type=Path, nargs="+", help="results JSON files to merge into a markdown --out")
+    recommend = parser.add_argument_group("--recommend: the traced recommendation run in the HF Trainer")
+    recommend.add_argument("--recommend", action="store_true", help="run each case's recommendation for real")
+    recommend.add_argument(
+        "--budget-gib", type=float, nargs="+", default=[40.0], help="cards to plan for, GiB (`plan --gpu-memory`)"
+    )
+    recommend.add_argument(
+        "--card", action=argparse.BooleanOptionalAction, default=True, help="also plan for the card here (NVML)"
+    )
+    recommend.add_argument(
+        "--effective-batch", type=int, default=64, help="effective batch to keep (0: the case's micro-batch)"
+    )
+    recommend.add_argument("--small-batch", type=int, default=1, help="the small micro-batch run beside")
+    recommend.add_argument("--steps", type=int, default=4, help="optimizer steps of each Trainer run")
     args = parser.parse_args(argv)
     if args.render:
         text = render(args.render)
@@ -374,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cases:
         wanted = set(args.cases.split(","))
         cases = tuple(c for c in cases if c.name in wanted)
+    if args.recommend:
+        from planner_recommend import recommend_all
+
+        return recommend_all(cases, args)
     cuda = torch.cuda.is_available()
     devices = [d for d in args.devices.split(",") if d == "cpu" or (d == "cuda" and cuda)]
     default_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
