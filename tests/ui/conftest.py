@@ -3,6 +3,7 @@ engines by tests/fixtures/make_runs.py), waiting on the app's own progress, and 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -10,13 +11,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.app import App
 from textual.command import Command, CommandList
 from textual.css.query import NoMatches
 from textual.pilot import Pilot
-from textual.widgets import Tabs
+from textual.widgets import DataTable, Tabs
 
 from gpuopt_tui.app import GpuOptApp
 from gpuopt_tui.core.atomic import atomic_write_text
@@ -119,6 +121,20 @@ async def open_from_runs(pilot: Pilot[object], app: GpuOptApp, run_id: str) -> R
     screen = app.screen
     assert isinstance(screen, ResultsScreen) and screen.run_id == run_id
     return screen
+
+
+async def open_samples(pilot: Pilot[object], run_id: str) -> ResultsScreen:
+    """An attribution run's results opened from the Runs screen with enter, its sample list filled."""
+    screen = await open_from_runs(pilot, pilot.app, run_id)  # type: ignore[arg-type]
+    await wait_for(pilot, lambda: screen.view.query_one("#sample-table", DataTable).row_count > 0)
+    await settle(pilot)
+    return screen
+
+
+def attribution_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's attributions.jsonl."""
+    lines = (run_dir / "results" / "attributions.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
 
 
 def notifications(app: App[object]) -> list[str]:

@@ -5,7 +5,6 @@ On the frozen runs of tests/fixtures/runs."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,10 @@ from gpuopt_tui.core.results.attribution import write_samples
 from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.widgets.app_footer import AppFooter
 
-from .conftest import frozen_run, open_from_runs, settle, wait_for
+from .conftest import attribution_records, frozen_run, open_samples, wait_for
 
 TOKEN_KEYS = {(",", "Prev token"), (".", "Next token")}
 PER_TOKEN_FIELDS = ("token_logprobs", "token_deltas", "token_relative_deltas", "token_top", "matrix")
-
-
-def records(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "results" / "attributions.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def token_keys(app: Any) -> set[tuple[str, str]]:
@@ -46,17 +40,9 @@ def expected_top(top: list[list[Any]]) -> list[list[str]]:
     return [[str(rank), token, str(position), f"{score:+.4g}"] for rank, (position, token, score) in enumerate(top, 1)]
 
 
-async def open_samples(pilot: Any, run_id: str) -> ResultsScreen:
-    """The run's results opened from the Runs screen with enter, its sample list filled."""
-    screen = await open_from_runs(pilot, pilot.app, run_id)
-    await wait_for(pilot, lambda: screen.view.query_one("#sample-table", DataTable).row_count > 0)
-    await settle(pilot)
-    return screen
-
-
 async def test_the_keys_work_at_once_in_a_causal_lm_run_opened_from_the_runs_screen(runs_root: Path) -> None:
     run_dir = frozen_run("attribution-lm", runs_root)
-    record = records(run_dir)[0]
+    record = attribution_records(run_dir)[0]
     tokens = record["completion_tokens"]
     first = f"shown: completion token 1 of {len(tokens)} {tokens[0]!r}"
     app = make_app(screen="runs")
@@ -102,7 +88,9 @@ def without_per_token_rows(runs_root: Path) -> Path:
     """The frozen causal LM run as a run without per_target_token writes it: its lines lack the per-token fields."""
     run_dir = frozen_run("attribution-lm", runs_root)
     jsonl = run_dir / "results" / "attributions.jsonl"
-    write_samples(jsonl, [{k: v for k, v in r.items() if k not in PER_TOKEN_FIELDS} for r in records(run_dir)])
+    write_samples(
+        jsonl, [{k: v for k, v in r.items() if k not in PER_TOKEN_FIELDS} for r in attribution_records(run_dir)]
+    )
     return run_dir
 
 

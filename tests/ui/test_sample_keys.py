@@ -6,7 +6,6 @@ where they work."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,10 @@ from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.widgets import sample_browser
 from gpuopt_tui.ui.widgets.app_footer import AppFooter
 
-from .conftest import frozen_run, open_from_runs, settle, wait_for, widget_text
+from .conftest import attribution_records, frozen_run, open_samples, wait_for, widget_text
 
 SAMPLE_KEYS = {("/", "Search"), ("s", "Sort"), ("[", "Prev page"), ("]", "Next page")}
 SEARCH_AND_SORT = {("/", "Search"), ("s", "Sort")}
-
-
-def records(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "results" / "attributions.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def sample_keys(app: Any) -> set[tuple[str, str]]:
@@ -45,17 +39,9 @@ def status(screen: ResultsScreen) -> str:
     return str(screen.view.query_one("#sample-status", Static).content)
 
 
-async def open_samples(pilot: Any, run_id: str) -> ResultsScreen:
-    """The run's results opened from the Runs screen with enter, its sample list filled."""
-    screen = await open_from_runs(pilot, pilot.app, run_id)
-    await wait_for(pilot, lambda: screen.view.query_one("#sample-table", DataTable).row_count > 0)
-    await settle(pilot)
-    return screen
-
-
 async def test_search_and_sort_work_at_once_in_a_run_opened_from_the_runs_screen(runs_root: Path) -> None:
     run_dir = frozen_run("attribution", runs_root)
-    samples = records(run_dir)
+    samples = attribution_records(run_dir)
     by_delta = [r["index"] for r in sorted(samples, key=lambda r: (-r["relative_delta"], r["index"]))]
     word = samples[0]["top"][0][1]
     with_word = [r["index"] for r in samples if word in [t[1] for t in r["top"]]]
@@ -102,7 +88,7 @@ async def test_the_page_keys_turn_pages_at_once_and_only_when_there_are_pages(
 ) -> None:
     monkeypatch.setattr(sample_browser, "PAGE_SIZE", 5)  # the run's 12 samples on 3 pages
     run_dir = frozen_run("attribution", runs_root)
-    samples = records(run_dir)
+    samples = attribution_records(run_dir)
     word = samples[0]["top"][0][1]
     with_word = [r["index"] for r in samples if word in [t[1] for t in r["top"]]]
     assert len(samples) == 12 and len(with_word) <= 5
