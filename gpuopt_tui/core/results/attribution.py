@@ -440,17 +440,22 @@ def _entry_row(entry: SampleEntry, length: int) -> list[Any]:
     return [entry.offset, length, *(list(v) if isinstance(v, tuple) else v for v in values)]
 
 
-def _row_entry(row: list[Any]) -> SampleEntry:
-    """The entry of an index row (read_index checked its offset and length); TypeError for a value of another
-    type than the writer's. (Checked value by value: a 1B-model run's index has 2048 rows of 17 values.)"""
-    values = row[2:]
-    if not all(type(value) in kinds for value, kinds in zip(values, _ROW_KINDS, strict=True)):
-        raise TypeError("a value of another type than the index's writer's")
-    top = values[_TOP_TOKENS]
-    if not all(type(token) is str for token in top):
+def _row_entries(rows: list[list[Any]]) -> list[SampleEntry]:
+    """The entries of index rows (read_index checked their offsets and lengths); TypeError for a value of another
+    type than the writer's. Checked a column at a time (a 1B-model run's index has 2048 rows of 17 values: 6 ms,
+    against about 10 ms value by value)."""
+    for column, kinds in enumerate(_ROW_KINDS, start=2):
+        if not {type(row[column]) for row in rows} <= set(kinds):
+            raise TypeError(f"{ENTRY_FIELDS[column - 2]}: a value of another type than the index's writer's")
+    top = _TOP_TOKENS + 2
+    if not {type(token) for row in rows for token in row[top]} <= {str}:
         raise TypeError("top_tokens: not a list of strings")
-    values[_TOP_TOKENS] = tuple(top)
-    return SampleEntry(row[0], *values)
+    entries = []
+    for row in rows:
+        values = row[2:]
+        values[_TOP_TOKENS] = tuple(values[_TOP_TOKENS])
+        entries.append(SampleEntry(row[0], *values))
+    return entries
 
 
 class _IndexRows:
@@ -525,7 +530,7 @@ class SampleIndex:
         if loaded is None:
             return None
         try:
-            entries = [_row_entry(row) for row in loaded.rows]
+            entries = _row_entries(loaded.rows)
         except (TypeError, ValueError):
             return None
         st = loaded.stat
