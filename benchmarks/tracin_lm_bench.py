@@ -273,6 +273,12 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
+def _bound(row: dict[str, Any]) -> str:
+    """ "<= " before the 100k time of a row that computed no training gradient (read them all from the cache)."""
+    cache = row.get("train_cache") or {}
+    return "<= " if cache.get("read") and not cache.get("computed") else ""
+
+
 def run_row(name: str, cli: dict[str, Any], n_train: int, n_queries: int, cache: Path) -> dict[str, Any]:
     """A CLI row's figures, with the 100k extrapolation (linear in the training rows) and the cache's size."""
     timing, summary = cli["summary"]["timing"], cli["summary"]
@@ -491,7 +497,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"bf16 autocast, train_cache = true, batch_size = {meta['batch']}); wall = the whole command (start-up, model "
         "load, query gradients, writing results); scoring = its summary's compute_seconds",
         "- scaled down: the 100k column is an extrapolation, linear in the training rows (fixed part + scoring x "
-        f"100000 / {meta['train']}), not a measurement",
+        f"100000 / {meta['train']}), not a measurement; for a row whose training gradients came from the cache an "
+        "upper bound (<=): its scoring includes the queries' own gradients, which do not grow with the training rows",
         *([f"- note: {meta['note']}"] if meta.get("note") else []),
         "",
         "| row | train x queries | wall s | scoring s | train ex/s | tokens/s | micro-batch | torch peak alloc / "
@@ -505,7 +512,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {r['row']} | {r['train']} x {r['queries']} | {r['wall']:.1f} | {r['scoring_seconds']:.1f} "
             f"| {_rate(r, 'examples_per_s')} | {_rate(r, 'tokens_per_s')} | {r['batch'] or 'none (cache)'} | {_gib(r['torch_peak'])} / "
             f"{_gib(r['torch_reserved'])} | {_gib(r['nvml_peak'])} | {_gib(r['cache_bytes'])} | "
-            f"{_fmt(r['bytes_per_number'])} | {r['extrapolated_seconds'] / 60:.1f}, {_gib(r['extrapolated_cache_bytes'])} |"
+            f"{_fmt(r['bytes_per_number'])} | {_bound(r)}{r['extrapolated_seconds'] / 60:.1f}, {_gib(r['extrapolated_cache_bytes'])} |"
         )
     for r in rows:
         if "proponents_same_task" in r:
