@@ -68,7 +68,7 @@ async def test_help_says_where_the_focus_starts() -> None:
         text = " ".join(app.screen.query_one("#help-body").query_one(".help-guide").render().plain.split())
         assert "opens with its form focused" in text and "left and right switch the view's tabs" in text
         keys = " ".join(str(app.screen.query_one(".help-keys").render()).split())
-        assert "A run's results (enter on a run)" in keys and "The view's next tab" in keys
+        assert "A run's results (enter on a run;" in keys and "The view's next tab" in keys
 
 
 async def test_navigation_bar_is_clickable() -> None:

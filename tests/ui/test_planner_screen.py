@@ -35,7 +35,7 @@ from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.lifecycle import create_run
 from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
-from gpuopt_tui.ui.screens.planner import PlannerScreen
+from gpuopt_tui.ui.screens.planner import EstimateRead, PlannerScreen
 from gpuopt_tui.ui.widgets.diff_dialog import DiffDialog
 from gpuopt_tui.ui.widgets.planner_view import PlanView
 from gpuopt_tui.ui.widgets.tab_switch import TabSwitch
@@ -407,3 +407,18 @@ async def test_trace_shows_a_family_the_closed_form_refuses(work: dict[str, Path
         assert "traced on fake tensors (no GPU): PhiForCausalLM" in text, text
         assert "closed form no estimate: " in text and 'model_type "phi"' in text
         assert "model.layers.*" in text and "Activations" in text and "CUDA context" in text  # by module
+
+
+async def test_an_estimate_that_arrives_after_the_views_are_gone_is_dropped(work: dict[str, Path]) -> None:
+    """The app can close while an estimate runs (its worker thread replies after the screen's widgets are removed):
+    the reply is dropped, not an error of the closing app."""
+    app = make_app(screen="planner")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await estimated(pilot)
+        screen = planner(app)
+        await screen.query_one("#plan-tabs").remove()
+        late = EstimateRead(screen._seq + 1)
+        late.value = None  # never read: nothing is left to show it
+        screen.post_message(late)
+        await pilot.pause()
+        assert app.screen is screen and screen._shown == late.key

@@ -278,7 +278,9 @@ class PlannerScreen(KindScreen):
         if message.key < self._shown:
             return
         self._shown = message.key
-        view = self.query_one("#plan-closed", PlanView)
+        view = next(iter(self.query("#plan-closed").results(PlanView)), None)
+        if view is None:  # the screen's widgets are gone: the app closed while the estimate ran
+            return
         if message.failed:
             if isinstance(message.error, ProfileError):
                 self.form.show_error(message.error.key, message.error.detail)
