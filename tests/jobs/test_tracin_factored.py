@@ -73,6 +73,25 @@ def test_factored_equals_dense_projection_of_explicit_gradients(maker) -> None:
     assert max_rel_error(got, want) < 1e-12
 
 
+def test_inputs_that_require_grad_do_not_hide_any_layer(monkeypatch) -> None:
+    """A hook that makes the word embeddings require grad (what enabling gradient checkpointing leaves behind): the
+    layers after it need a gradient before the engine's own anchor, and their gradients must still all arrive."""
+    adapter = gpt2_adapter()
+    ds = text_dataset(adapter, 5, seed=2)
+    names = [n for n in select_parameters(adapter, ds.batch([0]), "all") if ".h." in n]  # not the embeddings
+    fg = FactoredGradients(adapter, names, k_in=5, k_out=3, seed=11, precision="fp32")
+    batch = ds.batch(list(range(len(ds))))
+    want = dense_projection(fg, naive_gradients(adapter, ds, names).double())
+    embeddings = adapter.model.get_input_embeddings()
+    handle = embeddings.register_forward_hook(lambda module, args, out: out.requires_grad_(True))
+    try:
+        got = fg.features(batch)
+    finally:
+        handle.remove()
+    assert max_rel_error(got, want) < 1e-12
+    assert bool((got.abs().sum(0) > 0).all())
+
+
 @pytest.fixture(scope="module")
 def bert64(tmp_path_factory: pytest.TempPathFactory):
     adapter = bert_adapter(torch.float64)

@@ -20,9 +20,9 @@ step.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,8 +74,6 @@ class CausalLMAdapter(Adapter):
         self.special_ids = DecoderSpecialIds(**vars(SpecialIds.of(tokenizer)), structure=frozenset(_special(tokenizer)))
         #: set when the tokenizer had no padding token and padding borrows EOS (said in `describe`)
         self.borrowed_pad: str | None = None
-        #: whether the forward can compute the logits of the last positions only (most families can)
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     # -- tokens ---------------------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], max_length: int, *, chat: bool = False) -> Batch:
@@ -165,12 +163,11 @@ class CausalLMAdapter(Adapter):
         attention_mask: Tensor | None,
         context: Mapping[str, Tensor],
         *,
-        trim: bool = True,
         prepared_mask: bool = False,
     ) -> Tensor:
-        """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them;
-        `trim`: computed for the positions from the first one needed on only, where the model can; `prepared_mask`:
-        the attention mask given as [N, 1, L, L] (see `completion_loss`)."""
+        """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them,
+        computed at those positions only (`_output_layer_at`); `prepared_mask`: the attention mask given as
+        [N, 1, L, L] (see `completion_loss`)."""
         prompt_len = inputs_embeds.shape[1]
         completion = context["completion_embeds"].to(inputs_embeds.dtype)
         if attention_mask is None:
@@ -180,24 +177,55 @@ class CausalLMAdapter(Adapter):
             inputs_embeds = inputs_embeds.gather(1, order[..., None].expand_as(inputs_embeds))
         mask = torch.cat([attention_mask.long(), context["completion_mask"].long()], 1)
         before = previous_real_position(mask)[:, prompt_len - 1 :]  # [N, T + 1]: the position predicting each token
-        first = int(before.min()) if self.keeps_logits and trim else 0
-        kept = {"logits_to_keep": mask.shape[1] - first} if self.keeps_logits and trim else {}
-        out = self.model(
-            inputs_embeds=torch.cat([inputs_embeds, completion], 1),
-            attention_mask=causal_mask(mask, self.model) if prepared_mask else mask,
-            position_ids=(mask.cumsum(1) - 1).clamp_min(0),
-            use_cache=False,
-            **kept,
-        )
-        logits = out.logits.gather(1, (before - first)[..., None].expand(-1, -1, out.logits.shape[-1]))
+        with self._output_layer_at(before, mask.shape[1]) as gathered:
+            out = self.model(
+                inputs_embeds=torch.cat([inputs_embeds, completion], 1),
+                attention_mask=causal_mask(mask, self.model) if prepared_mask else mask,
+                position_ids=(mask.cumsum(1) - 1).clamp_min(0),
+                use_cache=False,
+            )
+        logits = out.logits
+        if not gathered[0]:
+            logits = logits.gather(1, before[..., None].expand(-1, -1, logits.shape[-1]))
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # log-softmax over the vocabulary
+
+    @contextlib.contextmanager
+    def _output_layer_at(self, positions: Tensor, length: int) -> Iterator[list[bool]]:
+        """Within the block, the model's output layer (`get_output_embeddings`) takes the hidden states at
+        `positions` [N, K] only, gathered from its input [N, length, hidden]: the logits [N, K, V] of those positions
+        alone are computed, not the whole sequence's (a large vocabulary's output layer is a good share of a forward
+        and most of its memory). What the model does to the logits after that layer (soft-capping, scaling) is per
+        position, so it stays the same. The gather has a fixed size, which torch.func.vmap runs; a layer's
+        gradient through it is the same sum over the kept positions (the others' gradient is zero in every loss
+        here). Yields [whether the layer ran on the gathered positions]: not when the model has no such layer or
+        calls it on other shapes, and the caller gathers the logits instead."""
+        head = self.model.get_output_embeddings()
+        gathered = [False]
+        if not isinstance(head, nn.Module):
+            yield gathered
+            return
+
+        def gather(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            hidden = args[0] if args else None
+            if not isinstance(hidden, Tensor) or hidden.dim() != 3 or hidden.shape[:2] != (len(positions), length):
+                return None
+            gathered[0] = True
+            picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+            return (picked, *args[1:])
+
+        handle = head.register_forward_pre_hook(gather)
+        try:
+            yield gathered
+        finally:
+            handle.remove()
 
     # -- training loss (TracIn) -------------------------------------------------------------------------------
     def loss_per_example(self, batch: Mapping[str, Tensor]) -> Tensor:
         """[N] mean token cross-entropy over each row's completion tokens; the prompt's tokens are context only (not
         predicted: masked, as supervised fine-tuning trainers do). Every per-token layer runs once on the whole
-        [prompt | completion] sequence (`token_mask`), the output layer included: the embeddings keep their graph
-        and torch.func.vmap can run it (no value-dependent size)."""
+        [prompt | completion] sequence (`token_mask`) but the output layer, which runs on the T + 1 positions that
+        predict a completion token (and the one after); the padded ones among them get a zero gradient. The
+        embeddings keep their graph and torch.func.vmap can run it (no value-dependent size)."""
         return self.completion_loss(batch, prepared_mask=False)
 
     def completion_loss(self, batch: Mapping[str, Tensor], *, prepared_mask: bool) -> Tensor:
@@ -208,9 +236,7 @@ class CausalLMAdapter(Adapter):
         embeds = self.word_embeddings()(ids)
         prompt_len, mask = prompt_mask.shape[1], batch["completion_mask"]
         context = {"completion_embeds": embeds[:, prompt_len:], "completion_mask": mask}
-        logits = self.next_token_logits(
-            embeds[:, :prompt_len], prompt_mask, context, trim=False, prepared_mask=prepared_mask
-        )
+        logits = self.next_token_logits(embeds[:, :prompt_len], prompt_mask, context, prepared_mask=prepared_mask)
         nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["completion_ids"].long(), reduction="none")
         weights = mask.to(nll.dtype)
         return (nll * weights).sum(1) / weights.sum(1).clamp_min(1)

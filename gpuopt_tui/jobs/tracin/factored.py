@@ -9,11 +9,13 @@ P_in); transformers' Conv1D is a Linear layer stored transposed. Biases (sum_t g
 (sum_t g_t * x_hat_t and sum_t g_t) are vectors, projected densely to `k_out` numbers. A size of 0, or one at
 least the dimension, keeps that side exact (no projection), so sizes 0 give exact per-example gradients.
 
-One forward and one backward per micro-batch: every hooked layer's output gets a zero scalar added that
-requires grad, and the backward differentiates the summed loss with respect to that scalar only, so no parameter
-gradient is computed and each layer's g is projected (and freed) as soon as the backward reaches it. Tokens
-where the attention mask is 0 contribute nothing. A layer run on a batch of one while the batch has more
-examples (shared position ids) is expanded to the examples, so each gets its own gradient. Parameters these
+One forward and one backward per micro-batch: a hooked layer's output that needs no gradient (the first one:
+nothing before it requires one) gets a zero scalar added that requires grad, which every later output then depends
+on (when something before the first layer required grad, every output gets it), and the backward differentiates the
+summed loss with respect to that scalar only, so no parameter gradient is computed and each layer's g is projected
+(and freed) as soon as the backward reaches it (a hook on the output tensor). Tokens where the attention mask is 0
+contribute nothing: one side of each product is zeroed there. A layer run on a batch of one while the batch has
+more examples (shared position ids) is expanded to the examples, so each gets its own gradient. Parameters these
 products would get wrong (of other modules, of subclasses with a forward of their own, or tied to such a module)
 are left out; `excluded` maps each to the reason.
 
@@ -127,7 +129,7 @@ class FactoredGradients:
         self.uses, self.excluded = module_uses(self.model, names)
         self.modules = dict(self.model.named_modules(remove_duplicate=False))
         self.projector = Projector(1, seed, adapter.device, self.dtype)
-        self._narrow: dict[tuple[str, int, torch.dtype], Tensor] = {}  # factors in bf16/fp16
+        self._factors: dict[tuple[str, int, torch.dtype], Tensor] = {}  # (name, axis, x's dtype) -> factor
         params = dict(self.model.named_parameters())
         self.sizes: dict[str, tuple[int, ...]] = {}  # parameter -> projected shape (per axis)
         for found in self.uses.values():
@@ -144,11 +146,14 @@ class FactoredGradients:
     def features(self, batch: Mapping[str, Tensor]) -> Tensor:
         n = len(next(iter(batch.values())))
         mask = self.adapter.token_mask(batch)
-        keep = None if mask is None else mask.reshape(n, -1).to(self.dtype)
+        keep = None if mask is None else mask.reshape(n, -1, 1).to(self.dtype)  # [n, T, 1]
         feats: dict[str, Tensor] = {}
         anchor = torch.zeros((), device=self.adapter.device, dtype=self.dtype, requires_grad=True)
+        anchored: list[bool] = []  # [whether outputs that require grad depend on the anchor], at the first hook
         handles = [
-            self.modules[name].register_forward_hook(self._hook(name, uses, n, keep, feats, anchor), with_kwargs=True)
+            self.modules[name].register_forward_hook(
+                self._hook(uses, n, keep, feats, anchor, anchored), with_kwargs=True
+            )
             for name, uses in self.uses.items()
         ]
         try:
@@ -168,16 +173,26 @@ class FactoredGradients:
         ).to(self.dtype)
 
     def _hook(
-        self, mod_name: str, uses: list[Use], n: int, keep: Tensor | None, feats: dict[str, Tensor], anchor: Tensor
+        self,
+        uses: list[Use],
+        n: int,
+        keep: Tensor | None,
+        feats: dict[str, Tensor],
+        anchor: Tensor,
+        anchored: list[bool],
     ) -> Callable[..., Tensor]:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Tensor:
             x = args[0] if args else next(iter(kwargs.values()))
             if output.shape[0] == 1 and n > 1:  # e.g. position embeddings of shared position ids
                 output, x = output.expand(n, *output.shape[1:]), x.expand(n, *x.shape[1:])
-            z = output + anchor
+            # An output that requires grad depends on an anchored one already, unless something before the first
+            # hooked layer required grad (an input-gradient hook): then every output is anchored, to be sure.
+            if not anchored:
+                anchored.append(not output.requires_grad)
+            z = output if output.requires_grad and anchored[0] else output + anchor
             with torch.autocast(z.device.type, enabled=False):
                 saved = self._input_side(module, uses, x, n, keep)
-            z.register_hook(lambda g: self._output_side(module, uses, g, n, keep, saved, feats))
+            z.register_hook(lambda g: self._output_side(uses, g, n, keep, saved, feats))
             return z
 
         return hook
@@ -185,7 +200,8 @@ class FactoredGradients:
     def _input_side(
         self, module: nn.Module, uses: list[Use], x: Tensor, n: int, keep: Tensor | None
     ) -> dict[str, Tensor]:
-        """What the backward needs of the layer's input, per parameter: projected inputs [n, T, k]."""
+        """What the backward needs of the layer's input, per parameter: projected inputs [n, T, k], zero on padded
+        tokens (so that the output side needs no mask)."""
         saved: dict[str, Tensor] = {}
         for use in uses:
             if use.role in ("weight", "conv_weight"):
@@ -193,7 +209,8 @@ class FactoredGradients:
                 saved[use.param] = _masked(self._project(use.param, axis, _rows(x, n)), keep)
             elif use.role == "embedding":
                 ids = x.reshape(n, -1)
-                live = torch.ones_like(ids, dtype=self.dtype) if keep is None or keep.shape != ids.shape else keep
+                live = torch.ones_like(ids, dtype=self.dtype) if keep is None or keep.shape[1] != ids.shape[1] else keep
+                live = live.reshape(ids.shape)
                 if module.padding_idx is not None:  # that row's gradient is always zero
                     live = live * (ids != module.padding_idx)
                 saved[use.param] = self._embedding_rows(use.param, ids, live)
@@ -204,7 +221,6 @@ class FactoredGradients:
 
     def _output_side(
         self,
-        module: nn.Module,
         uses: list[Use],
         g: Tensor,
         n: int,
@@ -215,33 +231,41 @@ class FactoredGradients:
         g = _rows(g, n)
         for use in uses:
             name, role = use.param, use.role
-            if role == "weight":
-                part = torch.einsum("bto,bti->boi", _masked(self._project(name, 0, g), keep), saved[name])
+            if role == "weight":  # sum_t (P_out^T g_t)(P_in^T x_t)^T: [n, k_out, T] @ [n, T, k_in]
+                part = torch.bmm(self._project(name, 0, g).transpose(1, 2), saved[name])
             elif role == "conv_weight":
-                part = torch.einsum("bti,bto->bio", saved[name], _masked(self._project(name, 1, g), keep))
+                part = torch.bmm(saved[name].transpose(1, 2), self._project(name, 1, g))
             elif role == "embedding":
-                part = self._embedding_grad(name, saved[name], _masked(self._project(name, 1, g), keep))
+                part = self._embedding_grad(name, saved[name], self._project(name, 1, g))
             elif role == "norm_weight":
                 part = self._project(name, 0, (g.to(self.dtype) * saved[name]).sum(1))
             else:  # bias, norm_bias: sum_t P^T g_t
                 part = _masked(self._project(name, 0, g), keep).sum(1)
-            part = part.reshape(n, -1)
+            part = part.reshape(n, -1)  # a tied weight's uses (embedding, output layer) add up in one layout
             feats[name] = feats[name] + part if name in feats else part
 
     def _project(self, name: str, axis: int, x: Tensor) -> Tensor:
         """x [..., dim] -> [..., k] along `axis` of parameter `name` (x itself when that side is exact), in the
-        engine's dtype; a bf16/fp16 x is multiplied in its own precision (the module docstring says why)."""
+        engine's dtype; a bf16/fp16 x is multiplied in its own precision (the module docstring says why). One
+        matrix product of the flattened tokens: this runs for every chosen tensor twice a micro-batch."""
         k = self.sizes[name][axis]
         dim = self.shapes[name][axis]
         if k == dim:
             return x.to(self.dtype)
-        factor = self.projector.factor(name, axis, dim, k)
-        if x.dtype != factor.dtype and x.dtype in (torch.bfloat16, torch.float16):
-            key = (name, axis, x.dtype)
-            if key not in self._narrow:
-                self._narrow[key] = factor.to(x.dtype)
-            factor = self._narrow[key]
-        return (x.to(factor.dtype) @ factor).to(self.dtype)
+        factor = self._factor(name, axis, x.dtype)
+        out = torch.mm(x.reshape(-1, dim).to(factor.dtype), factor).view(*x.shape[:-1], k)
+        return out.to(self.dtype)
+
+    def _factor(self, name: str, axis: int, dtype: torch.dtype) -> Tensor:
+        """The projection factor of `name`'s `axis`, in `dtype` when that is bf16/fp16, else in the engine's."""
+        key = (name, axis, dtype)
+        factor = self._factors.get(key)
+        if factor is None:
+            factor = self.projector.factor(name, axis, self.shapes[name][axis], self.sizes[name][axis])
+            if dtype in (torch.bfloat16, torch.float16):
+                factor = factor.to(dtype)
+            self._factors[key] = factor
+        return factor
 
     def _embedding_rows(self, name: str, ids: Tensor, live: Tensor) -> Tensor:
         """The input side of an embedding: rows of its projection factor [n, T, k_in], zero where not live;
@@ -252,7 +276,7 @@ class FactoredGradients:
         return self.projector.factor(name, 0, vocab, k)[ids] * live[..., None]
 
     def _embedding_grad(self, name: str, rows: Tensor, g: Tensor) -> Tensor:
-        """g: the projected output gradient [n, T, k_out], zero on padded tokens."""
+        """g: the projected output gradient [n, T, k_out]; `rows` are zero (exact: -1) on padded tokens."""
         vocab, k = self.shapes[name][0], self.sizes[name][0]
         if k != vocab:
             return torch.einsum("btv,btd->bvd", rows, g)
@@ -288,5 +312,7 @@ def _rows(t: Tensor, n: int) -> Tensor:
 
 
 def _masked(t: Tensor, keep: Tensor | None) -> Tensor:
-    """Zero the padded tokens of [n, T, d] when T is the batch's token count (a lean layer's T is 1)."""
-    return t if keep is None or keep.shape[1] != t.shape[1] else t * keep[..., None]
+    """Zero the padded tokens of [n, T, d] (`keep`: [n, tokens, 1]) when T is the batch's token count (a lean layer's
+    T is 1; a causal LM's output layer runs on the completion's positions, where the loss's gradient is zero on
+    padding)."""
+    return t if keep is None or keep.shape[1] != t.shape[1] else t * keep
