@@ -1,7 +1,8 @@
 """Prompt -> completion datasets for causal language models (see models/causal_lm.py for the batch keys).
 
-A dataset is read from jsonl/csv rows (prompt in data.text_field, completion in data.target_field), or its
-completions are the model's own greedy continuation (`with_generated_completions`). For a [completion, prompt]
+A dataset is read from jsonl/csv rows (prompt in data.text_field, completion in data.target_field), or from jsonl rows
+of chat messages (data.messages_field; see chat_messages.py), or its completions are the model's own greedy
+continuation (`with_generated_completions`). For a [completion, prompt]
 matrix, `per_token_rows` turns each sample into one row per completion token, each explaining that token's
 log-probability alone; the rows keep their sample's index in `meta["sample_of_row"]`.
 """
@@ -12,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
+from jinja2 import TemplateError
 from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import CompletionDataSection
+from gpuopt_tui.jobs.chat_messages import Message, conversation, shown_prompt
 from gpuopt_tui.jobs.data import Row, TextDataset, field_value, trim_batch
 from gpuopt_tui.jobs.models.base import to_device
 from gpuopt_tui.jobs.models.causal_lm import WHOLE_COMPLETION, CausalLMAdapter
@@ -34,35 +37,83 @@ def string_value(row: Row, key: str) -> str:
 def completion_dataset_from_rows(
     adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection
 ) -> TextDataset:
-    """Prompts from data.text_field and, when the rows have it, completions from data.target_field (then every
-    row needs one); without any, the completion tensors are empty ([N, 0]) until completions are generated."""
-    prompts = [string_value(row, data.text_field) for row in rows]
-    tensors = adapter.tokenize(prompts, data.max_length, chat=data.chat_template)
-    present = [row[1].get(data.target_field) is not None for row in rows]
-    texts: list[str] | None = None
-    if any(present):
-        if not all(present):
-            where = rows[present.index(False)][0]
-            field = data.target_field
-            raise UserError(f'{where}: missing completion "{field}" (other rows have one; give all or none)')
-        texts = [string_value(row, data.target_field) for row in rows]
-        tensors |= adapter.completions(texts, data.max_length)
-        _check_completions(adapter, tensors, [row[0] for row in rows], data.target_field)
+    """Prompts and completions from chat messages (data.messages_field) or from data.text_field and, when the rows
+    have it, data.target_field (then every row needs one); without completions, the completion tensors are empty
+    ([N, 0]) until completions are generated."""
+    origin = rows[0][0].rsplit(":", 1)[0]
+    read = _message_rows if data.messages_field else _field_rows
+    prompts, tensors, completions = read(adapter, rows, data, origin)
+    if completions is not None:
+        tensors |= adapter.completions(completions, data.max_length)
+        _check_completions(adapter, tensors, [row[0] for row in rows], _completion_name(data))
     else:
         empty = torch.zeros(len(rows), 0, dtype=torch.long)
         tensors |= {"completion_ids": empty, "completion_mask": empty.clone()}
     tensors["target_position"] = torch.full((len(rows),), WHOLE_COMPLETION, dtype=torch.long)
-    origin = rows[0][0].rsplit(":", 1)[0]
-    return TextDataset(tensors, prompts, dict(adapter.token_fields), origin, meta={COMPLETIONS: texts})
+    return TextDataset(tensors, prompts, dict(adapter.token_fields), origin, meta={COMPLETIONS: completions})
 
 
-def _check_completions(adapter: CausalLMAdapter, tensors: dict[str, Tensor], where: list[str], key: str) -> None:
-    """Every completion has a token, and prompt and completion fit the model's positions together."""
+def completion_source(data: CompletionDataSection) -> str:
+    """Where a dataset's completions were read from, in words (for the run's summary)."""
+    if data.messages_field:
+        return (
+            f'data.messages_field = "{data.messages_field}": the last (assistant) message; the prompt is the '
+            "tokenizer's chat template over the messages before it"
+        )
+    return f'data.target_field = "{data.target_field}"'
+
+
+def _completion_name(data: CompletionDataSection) -> str:
+    if data.messages_field:
+        return f'the completion (the last message in "{data.messages_field}")'
+    return f'the completion "{data.target_field}"'
+
+
+#: what a reader returns: the prompts' texts as shown, their tensors, the completions (None: the rows have none)
+_Read = tuple[list[str], dict[str, Tensor], list[str] | None]
+
+
+def _field_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection, origin: str) -> _Read:
+    prompts = [string_value(row, data.text_field) for row in rows]
+    tensors = adapter.tokenize(prompts, data.max_length, chat=data.chat_template)
+    present = [row[1].get(data.target_field) is not None for row in rows]
+    if not any(present):
+        return prompts, tensors, None
+    if not all(present):
+        where = rows[present.index(False)][0]
+        field = data.target_field
+        raise UserError(f'{where}: missing completion "{field}" (other rows have one; give all or none)')
+    return prompts, tensors, [string_value(row, data.target_field) for row in rows]
+
+
+def _message_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection, origin: str) -> _Read:
+    """Each row's messages but the last through the chat template (the prompt), the last one's content (the
+    completion)."""
+    setting = f'data.messages_field = "{data.messages_field}" ({origin}) renders prompts with the chat template'
+    chats = [conversation(row, data.messages_field) for row in rows]
+    rendered = [_rendered(adapter, row[0], chat[:-1], setting) for row, chat in zip(rows, chats)]
+    tensors = adapter.tokenize_templated(rendered, data.max_length)
+    return [shown_prompt(chat[:-1]) for chat in chats], tensors, [chat[-1]["content"] for chat in chats]
+
+
+def _rendered(adapter: CausalLMAdapter, where: str, messages: list[Message], setting: str) -> str:
+    try:
+        return adapter.chat_prompt(messages, setting)
+    except TemplateError as exc:  # a template may refuse a conversation (roles out of turn, an unknown role)
+        raise UserError(f"{where}: the chat template of {adapter.name} refused the messages: {exc}") from None
+
+
+def _check_completions(adapter: CausalLMAdapter, tensors: dict[str, Tensor], where: list[str], name: str) -> None:
+    """Every prompt and completion has a token (the first completion token is predicted from the prompt), and they
+    fit the model's positions together."""
+    prompt = tensors["attention_mask"].sum(1)
     lengths = tensors["completion_mask"].sum(1)
-    total = tensors["attention_mask"].sum(1) + lengths
+    total = prompt + lengths
     for i in range(len(where)):
+        if int(prompt[i]) == 0:
+            raise UserError(f"{where[i]}: the prompt has no tokens (the completion's first token needs one before it)")
         if int(lengths[i]) == 0:
-            raise UserError(f'{where[i]}: the completion "{key}" has no tokens')
+            raise UserError(f"{where[i]}: {name} has no tokens")
         if int(total[i]) > adapter.max_positions:
             raise UserError(
                 f"{where[i]}: prompt and completion take {int(total[i])} tokens, more than the "

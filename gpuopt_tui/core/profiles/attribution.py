@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
 from gpuopt_tui.core.profiles.common import DataSection, ModelSection, ProfileBase, ScaledRunSection
@@ -165,6 +165,23 @@ class CompletionDataSection(DataSection):
     chat_template: bool = opt(
         False, "Causal LMs: pass each prompt as a user message through the tokenizer's chat template"
     )
+    messages_field: str = opt(
+        "",
+        'Causal LMs: key holding each row\'s chat messages, a list of {"role", "content"} objects ending with the '
+        "assistant's (jsonl only); empty = off. The prompt is the tokenizer's chat template over the messages before "
+        "the last (with the generation prompt), the completion the last message's content; text_field and "
+        'target_field are not read. Results show the prompt as "role: content" lines',
+    )
+
+    def check(self, fail: Failure) -> None:
+        super().check(fail)
+        if not self.messages_field:
+            return
+        defaults = {f.name: f.default for f in fields(self)}
+        for key in ("text_field", "target_field"):
+            if getattr(self, key) != defaults[key]:
+                why = f'the prompt and completion come from the messages in "{self.messages_field}"'
+                fail(key, f"not read when data.messages_field is set ({why}): leave {key} out or messages_field empty")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from gpuopt_tui.jobs.attribution.outputs import Collected, float32_value, float3
 from gpuopt_tui.jobs.completion_data import (
     COMPLETIONS,
     SAMPLE_OF_ROW,
+    completion_source,
     has_completions,
     per_token_rows,
     with_generated_completions,
@@ -164,7 +165,7 @@ def prepare_completions(
         ds = with_generated_completions(adapter, ds, section.max_new_tokens, section.batch_size)
         source = f"generated: the model's greedy continuation, up to {section.max_new_tokens} tokens"
     elif has_completions(ds):
-        source = f'data.target_field = "{data.target_field}"'
+        source = completion_source(data)
     else:
         raise UserError(
             f'{ds.origin}: no completions (data.target_field = "{data.target_field}" is in no row); name the '

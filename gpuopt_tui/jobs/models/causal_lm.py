@@ -80,14 +80,21 @@ class CausalLMAdapter(Adapter):
         """Prompts as `input_ids` / `attention_mask` [N, P], right-padded, with the tokenizer's special tokens; with
         `chat`, each text as a user message through the tokenizer's chat template (which writes its own)."""
         if chat:
-            texts = [self.chat_prompt(text) for text in texts]
-        return self._encode(texts, max_length, special=not chat)
+            rendered = [self.chat_prompt([{"role": "user", "content": text}]) for text in texts]
+            return self.tokenize_templated(rendered, max_length)
+        return self._encode(texts, max_length, special=True)
 
-    def chat_prompt(self, text: str) -> str:
+    def tokenize_templated(self, prompts: Sequence[str], max_length: int) -> Batch:
+        """Prompts rendered by `chat_prompt`, as `tokenize` gives them: no special tokens added (the template wrote
+        its own)."""
+        return self._encode(prompts, max_length, special=False)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], setting: str = "data.chat_template = true") -> str:
+        """The tokenizer's chat template over `messages`, then the generation prompt (the assistant's turn begins),
+        as text; `setting` says what asked for the template, in the error when the tokenizer has none."""
         if not getattr(self.tokenizer, "chat_template", None):
-            raise UserError(f"data.chat_template = true, but the tokenizer of {self.name} has no chat template")
-        message = [{"role": "user", "content": text}]
-        return self.tokenizer.apply_chat_template(message, add_generation_prompt=True, tokenize=False)
+            raise UserError(f"{setting}, but the tokenizer of {self.name} has no chat template")
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
 
     def completions(self, texts: Sequence[str], max_length: int) -> Batch:
         """Completions as `completion_ids` / `completion_mask` [N, T], right-padded, without special tokens."""

@@ -14,11 +14,11 @@ Result files (in results/):
   set's task is a top slice of it (`gpuopt-tui select` prints or exports the top k or top p%, by mean or max).
 - scores.safetensors: the full [n_test, n_scored] score matrix (NaN where the filter skipped a pair) with the
   scored training indices, when n_test * n_train <= save_matrix_max.
-- summary.json: settings, the loss TracIn differentiates (`loss`), what preconditioned the training gradients
-  (`optimizer_state`: null for plain gradients; for Adam the formula and each checkpoint's optimizer file, β1, β2,
-  ε and step), parameter count, timing, the label names (null
-  when the model has none), the checkpoint the predictions come from, and for the demo the flipped-label AUC of
-  self-influence.
+- summary.json: settings, the loss TracIn differentiates (`loss`), where a causal LM's completions were read from
+  (`completions`: e.g. 'data.target_field = "completion"'; null for other models), what preconditioned the
+  training gradients (`optimizer_state`: null for plain gradients; for Adam the formula and each checkpoint's
+  optimizer file, β1, β2, ε and step), parameter count, timing, the label names (null when the model has none), the
+  checkpoint the predictions come from, and for the demo the flipped-label AUC of self-influence.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from gpuopt_tui.core.results.tracin import (
     SUMMARY_NAME,
 )
 from gpuopt_tui.core.results.tracin_summary import optimizer_state
-from gpuopt_tui.jobs.completion_data import COMPLETIONS, has_completions
+from gpuopt_tui.jobs.completion_data import COMPLETIONS, completion_source, has_completions
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
@@ -350,6 +350,7 @@ def _write_results(
         "checkpoint_kind": STATE_DICT if adapter.peft_trainable is None else PEFT_ADAPTER,
         "label_names": adapter.label_names,
         "loss": adapter.loss_description,
+        "completions": completion_source(profile.data) if has_completions(test) else None,
         "predictions_checkpoint": str(checkpoints[-1].path),
         "settings": to_plain(section),
         "method": stats["method"],
