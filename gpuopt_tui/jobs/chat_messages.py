@@ -22,8 +22,8 @@ COMPLETION_ROLE = "assistant"
 
 
 def conversation(row: Row, key: str) -> list[Message]:
-    """The row's messages at `key`, checked: a non-empty list of objects with string "role" and "content", the
-    last one the assistant's."""
+    """The row's messages at `key`, checked: a list of objects with string "role" and "content", the last one the
+    assistant's and at least one before it (the prompt)."""
     where = row[0]
     value = field_value(row, key)
     expected = f'"{key}" must be a non-empty list of {{"role": ..., "content": ...}} messages'
@@ -42,6 +42,8 @@ def conversation(row: Row, key: str) -> list[Message]:
             f'{where}: the last message of "{key}" must be the {COMPLETION_ROLE}\'s (it is the completion), '
             f'got role "{shown_text(role)}"'
         )
+    if len(value) == 1:
+        raise UserError(f'{where}: "{key}" holds only the {COMPLETION_ROLE}\'s message: the prompt needs one before it')
     return value
 
 

@@ -81,6 +81,7 @@ def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (results / "influence.jsonl").read_text().splitlines()]
     summary = json.loads((results / "summary.json").read_text())
     assert "completion" in summary["loss"] and "prompt tokens masked" in summary["loss"]
+    assert summary["completions"] == 'data.target_field = "answer"'
     agreement = summary["agreement"]  # against exact all-layer gradients (factored, unprojected)
     assert agreement["n_train"] == 4 and -1 <= agreement["spearman"] <= 1
     assert [(r["text"], r["completion"]) for r in records] == [(row["prompt"], row["answer"]) for row in TEST]

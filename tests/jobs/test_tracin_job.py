@@ -143,6 +143,7 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
     assert saved["method"] == "closed_form" and saved["n_parameters"] == 32 * 32 + 32 + 2 * 32 + 2
     assert saved["flipped_label_auc"] is None
     assert saved["label_names"] == adapter.label_names and saved["predictions_checkpoint"] == str(project / "ckpt2.pt")
+    assert saved["completions"] is None  # a classifier has labels, no completions
     events, _ = read_events(RunDir(run_dir).events)
     progress = [e for e in events if e["type"] == "progress"]
     assert progress[-1]["done"] == progress[-1]["total"] == 36 and progress[-1]["unit"] == "train gradients"
