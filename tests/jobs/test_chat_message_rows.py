@@ -17,7 +17,7 @@ import pytest
 import torch
 from lm_cases import save_tiny_decoder, tiny_decoder, tiny_tokenizer
 from test_tracin_lora import save_lora_checkpoints
-from test_tracin_support import max_rel_error
+from test_tracin_support import assert_top_proponents
 
 from gpuopt_tui.core.errors import ProfileError, UserError
 from gpuopt_tui.core.profiles.attribution import CompletionDataSection
@@ -300,8 +300,4 @@ def test_a_tracin_run_on_messages_rows_with_lora_checkpoints_through_the_cli(tmp
     assert names == summary["parameter_tensors"]
     expected = tracin_scores(adapter, resolved, train, test, names)
     assert expected.matrix is not None
-    for i, record in enumerate(records):
-        top = expected.matrix[i].argsort(descending=True)[:2].tolist()
-        assert [n["index"] for n in record["proponents"]] == top
-        got = torch.tensor([n["score"] for n in record["proponents"]], dtype=torch.float64)
-        assert max_rel_error(got, expected.matrix[i, top]) < 1e-4
+    assert_top_proponents(records, expected.matrix)

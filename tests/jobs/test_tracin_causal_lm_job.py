@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from lm_cases import save_tiny_decoder
-from test_tracin_support import max_rel_error, save_checkpoints
+from test_tracin_support import assert_top_proponents, save_checkpoints
 
 from gpuopt_tui.core.profiles.common import ModelSection
 from gpuopt_tui.core.profiles.io import load_profile
@@ -102,8 +102,4 @@ def test_a_tracin_run_through_the_cli(tmp_path: Path) -> None:
     assert names == summary["parameter_tensors"]
     expected = tracin_scores(adapter, resolve_checkpoints(loaded.tracin.checkpoints, adapter), train, test, names)
     assert expected.matrix is not None
-    for i, record in enumerate(records):
-        top = expected.matrix[i].argsort(descending=True)[:2].tolist()
-        assert [n["index"] for n in record["proponents"]] == top
-        got = torch.tensor([n["score"] for n in record["proponents"]], dtype=torch.float64)
-        assert max_rel_error(got, expected.matrix[i, top]) < 1e-4
+    assert_top_proponents(records, expected.matrix)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -215,3 +216,12 @@ def triples(adapter: LinkAdapter, n: int, seed: int) -> TextDataset:
     }
     texts = [f"e{h} r{r} e{t}" for h, r, t in zip(head.tolist(), rel.tolist(), tail.tolist())]
     return TextDataset(tensors, texts, dict(adapter.token_fields), f"triples-{seed}")
+
+
+def assert_top_proponents(records: list[dict[str, Any]], matrix: Tensor) -> None:
+    """Each record's two proponents are the top two of its row of `matrix` (the engine's scores), to 1e-4."""
+    for i, record in enumerate(records):
+        top = matrix[i].argsort(descending=True)[:2].tolist()
+        assert [n["index"] for n in record["proponents"]] == top
+        got = torch.tensor([n["score"] for n in record["proponents"]], dtype=torch.float64)
+        assert max_rel_error(got, matrix[i, top]) < 1e-4
