@@ -15,6 +15,7 @@ from gpuopt_tui.app import make_app
 from gpuopt_tui.core.results.attribution import write_samples
 from gpuopt_tui.ui.screens.results import ResultsScreen
 from gpuopt_tui.ui.widgets.app_footer import AppFooter
+from gpuopt_tui.ui.widgets.sample_browser import COMPLETION_SEARCH_PLACEHOLDER, SEARCH_PLACEHOLDER
 
 from .conftest import attribution_records, frozen_run, open_samples, wait_for
 
@@ -52,6 +53,8 @@ async def test_the_keys_work_at_once_in_a_causal_lm_run_opened_from_the_runs_scr
         assert isinstance(app.focused, Tabs) and tabs.active == "tab-samples"  # as the screen opens
         assert token_keys(app) == TOKEN_KEYS
         assert "shown: the whole completion" in heading(screen)
+        # the search offers what applies to a causal LM's samples (no classes)
+        assert screen.view.query_one("#sample-search", Input).placeholder == COMPLETION_SEARCH_PLACEHOLDER
         await pilot.press("full_stop")
         assert first in heading(screen)
         assert top_rows(screen) == expected_top(record["token_top"][0])
@@ -109,6 +112,8 @@ async def test_a_run_without_per_token_rows_is_left_as_it_is(runs_root: Path, ru
         tabs = screen.view.query_one("#attribution-tabs", TabbedContent)
         focused, shown = app.focused, heading(screen)
         assert "shown:" not in shown and not token_keys(app)
+        search = SEARCH_PLACEHOLDER if run == "classifier" else COMPLETION_SEARCH_PLACEHOLDER
+        assert screen.view.query_one("#sample-search", Input).placeholder == search
         await pilot.press("full_stop", "comma")
         await pilot.pause()
         assert (heading(screen), app.focused, tabs.active) == (shown, focused, "tab-samples")

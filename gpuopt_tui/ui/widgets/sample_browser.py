@@ -32,6 +32,8 @@ PAGE_SIZE = 100  # rows in the sample table at a time: each row added costs abou
 CACHED_SAMPLES = 64  # samples kept parsed, so moving the cursor back and forth reads nothing again
 SEARCH_DELAY_S = 0.25  # the search runs once the typing pauses this long
 SEARCH_PLACEHOLDER = "/ search: words top:TOKEN pred:N label:N wrong"
+# a causal LM's samples have no classes: its search offers what applies to them
+COMPLETION_SEARCH_PLACEHOLDER = "/ search: words top:TOKEN abovetol fullprecision"
 SAMPLE_COLUMNS = ("#", "pred", "tgt", "label", "p", "rel Δ", "top token")
 COMPLETION_COLUMNS = ("#", "log p", "rel Δ", "top token", "completion")  # a causal LM's samples
 TOP_COLUMNS = ("#", "token", "at", "score")
@@ -121,6 +123,8 @@ class SampleBrowser(Vertical):
         if columns != self._columns:
             table.add_columns(*columns)
             self._columns = columns
+            search = self.query_one("#sample-search", Input)
+            search.placeholder = COMPLETION_SEARCH_PLACEHOLDER if completions else SEARCH_PLACEHOLDER
         self._page_rows = list(page(self._rows, self._page, PAGE_SIZE))
         if completions:
             table.add_rows(self._completion_cells(e) for e in self._page_rows)
