@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from lm_cases import FAMILIES, tiny_decoder, tiny_tokenizer
+from test_tracin_causal_lm import dataset
 
-from gpuopt_tui.jobs.models.causal_lm import WHOLE_COMPLETION, CausalLMAdapter
+from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 
 CPU = torch.device("cpu")
 PAIRS = [  # completions of 1 to 6 tokens after prompts of 2 to 8
@@ -22,13 +23,7 @@ PAIRS = [  # completions of 1 to 6 tokens after prompts of 2 to 8
 
 
 def batch_of(adapter: CausalLMAdapter, side: str) -> dict[str, torch.Tensor]:
-    batch = adapter.tokenize([p for p, _ in PAIRS], 32) | adapter.completions([c for _, c in PAIRS], 32)
-    batch["target_position"] = torch.full((len(PAIRS),), WHOLE_COMPLETION)
-    if side == "left":  # the padding moved before the tokens (a stable sort of the mask keeps their order)
-        order = batch["attention_mask"].sort(dim=1, stable=True).indices
-        batch["input_ids"] = batch["input_ids"].gather(1, order)
-        batch["attention_mask"] = batch["attention_mask"].gather(1, order)
-    return batch
+    return dataset(adapter, PAIRS, side).tensors
 
 
 def head_widths(head: torch.nn.Module, run) -> tuple[object, list[int]]:
