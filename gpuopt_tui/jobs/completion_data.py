@@ -41,8 +41,10 @@ def completion_dataset_from_rows(
     have it, data.target_field (then every row needs one); without completions, the completion tensors are empty
     ([N, 0]) until completions are generated."""
     origin = rows[0][0].rsplit(":", 1)[0]
-    read = _message_rows if data.messages_field else _field_rows
-    prompts, tensors, completions = read(adapter, rows, data, origin)
+    if data.messages_field:
+        prompts, tensors, completions = _message_rows(adapter, rows, data, origin)
+    else:
+        prompts, tensors, completions = _field_rows(adapter, rows, data)
     if completions is not None:
         tensors |= adapter.completions(completions, data.max_length)
         _check_completions(adapter, tensors, [row[0] for row in rows], _completion_name(data))
@@ -73,7 +75,7 @@ def _completion_name(data: CompletionDataSection) -> str:
 _Read = tuple[list[str], dict[str, Tensor], list[str] | None]
 
 
-def _field_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection, origin: str) -> _Read:
+def _field_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection) -> _Read:
     prompts = [string_value(row, data.text_field) for row in rows]
     tensors = adapter.tokenize(prompts, data.max_length, chat=data.chat_template)
     present = [row[1].get(data.target_field) is not None for row in rows]
