@@ -108,17 +108,16 @@ def _rendered(adapter: CausalLMAdapter, where: str, messages: list[Message], set
 def _check_completions(adapter: CausalLMAdapter, tensors: dict[str, Tensor], where: list[str], name: str) -> None:
     """Every prompt and completion has a token (the first completion token is predicted from the prompt), and they
     fit the model's positions together."""
-    prompt = tensors["attention_mask"].sum(1)
-    lengths = tensors["completion_mask"].sum(1)
-    total = prompt + lengths
-    for i in range(len(where)):
-        if int(prompt[i]) == 0:
-            raise UserError(f"{where[i]}: the prompt has no tokens (the completion's first token needs one before it)")
-        if int(lengths[i]) == 0:
-            raise UserError(f"{where[i]}: {name} has no tokens")
-        if int(total[i]) > adapter.max_positions:
+    prompts = tensors["attention_mask"].sum(1).tolist()  # lists: a loop over tensor elements costs per row
+    lengths = tensors["completion_mask"].sum(1).tolist()
+    for at, prompt, length in zip(where, prompts, lengths, strict=True):
+        if prompt == 0:
+            raise UserError(f"{at}: the prompt has no tokens (the completion's first token needs one before it)")
+        if length == 0:
+            raise UserError(f"{at}: {name} has no tokens")
+        if prompt + length > adapter.max_positions:
             raise UserError(
-                f"{where[i]}: prompt and completion take {int(total[i])} tokens, more than the "
+                f"{at}: prompt and completion take {prompt + length} tokens, more than the "
                 f"{adapter.max_positions} positions of {adapter.name} (lower data.max_length or shorten them)"
             )
 
