@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from gpuopt_tui.jobs.device import autocast
 from gpuopt_tui.jobs.models.base import Adapter
+from gpuopt_tui.jobs.tracin.lora_layers import LoraLayer, lora_layers, plain_forwards, variant_parameters
 from gpuopt_tui.jobs.tracin.params import only_these_require_grad
 from gpuopt_tui.jobs.tracin.project import Projector
 
@@ -47,7 +48,7 @@ from gpuopt_tui.jobs.tracin.project import Projector
 @dataclass(frozen=True)
 class Use:
     """One chosen parameter of one module: `role` is weight, conv_weight (stored [in, out]), embedding, bias,
-    norm_weight or norm_bias."""
+    norm_weight, norm_bias, or lora_a / lora_b (a PEFT LoRA layer's adapter matrices, lora_layers.py)."""
 
     param: str
     role: str
@@ -97,7 +98,7 @@ def module_uses(model: nn.Module, names: Sequence[str]) -> tuple[dict[str, list[
     wanted = set(names)
     canonical = {id(p): n for n, p in model.named_parameters()}
     uses: dict[str, list[Use]] = {}
-    why: dict[str, str] = {}
+    why = variant_parameters(model, names)
     for mod_name, module in model.named_modules():
         held = [(attr, canonical[id(p)]) for attr, p in module.named_parameters(recurse=False)]
         held = [(attr, name) for attr, name in held if name in wanted]
@@ -127,6 +128,9 @@ class FactoredGradients:
         self.precision = precision
         self.dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         self.uses, self.excluded = module_uses(self.model, names)
+        self.lora = lora_layers(self.model, names)
+        self.uses = _with_lora_layers(self.uses, self.lora)
+        self._lora_sides: dict[str, Tensor] = {}  # A or B -> its combined factor, for the current adapter weights
         self.modules = dict(self.model.named_modules(remove_duplicate=False))
         self.projector = Projector(1, seed, adapter.device, self.dtype)
         self._factors: dict[tuple[str, int, torch.dtype], Tensor] = {}  # (name, axis, x's dtype) -> factor
@@ -156,13 +160,16 @@ class FactoredGradients:
             )
             for name, uses in self.uses.items()
         ]
+        self._lora_sides = self._combined_lora_factors()
         try:
-            with only_these_require_grad(self.model, []), autocast(self.adapter.device, self.precision):
-                losses = self.adapter.loss_per_example(batch)
-            torch.autograd.grad(losses.sum(), anchor, allow_unused=True)
+            with only_these_require_grad(self.model, []), plain_forwards(self.lora):
+                with autocast(self.adapter.device, self.precision):
+                    losses = self.adapter.loss_per_example(batch)
+                torch.autograd.grad(losses.sum(), anchor, allow_unused=True)
         finally:
             for handle in handles:
                 handle.remove()
+            self._lora_sides = {}
         parts = [feats.get(name) for name in self.names]
         return torch.cat(
             [
@@ -204,9 +211,11 @@ class FactoredGradients:
         tokens (so that the output side needs no mask)."""
         saved: dict[str, Tensor] = {}
         for use in uses:
-            if use.role in ("weight", "conv_weight"):
-                axis = 1 if use.role == "weight" else 0
+            if use.role in ("weight", "conv_weight", "lora_a"):
+                axis = 0 if use.role == "conv_weight" else 1
                 saved[use.param] = _masked(self._project(use.param, axis, _rows(x, n)), keep)
+            elif use.role == "lora_b":  # (s A^T P_Bi)^T x_t
+                saved[use.param] = _masked(self._times(_rows(x, n), self._lora_sides[use.param]), keep)
             elif use.role == "embedding":
                 ids = x.reshape(n, -1)
                 live = torch.ones_like(ids, dtype=self.dtype) if keep is None or keep.shape[1] != ids.shape[1] else keep
@@ -231,8 +240,10 @@ class FactoredGradients:
         g = _rows(g, n)
         for use in uses:
             name, role = use.param, use.role
-            if role == "weight":  # sum_t (P_out^T g_t)(P_in^T x_t)^T: [n, k_out, T] @ [n, T, k_in]
+            if role in ("weight", "lora_b"):  # sum_t (P_out^T g_t)(P_in^T x_t)^T: [n, k_out, T] @ [n, T, k_in]
                 part = torch.bmm(self._project(name, 0, g).transpose(1, 2), saved[name])
+            elif role == "lora_a":  # sum_t ((s B P_Ao)^T g_t)(P_Ai^T x_t)^T
+                part = torch.bmm(self._times(g, self._lora_sides[name]).transpose(1, 2), saved[name])
             elif role == "conv_weight":
                 part = torch.bmm(saved[name].transpose(1, 2), self._project(name, 1, g))
             elif role == "embedding":
@@ -255,6 +266,29 @@ class FactoredGradients:
         factor = self._factor(name, axis, x.dtype)
         out = torch.mm(x.reshape(-1, dim).to(factor.dtype), factor).view(*x.shape[:-1], k)
         return out.to(self.dtype)
+
+    def _times(self, x: Tensor, matrix: Tensor) -> Tensor:
+        """x [..., dim] @ matrix [dim, k], in x's precision when bf16/fp16 (as `_project`), in the engine's dtype."""
+        low = x.dtype in (torch.bfloat16, torch.float16)
+        matrix = matrix.to(x.dtype if low else self.dtype)
+        return torch.mm(x.reshape(-1, x.shape[-1]).to(matrix.dtype), matrix).view(*x.shape[:-1], -1).to(self.dtype)
+
+    def _combined_lora_factors(self) -> dict[str, Tensor]:
+        """For each LoRA layer: A -> s B P_Ao [out, k], B -> s A^T P_Bi [in, k] (lora_layers.py), in the engine's
+        dtype, from the adapter weights as they are now (each checkpoint loads its own)."""
+        sides: dict[str, Tensor] = {}
+        for layer in self.lora.values():
+            a, b = (m.detach().to(self.dtype) for m in layer.matrices())
+            sides[layer.a] = layer.scaling * (b @ self._side(layer.a, 0))
+            sides[layer.b] = layer.scaling * (a.T @ self._side(layer.b, 1))
+        return sides
+
+    def _side(self, name: str, axis: int) -> Tensor:
+        """The projection factor of `name`'s `axis` [dim, k] in the engine's dtype; the identity on an exact side."""
+        dim = self.shapes[name][axis]
+        if self.sizes[name][axis] == dim:
+            return torch.eye(dim, device=self.adapter.device, dtype=self.dtype)
+        return self._factor(name, axis, self.dtype)
 
     def _factor(self, name: str, axis: int, dtype: torch.dtype) -> Tensor:
         """The projection factor of `name`'s `axis`, in `dtype` when that is bf16/fp16, else in the engine's."""
@@ -292,11 +326,18 @@ def _projected_shape(role: str, shape: tuple[int, ...], k_in: int, k_out: int) -
     def fit(dim: int, k: int) -> int:
         return dim if k == 0 else min(dim, k)
 
-    if role == "weight":  # [out, in]
+    if role in ("weight", "lora_a", "lora_b"):  # [out, in]
         return fit(shape[0], k_out), fit(shape[1], k_in)
     if role in ("conv_weight", "embedding"):  # [in, out]; an embedding's input is the one-hot token
         return fit(shape[0], k_in), fit(shape[1], k_out)
     return (fit(shape[0], k_out),)
+
+
+def _with_lora_layers(uses: dict[str, list[Use]], layers: Mapping[str, LoraLayer]) -> dict[str, list[Use]]:
+    """`uses` with each LoRA layer's adapter matrices taken from the layer itself, not from its sub-layers."""
+    taken = {name for layer in layers.values() for name in (layer.a, layer.b)}
+    kept = {m: rest for m, found in uses.items() if (rest := [u for u in found if u.param not in taken])}
+    return kept | {m: [Use(layer.a, "lora_a"), Use(layer.b, "lora_b")] for m, layer in layers.items()}
 
 
 def _numel(shape: tuple[int, ...]) -> int:
