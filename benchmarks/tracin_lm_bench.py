@@ -109,6 +109,45 @@ def save_base(model: torch.nn.Module, tokenizer: Any, folder: Path, dtype: torch
     model.float()
 
 
+def train_step(
+    adapter: CausalLMAdapter, optimizer: torch.optim.Optimizer, rows: list[dict[str, Any]], lr: float, size: int,
+    gen: torch.Generator,
+) -> float:  # fmt: skip
+    """One optimizer step at `lr` on `size` rows drawn at random (bf16 autocast on a GPU); the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    device = adapter.device
+    chosen = [rows[int(i)] for i in torch.randint(len(rows), (size,), generator=gen)]
+    ds = dataset(adapter, [r["prompt"] for r in chosen], [r["completion"] for r in chosen])
+    batch = {k: v.to(device) for k, v in ds.tensors.items()}
+    with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+        loss = adapter.loss_per_example(batch).mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def pretrain(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]], args: argparse.Namespace) -> dict:
+    """--pretrain-steps of full-parameter AdamW on the training rows (linear warm-up over a tenth, then linear
+    decay from --pretrain-lr), so that the base model has learnt something of the tasks before the adapter is
+    trained: a random model's gradients are nearly orthogonal, below what a projection resolves."""
+    device = next(model.parameters()).device
+    adapter = CausalLMAdapter("benchmark", model.requires_grad_(True), tokenizer, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.pretrain_lr, weight_decay=0.0)
+    gen, total, warm = torch.Generator().manual_seed(4), args.pretrain_steps, max(1, args.pretrain_steps // 10)
+    start, losses = time.perf_counter(), []
+    model.train()
+    for step in range(total):
+        lr = args.pretrain_lr * min((step + 1) / warm, (total - step) / (total - warm + 1))
+        losses.append(train_step(adapter, optimizer, rows, lr, args.train_batch, gen))
+        if (step + 1) % max(1, total // 5) == 0:
+            print(f"    pretraining step {step + 1}: loss {losses[-1]:.3f}", flush=True)
+    model.eval().requires_grad_(False)
+    del optimizer
+    return {"steps": total, "first_loss": losses[0], "last_loss": losses[-1], "seconds": time.perf_counter() - start}
+
+
 def train_adapters(
     model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]], args: argparse.Namespace, folder: Path
 ) -> tuple[torch.nn.Module, list[dict[str, Any]], dict[str, Any]]:
@@ -127,17 +166,7 @@ def train_adapters(
     model.train()
     for step in range(total):
         lr = args.lr * (1 - 0.75 * step / total)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        chosen = [rows[int(i)] for i in torch.randint(len(rows), (args.train_batch,), generator=gen)]
-        ds = dataset(adapter, [r["prompt"] for r in chosen], [r["completion"] for r in chosen])
-        batch = {k: v.to(device) for k, v in ds.tensors.items()}
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            loss = adapter.loss_per_example(batch).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(train_step(adapter, optimizer, rows, lr, args.train_batch, gen))
         if (step + 1) % args.steps == 0:
             path = folder / f"checkpoint-{step + 1}"
             model.save_pretrained(path)
@@ -318,7 +347,8 @@ def exact_scores(
     model: torch.nn.Module, tokenizer: Any, checkpoints: list[dict[str, Any]], train: list[dict[str, Any]],
     queries: list[dict[str, Any]],
 ) -> Tensor:  # fmt: skip
-    """[queries, train] sum over checkpoints of lr x <g_query, g_train>, fp32 gradients (float64 sums), streaming."""
+    """([queries, train] sum over checkpoints of lr x <g_query, g_train>, fp32 gradients (float64 sums), streaming;
+    the median |cosine| between query and training gradients at the first checkpoint)."""
     import peft
     from safetensors.torch import load_file
 
@@ -327,6 +357,7 @@ def exact_scores(
     torch.backends.cuda.matmul.allow_tf32 = False
     params = [p for p in model.parameters() if p.requires_grad]
     scores = torch.zeros(len(queries), len(train), dtype=torch.float64)
+    cosines = torch.zeros(len(queries), len(train), dtype=torch.float64)
     try:
         for c, ckpt in enumerate(checkpoints):
             state = load_file(str(Path(ckpt["path"]) / "adapter_model.safetensors"))
@@ -334,12 +365,15 @@ def exact_scores(
             held = torch.stack([example_gradient(model, params, *token_ids(tokenizer, q, device)) for q in queries])
             for i, row in enumerate(train):
                 g = example_gradient(model, params, *token_ids(tokenizer, row, device))
-                scores[:, i] += ckpt["lr"] * (held @ g).double().cpu()
+                dots = (held @ g).double().cpu()
+                scores[:, i] += ckpt["lr"] * dots
+                if c == 0:
+                    cosines[:, i] = dots / (held.norm(dim=1).double().cpu() * g.norm().double().cpu())
             print(f"    exact: checkpoint {c + 1}/{len(checkpoints)} done", flush=True)
             del held
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    return scores
+    return scores, float(cosines.abs().median())
 
 
 def spearman_per_query(a: Tensor, b: Tensor) -> Tensor:
@@ -386,10 +420,11 @@ def measure(args: argparse.Namespace, device: torch.device, report: Any) -> None
     start = time.perf_counter()
     model = build_model(args.shape, device)
     tokenizer = word_tokenizer(n_words)
+    pretrained = pretrain(model, tokenizer, train, args) if args.pretrain_steps else None
     save_base(model, tokenizer, files["model"], getattr(torch, args.base_dtype))
     model, checkpoints, trained = train_adapters(model, tokenizer, train, args, work / "adapters")
-    report.meta["setup"] = {"seconds": time.perf_counter() - start, "training": trained, "checkpoints": checkpoints,
-                            "work": str(work)}  # fmt: skip
+    report.meta["setup"] = {"seconds": time.perf_counter() - start, "pretraining": pretrained, "training": trained,
+                            "checkpoints": checkpoints, "work": str(work)}  # fmt: skip
     report.save()
     model.to("cpu")  # the runs get the GPU to themselves
     if device.type == "cuda":
@@ -432,7 +467,7 @@ def agreement(
         source = "a CLI run on the subset (empty cache for it)"
     ours = run_matrix(cold["results"], n, q)
     start = time.perf_counter()
-    exact = exact_scores(model, tokenizer, checkpoints, train[:n], queries[:q])
+    exact, cosine = exact_scores(model, tokenizer, checkpoints, train[:n], queries[:q])
     seconds = time.perf_counter() - start
     rho = spearman_per_query(ours, exact)
     return {
@@ -440,6 +475,7 @@ def agreement(
         "train": n, "queries": q, "wall": seconds, "examples_per_s": n * len(checkpoints) / seconds,
         "spearman_median": float(rho.median()), "spearman_min": float(rho.min()),
         "spearman_mean": float(rho.mean()), "top10_overlap": top_k_overlap(ours, exact, 10),
+        "cosine_median": cosine, "resolution": cold["summary"]["gradient_size"] ** -0.5,
     }  # fmt: skip
 
 
@@ -473,6 +509,13 @@ def _gib(v: float | None) -> str:
     return "" if v is None else f"{v / 2**30:.2f}"
 
 
+def _base_weights(pretrained: dict[str, Any] | None) -> str:
+    if not pretrained:
+        return "random weights"
+    return (f"random weights trained here ({pretrained['steps']} full-parameter AdamW steps on the training rows, "
+            f"{pretrained['seconds']:.0f} s, loss {pretrained['first_loss']:.2f} -> {pretrained['last_loss']:.2f})")  # fmt: skip
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     setup = meta.get("setup", {})
     trained = setup.get("training")
@@ -483,7 +526,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}, transformers {meta['transformers']}, "
         f"peft {meta['peft']}",
         f"- command: `{meta['command']}`",
-        f"- model: {meta['shape']} shapes, random weights saved in {meta['base_dtype']}, word-level tokenizer; LoRA r = "
+        f"- model: {meta['shape']} shapes, {_base_weights(setup.get('pretraining'))} saved in {meta['base_dtype']}, "
+        f"word-level tokenizer; LoRA r = "
         f"{meta['rank']} (alpha = r) on all Linear layers of the decoder, 3 adapter checkpoints "
         + (
             f"({trained['steps']} AdamW steps in all, {trained['seconds']:.0f} s, loss {trained['first_loss']:.2f} -> "
@@ -524,7 +568,10 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         if "spearman_median" in r:
             lines.append(f"\n- {r['row']}: Spearman per query median {r['spearman_median']:.4f}, min "
                          f"{r['spearman_min']:.4f} (mean {r['spearman_mean']:.4f}); top-10 overlap "
-                         f"{r['top10_overlap']:.3f}; the reference took {r['wall']:.0f} s")  # fmt: skip
+                         f"{r['top10_overlap']:.3f}; the reference took {r['wall']:.0f} s; exact query-training "
+                         f"gradient |cosine| median {_fmt(r.get('cosine_median'))} at the first checkpoint, against "
+                         f"1/sqrt(projected numbers) = {_fmt(r.get('resolution'))}, the scale of a projection's error "
+                         "on a cosine")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -545,6 +592,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=128, help="LoRA rank")
     p.add_argument("--steps", type=int, default=10, help="AdamW steps before each adapter checkpoint")
     p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument("--pretrain-steps", type=int, default=0, help="full-parameter steps before the adapter's")
+    p.add_argument("--pretrain-lr", type=float, default=1e-3)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--projection", type=int, default=16, help="projection_in = projection_out")
     p.add_argument(  # 8 peaked at 11.7 GiB reserved on an H200 (3.6 fixed, about 0.9 a row before the completion-only
