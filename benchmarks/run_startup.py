@@ -14,6 +14,9 @@ modules are; a first, uncounted round per profile compiles them and builds the d
     python benchmarks/run_startup.py --out benchmarks/results/run_startup_cpu.md
     python benchmarks/run_startup.py --model-size 30m --device cuda --out benchmarks/results/run_startup_H100.md
 
+`--warm` starts a warm runner (`gpuopt-tui warm`, waited for until it is ready) before each launch and stops the
+one that replaces it after: the start-up of a run handed to a warm runner (core/runs/warm.py).
+
 `--model-size 30m` builds a ~30M-parameter RoBERTa-shaped sequence classifier from a transformers config (random
 weights, its own WordPiece vocabulary) with 64 texts into a temporary local directory and times an attribution
 profile on it.
@@ -165,9 +168,13 @@ def startup_profile(events: list[dict[str, Any]]) -> tuple[list[tuple[str, float
     return stages, bool(last), last[0]["t"] if last else None
 
 
-def one_run(profile: str, sets: list[str], env: dict[str, str], source: Path) -> dict[str, Any]:
+def one_run(profile: str, sets: list[str], env: dict[str, str], source: Path, warm: bool = False) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="startup-runs-"))
     base = [sys.executable, "-m", "gpuopt_tui", "--runs-dir", str(runs)]
+    if warm:
+        ready = subprocess.run([*base, "warm", "--minutes", "10"], env=env, cwd=source, capture_output=True, text=True)
+        if ready.returncode != 0:
+            raise SystemExit(f"gpuopt-tui warm failed:\n{ready.stderr}")
     load = os.getloadavg()[0]
     spawned = time.time()
     started = subprocess.run(
@@ -193,6 +200,8 @@ def one_run(profile: str, sets: list[str], env: dict[str, str], source: Path) ->
                 raise SystemExit(f"{profile}: run {runs / run_id} did not end after its cancel")
             time.sleep(0.1)
     failed = [e.get("message", "") for e in read_events(events_file) if e["type"] == "failed"]
+    if warm:  # the runner that replaced the one the run took
+        subprocess.run([*base, "warm", "--stop"], env=env, cwd=source, capture_output=True)
     shutil.rmtree(runs, ignore_errors=True)
     if failed:
         raise SystemExit(f"{profile}: the run failed: {failed[0]}")
@@ -259,6 +268,7 @@ def main() -> int:
         help="the gpuopt-tui trees to run (default: this one); with several, each round runs each tree in turn, so "
         "that they share the machine's load",
     )
+    parser.add_argument("--warm", action="store_true", help="a warm runner ready before each launch (see above)")
     parser.add_argument("--machine", default=platform.node(), help="what to call the machine in the report")
     parser.add_argument("--title", default="", help="a heading for this measurement in the report")
     parser.add_argument("--out", type=Path, help="append the report (markdown) to this file")
@@ -282,17 +292,18 @@ def main() -> int:
         *(f"- tree {i + 1}: {versions(envs[src], src)}" for i, src in enumerate(sources)),
         f"- command: `{' '.join(shlex.quote(a) for a in sys.argv)}`",
         f"- each profile: 1 uncounted round per tree (bytecode, demo cache), then {args.rounds} counted, the trees "
-        "in turn within each round; runs cancelled after their first batch",
+        "in turn within each round; runs cancelled after their first batch"
+        + ("; a warm runner ready before each launch (`gpuopt-tui warm`)" if args.warm else ""),
     ]
     loads: list[float] = []
     for profile in profiles:
         for src in sources:
             print(f"{profile}: warm-up round (tree {src})", flush=True)
-            one_run(profile, sets, envs[src], src)
+            one_run(profile, sets, envs[src], src, args.warm)
         rounds: dict[Path, list[dict[str, Any]]] = {src: [] for src in sources}
         for i in range(args.rounds):
             for src in sources:
-                result = one_run(profile, sets, envs[src], src)
+                result = one_run(profile, sets, envs[src], src, args.warm)
                 loads.append(result["load1"])
                 print(f"{profile}: round {i + 1}, {src}: {result['total']:.2f} s ({result['kind']})", flush=True)
                 rounds[src].append(result)

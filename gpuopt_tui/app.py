@@ -24,7 +24,7 @@ from textual.worker import Worker, WorkerState
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import safe_text, with_article
 from gpuopt_tui.core.paths import runs_dir
-from gpuopt_tui.core.runs.lifecycle import active_run_pids, cancel_run, start_run
+from gpuopt_tui.core.runs.lifecycle import active_run_pids, cancel_run, handed_to_warm_runner, start_run
 from gpuopt_tui.core.runs.proc_files import seconds_running
 from gpuopt_tui.core.runs.status import RunInfo
 from gpuopt_tui.core.telemetry.backend import NoGpuSource
@@ -103,14 +103,17 @@ class GpuOptApp(BeforeShutdown[int]):
         readonly: bool = False,
         screen: str = "dashboard",
         telemetry: GpuTelemetry | None = None,
+        warm: bool = False,
     ) -> None:
-        """`telemetry`: a GPU source and history to show instead of live NVML or `replay` (tests, screenshots)."""
+        """`telemetry`: a GPU source and history to show instead of live NVML or `replay` (tests, screenshots);
+        `warm`: keep a warm runner while the app is open (core/runs/warm.py)."""
         self.DEFAULT_MODE = screen  # the first screen is built directly, with no blank screen before it
         super().__init__()
         for spec in SCREENS:
             self.add_mode(spec.name, partial(spec.create, self))
         self.replay = replay
         self.readonly = readonly
+        self.warm = warm
         self.poller = RunPoller(self, runs_dir())
         self.runs = RunsSnapshot(self.poller.root)
         self.startup_seconds: float | None = None
@@ -136,6 +139,22 @@ class GpuOptApp(BeforeShutdown[int]):
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
         self.warmup.start()
+        if self.warm:
+            self._keep_warm_runner()
+
+    def _keep_warm_runner(self) -> None:
+        from gpuopt_tui.core.runs.warm import WARM_START_DELAY_S, start_warm_runner
+
+        try:  # after the screens' warm-up: on a 2-core machine its imports would slow the first keys
+            pid = start_warm_runner(owner=os.getpid(), minutes=0, replace=True, delay=WARM_START_DELAY_S)
+        except OSError as e:
+            self.report_error(f"cannot start a warm runner ({e.strerror or e})", title="Warm runner")
+            return
+        self.notify(
+            f"warm runner {pid}: imports torch, transformers and the engines in the background; runs started here "
+            "then skip those seconds (it ends when the app does)",
+            title="--warm",
+        )
 
     async def before_shutdown(self) -> None:
         await self.warmup.stop()  # screens built in the background finish mounting before they are closed
@@ -143,6 +162,10 @@ class GpuOptApp(BeforeShutdown[int]):
     def on_unmount(self) -> None:
         if self._telemetry is not None:
             self._telemetry.close()
+        if self.warm:
+            from gpuopt_tui.core.runs.warm import stop_warm_runners
+
+            stop_warm_runners(owner=os.getpid())
 
     # -- screens ------------------------------------------------------------------------------------------------
 
@@ -228,7 +251,8 @@ class GpuOptApp(BeforeShutdown[int]):
     def start_profile_run(self, profile: ProfileBase, source: Path | None) -> Path:
         """Start a run in the background (UserError when it cannot start) and watch for it at once."""
         run_dir = start_run(profile, source=source)
-        self.notify(f"started {run_dir.name}", title=f"{profile.kind}: {profile.name}")
+        warm = " (handed to the warm runner)" if handed_to_warm_runner(run_dir) else ""
+        self.notify(f"started {run_dir.name}{warm}", title=f"{profile.kind}: {profile.name}")
         self.poller.poll_now()
         return run_dir
 
@@ -326,6 +350,7 @@ def make_app(
     readonly: bool = False,
     screen: str | None = None,
     telemetry: GpuTelemetry | None = None,
+    warm: bool = False,
 ) -> GpuOptApp:
     """The app as the CLI runs it; raises UserError for a bad screen name or a missing trace file.
     `telemetry` replaces the GPU source (see GpuOptApp)."""
@@ -334,4 +359,4 @@ def make_app(
         raise UserError(f"unknown screen {screen!r}; expected one of: {', '.join(SCREEN_NAMES)}")
     if replay is not None and not Path(replay).is_file():
         raise UserError(f"{replay}: no such trace file (record one with `gpuopt-tui gpu --record FILE`)")
-    return GpuOptApp(replay=replay, readonly=readonly, screen=screen, telemetry=telemetry)
+    return GpuOptApp(replay=replay, readonly=readonly, screen=screen, telemetry=telemetry, warm=warm)

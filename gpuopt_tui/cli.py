@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "plan",
     "cache",
     "join",
+    "warm",
 )
 
 SSH_HINT = "Over SSH colours may fall back to 256: set TEXTUAL_COLOR_SYSTEM=truecolor if your terminal supports it."
@@ -79,6 +80,12 @@ def _global_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser)
         "--replay", type=Path, metavar="TRACE", help="TUI: show a recorded GPU trace instead of live NVML"
     )
     parser.add_argument("--readonly", action="store_true", help="TUI: never signal processes from the GPU screen")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="TUI: keep a warm runner (torch, transformers and the engines imported) while the app is open, so that "
+        "runs started from it skip those imports (see also `gpuopt-tui warm`)",
+    )
     parser.add_argument(
         "--screen", help="TUI: screen to open first (dashboard, attribution, tracin, ablation, planner, runs, gpu)"
     )
@@ -131,7 +138,7 @@ def run_tui(args: argparse.Namespace) -> int:
     gc.disable()
     from gpuopt_tui.app import make_app
 
-    app = make_app(replay=args.replay, readonly=args.readonly, screen=args.screen)
+    app = make_app(replay=args.replay, readonly=args.readonly, screen=args.screen, warm=args.warm)
     app.run(mouse=not args.no_mouse)
     return app.return_code or 0
 

@@ -194,7 +194,7 @@ def test_a_resumed_run_imports_nothing_from_its_directory(
     safe_path: bool, run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not safe_path:  # as on Python 3.10, which ignores PYTHONSAFEPATH: the working directory alone must do
-        monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.job_env", lambda: {**os.environ, "PYTHONUNBUFFERED": "1"})
+        monkeypatch.setattr("gpuopt_tui.core.runs.lifecycle.run_env", lambda: {**os.environ, "PYTHONUNBUFFERED": "1"})
     planted = tmp_path / "planted"
     for name in ("platformdirs", "json", "tomllib", "gpuopt_tui"):  # imported by the run's process at start
         (run_dir / f"{name}.py").write_text(f"open({str(planted)!r}, 'a').write('{name} ')\n")

@@ -7,7 +7,9 @@ imported where a run is created or resumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -36,8 +38,8 @@ from gpuopt_tui.core.runs.processes import (
     NEUTRAL_CWD,
     Claim,
     adopt,
-    job_env,
     proc_start_time,
+    run_env,
     send,
     stop_signal_held,
     unverified,
@@ -45,6 +47,7 @@ from gpuopt_tui.core.runs.processes import (
 )
 from gpuopt_tui.core.runs.startup import LAUNCHED_AT_ENV
 from gpuopt_tui.core.runs.status import RESUMABLE, RunInfo, RunWatcher, this_host
+from gpuopt_tui.core.runs.warm import ready_runners, take_warm_runner
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
@@ -120,11 +123,30 @@ def launch(run_dir: Path, launched_at: float | None = None) -> int:
     attempt = (previous if is_int(previous) and previous >= 0 else 0) + 1
     check_free_space(run_dir)
     remove_stale_partial_writes(run_dir)
-    env = job_env()
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    env = run_env()
     env[LAUNCHED_AT_ENV] = repr(time.time() if launched_at is None else launched_at)
+    taken = take_warm_runner(run_dir, env) if ready_runners() else None
+    pid, start_time = taken or _start_process(run_dir, env)
+    record = {"pid": pid, "start_time": start_time, "attempt": attempt, "host": this_host(), "warm": bool(taken)}
     try:
-        with files.log.open("ab") as log, stop_signal_held():
+        atomic_write_text(files.pid, json.dumps(record))
+    except UserError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)  # a run nobody could find again must not go on
+        raise
+    return pid
+
+
+def handed_to_warm_runner(run_dir: Path) -> bool:
+    """Whether the run's last launch handed it to a warm runner (core/runs/warm.py)."""
+    record, _ = read_object(RunDir(run_dir).pid)
+    return bool(record and record.get("warm") is True)
+
+
+def _start_process(run_dir: Path, env: dict[str, str]) -> tuple[int, int | None]:
+    """Start the run's process in its own session: (its pid, its start time)."""
+    try:
+        with RunDir(run_dir).log.open("ab") as log, stop_signal_held():
             proc = subprocess.Popen(
                 [sys.executable, "-m", JOB_MODULE, str(run_dir.resolve())],
                 stdin=subprocess.DEVNULL,
@@ -137,13 +159,7 @@ def launch(run_dir: Path, launched_at: float | None = None) -> int:
     except OSError as e:
         raise UserError(f"cannot start the run in {run_dir} ({e.strerror or e})") from None
     adopt(proc)
-    record = {"pid": proc.pid, "start_time": proc_start_time(proc.pid), "attempt": attempt, "host": this_host()}
-    try:
-        atomic_write_text(files.pid, json.dumps(record))
-    except UserError:
-        proc.kill()  # a run nobody could find again must not go on
-        raise
-    return proc.pid
+    return proc.pid, proc_start_time(proc.pid)
 
 
 def start_run(

@@ -4,8 +4,9 @@ A pid read from a run directory (`pid.json`, a worker's `rank_started` event) is
 stale (the pid since reused by another process), damaged or planted. A process is signalled only when it is
 verified to be the run's: a real pid (above 1: never 0, -1 or init), alive, owned by this user, started at the
 recorded time (when one was recorded), and running the run's command line: the job module with the run directory
-(the run's process is `python -m gpuopt_tui.jobs RUN_DIR`; torchrun and its workers `... -m gpuopt_tui.jobs.worker
-RUN_DIR`), not merely any command that names the directory. The run's own process must also lead its process
+(the run's process is `python -m gpuopt_tui.jobs RUN_DIR`, or a warm runner's `python -m gpuopt_tui.jobs --warm ...`
+working in RUN_DIR; torchrun and its workers `... -m gpuopt_tui.jobs.worker RUN_DIR`), not merely any command that
+names the directory. The run's own process must also lead its process
 group, which is what it is signalled through (the group holds torchrun).
 """
 
@@ -25,6 +26,7 @@ PID_LIMIT = 2**31  # os.kill takes a C int
 JOB_MODULE = "gpuopt_tui.jobs"  # `python -m JOB_MODULE RUN_DIR`: a run's own process
 WORKER_MODULE = "gpuopt_tui.jobs.worker"  # `torchrun ... -m WORKER_MODULE RUN_DIR`: torchrun and its workers
 RUN_MODULES = (JOB_MODULE, WORKER_MODULE)
+WARM_FLAG = "--warm"  # `python -m JOB_MODULE --warm ...`: a warm runner (core/runs/warm.py)
 # Where the run's processes start. `python -m` puts its working directory first on sys.path (Python 3.10 has no
 # -P / PYTHONSAFEPATH), so it must be one that only root can write to: never the run directory.
 NEUTRAL_CWD = os.sep
@@ -35,6 +37,14 @@ def job_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a run's processes: unbuffered output, and no working directory on sys.path (Python
     3.11+; PYTHONPATH keeps working)."""
     return dict(os.environ if base is None else base, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")
+
+
+def run_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a run's own process starts with (and a warm runner, which may become one): job_env's, and
+    PyTorch's expandable allocator segments unless the user chose otherwise."""
+    env = job_env(base)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    return env
 
 
 @contextlib.contextmanager
@@ -100,15 +110,21 @@ def pid_alive(pid: object, start_time: object = None) -> bool:
 
 def _works_on(pid: int, run_dir: Path) -> bool:
     """Whether the process's command line is one of the run's: `-m`, the job or worker module, then `run_dir`
-    (a relative one read from its cwd). A process that merely names the directory (`du`, `tar`) is not."""
+    (a relative one read from its cwd), or a warm runner's (`-m` the job module `--warm`) working in `run_dir` (it
+    moves there when it takes the run: core/runs/warm.py). A process that merely names the directory (`du`, `tar`)
+    or works in it is not."""
     cmdline = read_cmdline(pid)
     if cmdline is None:
         return False
     args = [os.fsdecode(raw) for raw in cmdline.split(b"\0")]
-    return any(
-        args[i] == "-m" and args[i + 1] in RUN_MODULES and _names(pid, args[i + 2], run_dir)
-        for i in range(1, len(args) - 2)
-    )
+    for i in range(1, len(args) - 2):
+        if args[i] == "-m" and args[i + 1] in RUN_MODULES:
+            if args[i + 2] == WARM_FLAG and args[i + 1] == JOB_MODULE:
+                cwd = read_cwd(pid)
+                return cwd is not None and os.path.realpath(cwd) == os.path.realpath(run_dir)
+            if _names(pid, args[i + 2], run_dir):
+                return True
+    return False
 
 
 def _names(pid: int, arg: str, run_dir: Path) -> bool:

@@ -23,6 +23,8 @@ from gpuopt_tui.core.runs.proc_files import seconds_running
 
 LAUNCHED_AT_ENV = "GPUOPT_TUI_LAUNCHED_AT"  # unix time of the launch, set by core.runs.lifecycle.launch
 LAUNCH_STAGE = "launching (profile, run directory, new process)"
+WARM_LAUNCH_STAGE = "launching (profile, run directory, handed to a warm runner)"
+WARM_STARTED_ENV = "GPUOPT_TUI_WARM_RUNNER"  # set in a run that a warm runner (core/runs/warm.py) took
 PYTHON_STAGE = "starting Python and the runner (reading the profile)"
 FIRST_BATCH = "to the first computed batch"  # the last stage's name ends with it, in parentheses
 STALE_LAUNCH_S = 600.0  # a launch time this much before the process started was inherited, not this run's
@@ -52,6 +54,8 @@ class StartupClock:
         if self._origin == launched_at:
             if process_start is not None and process_start > launched_at:
                 self._launch_end = process_start
+            elif os.environ.get(WARM_STARTED_ENV):  # started long before the launch, its libraries imported
+                self._stage = WARM_LAUNCH_STAGE
             else:  # where the process started is not known: the launch and the start are one stage
                 self._stage = LAUNCH_STAGE
 

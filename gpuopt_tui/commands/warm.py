@@ -1,0 +1,63 @@
+"""`gpuopt-tui warm`: keep a warm runner for the runs `gpuopt-tui run` starts (core/runs/warm.py); --stop ends it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from gpuopt_tui.commands.follow import console
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.core.runs.processes import pid_alive
+from gpuopt_tui.core.runs.warm import ready_runners, start_warm_runner, stop_warm_runners
+
+NAME = "warm"
+HELP = (
+    "keep a warm runner (torch, transformers and the engines imported) so that the next `gpuopt-tui run` from this "
+    "environment starts computing at once; each run it takes leaves a new one"
+)
+READY_TIMEOUT_S = 300.0  # imports on a loaded machine take tens of seconds
+
+
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 7 * 24 * 60:
+        raise argparse.ArgumentTypeError(f"expected minutes above 0 (at most a week); got {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--minutes", type=_minutes, default=60.0, metavar="M", help="end after M minutes without a run (default 60)"
+    )
+    parser.add_argument("--stop", action="store_true", help="end the warm runners that are waiting")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.stop:
+        stopped = stop_warm_runners()
+        console.print(
+            f"stopped {len(stopped)} warm runner(s)" + (f": {', '.join(map(str, stopped))}" if stopped else "")
+        )
+        return 0
+    started = time.monotonic()
+    try:
+        pid = start_warm_runner(owner=None, minutes=args.minutes, replace=True)
+    except OSError as e:
+        raise UserError(f"cannot start a warm runner ({e.strerror or e})") from None
+    with console.status("warm runner: importing torch, transformers and the engines..."):
+        while not any(r.pid == pid for r in ready_runners()):
+            if not pid_alive(pid):
+                raise UserError(f"the warm runner (pid {pid}) ended while importing; run `python -m gpuopt_tui.jobs "
+                                "--warm --minutes 1` to see why")  # fmt: skip
+            if time.monotonic() - started > READY_TIMEOUT_S:
+                raise UserError(f"the warm runner (pid {pid}) is still importing after {READY_TIMEOUT_S:.0f} s")
+            time.sleep(0.1)
+    console.print(
+        f"warm runner {pid} ready after {time.monotonic() - started:.1f} s: the next `gpuopt-tui run` with this "
+        f"environment takes it and leaves a new one; it ends after {args.minutes:g} min without a run "
+        "(`gpuopt-tui warm --stop` ends it now)"
+    )
+    return 0
