@@ -78,10 +78,25 @@ class ScreenWarmup:
         self._reading: Worker[None] | None = None
         self._built: dict[str, AppScreen] = {}
         self._finished = False
+        self._preferred: set[str] = set()  # screens moved to the front (prefer_results): skipped at their turn
         self._steps: Iterator[Callable[[], None]] = itertools.chain(self._steps_of(WARMED), self._results_steps())
 
     def _steps_of(self, names: Iterable[str]) -> Iterator[Callable[[], None]]:
-        return (partial(step, name) for name in names for step in (self.build, self.lay_out, self.render))
+        return (
+            partial(step, name)
+            for name in names
+            for step in (self.build, self.lay_out, self.render)
+            if name not in self._preferred
+        )
+
+    def prefer_results(self, kind: str) -> None:
+        """Make the results screen of run kind `kind` before the others (the Runs screen's highlighted run is one)."""
+        name = RESULTS_PREFIX + kind
+        if self._finished or name in self._preferred or name in self._built:
+            return
+        self._preferred.add(name)
+        ahead = [partial(step, name) for step in (self.build, self.lay_out, self.render)]
+        self._steps = itertools.chain(ahead, self._steps)
 
     def _results_steps(self) -> Iterator[Callable[[], None]]:
         from gpuopt_tui.core.kinds import KINDS  # the profile modules: imported by the reading thread by then

@@ -4,7 +4,9 @@ their latest run), for any run: opened with enter from the Runs screen or the da
 
 A finished run's screen is shown once its view's files are read and parsed in a thread (`ResultsOpener`), so that
 its first frame is drawn with them: one layout and one repaint, instead of the screen, then the views mounted, then
-the tables filled, each a frame of its own. A read that takes longer than PREREAD_WAIT_S (a large run) does not
+the tables filled, each a frame of its own. The run highlighted on the Runs screen is read ahead (`prefetch`), and its
+kind's screen made next by the warm-up, so that enter finds both done. A read that takes longer than PREREAD_WAIT_S
+(a large run) does not
 hold the screen back: the screen is shown with the read still going (the attribution view waits for it; other
 views read their files themselves, as they do for a run that goes on). The reads of the
 last RECENT_RUNS runs opened are kept: opening one again reads nothing while the run is unchanged.
@@ -202,29 +204,46 @@ class ResultsOpener:
     def __init__(self, app: GpuOptApp) -> None:
         self.app = app
         self._recent: OrderedDict[str, Preread] = OrderedDict()  # by run id, the latest opened last
+        self._reads: dict[str, Future[Preread | None]] = {}  # by run id, the reads going on
+        self._waiting: tuple[object, Screen[object], RunInfo, str] | None = None  # an opening waiting for its read
         self._pending: object | None = None  # the opening waiting for its read
 
     def open(self, info: RunInfo, nav: str) -> None:
         """Show the results of `info` over the current screen, the navigation bar showing `nav`."""
         opening = self._pending = object()
         shown_from = self.app.screen
-        recent = self._recent.get(info.id)
-        if recent is not None and recent.state != run_state(info):
-            recent = None  # the run changed since
+        recent = self._fresh(info)
         if recent is not None or info.status != "finished":
             self._show(opening, shown_from, info, nav, recent)
             return
-        pending: Future[Preread | None] = Future()
-        read = partial(self._read, opening, shown_from, info, nav, pending)
-        self.app.run_worker(read, name="reading results", group="results-preread", thread=True, exit_on_error=False)
-        in_flight = Preread(run_state(info), pending=pending)  # what the screen gets if the read outlasts the wait
+        self._waiting = (opening, shown_from, info, nav)
+        in_flight = Preread(run_state(info), pending=self._read(info))  # what the screen gets if the read outlasts
         self.app.set_timer(PREREAD_WAIT_S, partial(self._show, opening, shown_from, info, nav, in_flight))
 
-    def _read(
-        self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, pending: Future[Preread | None]
-    ) -> None:
-        """Thread work: read what the view of the run's kind shows, then show the screen with it (or, shown already,
-        hand it to the view waiting for it through `pending`)."""
+    def prefetch(self, info: RunInfo) -> None:
+        """Read a finished run's results before it is opened (the run highlighted on the Runs screen), and have the
+        warm-up make its kind's screen next: its opening then shows them at once."""
+        self.app.warmup.prefer_results(info.kind)
+        if info.status == "finished" and self._fresh(info) is None and not self._reads:
+            self._read(info)
+
+    def _fresh(self, info: RunInfo) -> Preread | None:
+        """The kept read of the run, if the run has not changed since."""
+        recent = self._recent.get(info.id)
+        return recent if recent is not None and recent.state == run_state(info) else None
+
+    def _read(self, info: RunInfo) -> Future[Preread | None]:
+        """The read of the run's results going on (started now, unless one is)."""
+        pending = self._reads.get(info.id)
+        if pending is None:
+            pending = self._reads[info.id] = Future()
+            work = partial(self._read_in_thread, info, pending)
+            self.app.run_worker(work, name="reading results", group="results-preread", thread=True, exit_on_error=False)
+        return pending
+
+    def _read_in_thread(self, info: RunInfo, pending: Future[Preread | None]) -> None:
+        """Thread work: read what the view of the run's kind shows; then keep it, and show a waiting opening with it
+        (or, shown already, hand it to the view waiting for it through `pending`)."""
         preread: Preread | None = None
         try:
             preread = Preread(run_state(info), results_view(info.kind).read_finished(info))
@@ -235,17 +254,18 @@ class ResultsOpener:
         finally:
             pending.set_result(preread)
         with suppress(RuntimeError):  # raised when the app closed meanwhile: there is nothing to show it on
-            self.app.call_from_thread(self._read_done, opening, shown_from, info, nav, preread)
+            self.app.call_from_thread(self._read_done, info, preread)
 
-    def _read_done(
-        self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, preread: Preread | None
-    ) -> None:
+    def _read_done(self, info: RunInfo, preread: Preread | None) -> None:
+        self._reads.pop(info.id, None)
         if preread is not None:
             self._recent[info.id] = preread
             self._recent.move_to_end(info.id)
             while len(self._recent) > RECENT_RUNS:
                 self._recent.popitem(last=False)
-        self._show(opening, shown_from, info, nav, preread)
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and waiting[2].id == info.id:
+            self._show(*waiting, preread)
 
     def _show(
         self, opening: object, shown_from: Screen[object], info: RunInfo, nav: str, preread: Preread | None

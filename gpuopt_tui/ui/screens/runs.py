@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.content import Content
+from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 
 from gpuopt_tui.core.errors import UserError
@@ -26,11 +27,13 @@ from gpuopt_tui.ui.widgets.run_progress import RunProgress
 from gpuopt_tui.ui.widgets.runs_table import FULL_COLUMNS, RunsTable
 
 RANKS_DETAIL_HEIGHT = "60%"
+PREFETCH_AFTER_S = 0.1  # a run the cursor rests on this long is read ahead of its opening (ResultsOpener.prefetch)
 
 
 class RunsScreen(AppScreen):
     SCREEN_NAME = "runs"
     AUTO_FOCUS = "#runs-table"  # not the filter field, hidden until `/`
+    _prefetch_timer: Timer | None = None
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "cancel", "Cancel", id="runs.cancel", tooltip="Stop the selected run (SIGTERM)"),
@@ -80,6 +83,15 @@ class RunsScreen(AppScreen):
     @on(DataTable.RowHighlighted, "#runs-table")
     def _highlighted(self) -> None:
         self._show_detail()
+        if self._prefetch_timer is not None:
+            self._prefetch_timer.stop()
+        self._prefetch_timer = self.set_timer(PREFETCH_AFTER_S, self._prefetch, name="results prefetch")
+
+    def _prefetch(self) -> None:
+        self._prefetch_timer = None
+        info = self.selected
+        if info is not None and self.is_current:
+            self.gapp.results_opener.prefetch(info)
 
     @on(RunsTable.Open)
     def _open(self, event: RunsTable.Open) -> None:
