@@ -129,6 +129,19 @@ def test_probe_failures_and_hopeless_budgets_are_user_errors() -> None:
         measure(_request(TrainSetup()), 1, Budget(GIB, 0.85), start=4, probe=tiny)
 
 
+def test_a_setup_whose_optimizer_state_alone_is_over_the_budget_is_refused_with_the_reason() -> None:
+    """Full fine-tuning of a 2.5B model with AdamW under a 34 GiB budget (Gemma-2B with checkpointing on an H200):
+    the traces do not grow with the batch, and the smallest is over the budget already."""
+    flat = SimulatedGpu(140 * GIB, lambda s: 46 * GIB - s * 4 * MIB)
+    budget = Budget(40 * GIB, 0.85)
+    with pytest.raises(UserError, match=r"not even a micro-batch of 1 fits: its trace peaks at 4\d\.\d\d GiB.*LoRA"):
+        measure(_request(TrainSetup()), 1, budget, start=4, probe=flat, noun="trace")
+    assert flat.calls == [4, 2, 1]
+    growing = SimulatedGpu(140 * GIB, lambda s: 36 * GIB + s * GIB)
+    with pytest.raises(UserError, match="micro-batch of 1 fits: .* over the budget's 34.00 GiB: shorter sequences"):
+        measure(_request(TrainSetup()), 1, budget, start=4, probe=growing, noun="trace")
+
+
 def _fake_python(tmp_path: Path, body: str) -> str:
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\n" + body)

@@ -186,6 +186,10 @@ def measure(
         b_max = 1
     else:
         lo, r_lo = first_fit(max(1, hi // 2))
+        if not fits_budget(r_lo, budget.limit) and lo > 1:  # over the budget already: bracket from one
+            hi, r_hi, lo, r_lo = lo, r_lo, 1, run(1)
+        if not fits_budget(r_lo, budget.limit):  # a micro-batch of one, here
+            raise UserError(_hopeless(r_lo, r_hi, budget, noun))
         fit = fit_line([(lo * spe, r_lo.max_reserved), (hi * spe, r_hi.max_reserved)])
         b_max = max_batch(fit, budget.limit, _context(results), spe)
         if b_max > FAR * hi:
@@ -223,6 +227,21 @@ def measure_setup(
     if result.error:
         raise UserError(f"the probe at micro-batch {setup.micro_batch} failed: {result.error}")
     return result
+
+
+def _hopeless(one: ProbeResult, more: ProbeResult, budget: Budget, noun: str) -> str:
+    """Why no micro-batch fits: a micro-batch of one is over the budget (`more`: a larger one's result)."""
+    gib = 1024**3
+    why = (
+        "; a larger batch took no more, so weights, gradients and optimizer state set the peak, not activations: "
+        "train fewer parameters (LoRA), use a lighter optimizer state, or a larger GPU"
+        if more.footprint <= one.footprint * 1.01
+        else ": shorter sequences, gradient checkpointing, fewer trained parameters (LoRA) or a larger GPU"
+    )
+    return (
+        f"not even a micro-batch of {one.micro_batch} fits: its {noun} peaks at {one.max_reserved / gib:.2f} GiB "
+        f"reserved + {one.context / gib:.2f} GiB context, over the budget's {budget.limit / gib:.2f} GiB{why}"
+    )
 
 
 def _context(results: list[ProbeResult]) -> int:
