@@ -56,7 +56,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit)  # `warm --stop`, the TUI quitting: tidy up on the way out
     expires = time.time() + 60 * args.minutes if args.minutes > 0 else None
-    time.sleep(args.delay)
+    start = time.monotonic()
+    while time.monotonic() - start < args.delay:  # the owner may go meanwhile (the TUI quit)
+        if not _wanted(args.owner, expires):
+            return 0
+        time.sleep(min(ACCEPT_POLL_S / 5, args.delay))
     if not _wanted(args.owner, expires):
         return 0
     started_env = dict(os.environ)  # the key's: the imports set variables of their own (TORCHINDUCTOR_CACHE_DIR)
