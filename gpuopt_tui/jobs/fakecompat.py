@@ -185,6 +185,11 @@ _CUDA_FP32_OUTPUT = (
 )  # fmt: skip
 
 
+# ... and these, which the CPU's fp32 list has and CUDA's does not: on CUDA they run through (their parts meet the
+# lists: cross_entropy_loss's log_softmax gives fp32 from bf16 logits with no fp32 copy of them first)
+_CPU_ONLY_FP32 = ("cross_entropy_loss",)
+
+
 def _aten_op(name: str) -> Any:
     """The aten overload named "op" or "op.overload", or None where this torch has no such op."""
     packet, _, overload = name.partition(".")
@@ -233,7 +238,8 @@ def cuda_autocast() -> Iterator[list[str]]:
     done: list[str] = []
     with warnings.catch_warnings():  # the CPU lists the losses too (fp32 as well): replacing them is the point
         warnings.filterwarnings("ignore", r"(?s).*Overriding a previously registered kernel")
-        for names, make in ((_CUDA_FP32, _fp32_kernel), (_CUDA_FP32_OUTPUT, _fp32_output_kernel)):
+        passing = (_CPU_ONLY_FP32, lambda op: torch.library.fallthrough_kernel)
+        for names, make in ((_CUDA_FP32, _fp32_kernel), (_CUDA_FP32_OUTPUT, _fp32_output_kernel), passing):
             for name in names:
                 op = _aten_op(name)
                 kernel = make(op) if op is not None else None
