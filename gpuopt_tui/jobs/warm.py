@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     _import_libraries()
     set_by_imports = {k: v for k, v in os.environ.items() if k not in started_env}
     folder = warm_dir() / str(os.getpid())
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(str(folder / SOCKET))

@@ -110,7 +110,7 @@ def start_warm_runner(
         command += ["--owner", str(owner)]
     if replace:
         command.append("--replace")
-    warm_dir().mkdir(parents=True, exist_ok=True)
+    warm_dir().mkdir(mode=0o700, parents=True, exist_ok=True)  # its sockets hand runs over: this user only
     proc = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
