@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from gpuopt_tui.app import GpuOptApp
 
-PREREAD_WAIT_S = 0.25  # the longest an opening waits for the run's files to be read before it shows the screen
+PREREAD_WAIT_S = 0.15  # the longest an opening waits for the run's files to be read before it shows the screen
 RECENT_RUNS = 8  # runs whose reads are kept for their next opening
 
 
