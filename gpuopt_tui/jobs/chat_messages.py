@@ -4,8 +4,10 @@
                   {"role": "assistant", "content": "..."}]}
 
 The last message is the assistant's: it is the completion; the messages before it are the prompt, which the
-tokenizer's chat template renders (completion_data.py tokenizes both). A person reads the prompt as "role: content"
-lines (`shown_prompt`), which is the `text` the results keep.
+tokenizer's chat template renders (completion_data.py tokenizes both). Conversations may instead all end before the
+assistant's turn: then every message is the prompt and there is no completion to read (an attribution run with
+target = "generate" writes the model's own). A person reads the prompt as "role: content" lines (`shown_prompt`),
+which is the `text` the results keep.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ COMPLETION_ROLE = "assistant"
 
 
 def conversation(row: Row, key: str) -> list[Message]:
-    """The row's messages at `key`, checked: a list of objects with string "role" and "content", the last one the
-    assistant's and at least one before it (the prompt)."""
+    """The row's messages at `key`, checked: a list of objects with string "role" and "content"; one that ends with
+    the assistant's message has at least one before it (the prompt)."""
     where = row[0]
     value = field_value(row, key)
     expected = f'"{key}" must be a non-empty list of {{"role": ..., "content": ...}} messages'
@@ -36,15 +38,29 @@ def conversation(row: Row, key: str) -> list[Message]:
         if not isinstance(message, dict) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
             got = shown_text(json.dumps(message, ensure_ascii=False), 80)
             raise UserError(f'{where}: {key}[{i}] must be an object with string "role" and "content", got {got}')
-    role = value[-1]["role"]
-    if role != COMPLETION_ROLE:
-        raise UserError(
-            f'{where}: the last message of "{key}" must be the {COMPLETION_ROLE}\'s (it is the completion), '
-            f'got role "{shown_text(role)}"'
-        )
-    if len(value) == 1:
+    if len(value) == 1 and value[0]["role"] == COMPLETION_ROLE:
         raise UserError(f'{where}: "{key}" holds only the {COMPLETION_ROLE}\'s message: the prompt needs one before it')
     return value
+
+
+def prompts_and_completions(
+    rows: Sequence[Row], chats: list[list[Message]], key: str
+) -> tuple[list[list[Message]], list[str] | None]:
+    """(each row's prompt messages, the completions): when every conversation ends with the assistant's message,
+    that message is the completion; when none does, the whole conversation is the prompt and there are no
+    completions (None); a mix is refused, naming the first row that differs from the first."""
+    ends = [chat[-1]["role"] == COMPLETION_ROLE for chat in chats]
+    if all(ends):
+        return [chat[:-1] for chat in chats], [chat[-1]["content"] for chat in chats]
+    if not any(ends):
+        return chats, None
+    odd = ends.index(not ends[0])
+    first, this = (f'role "{shown_text(chats[i][-1]["role"])}"' for i in (0, odd))
+    raise UserError(
+        f'{rows[odd][0]}: the conversations in "{key}" must all end with the {COMPLETION_ROLE}\'s message (the '
+        f'completion) or all before it (attribution.target = "generate" then writes it); this one ends with {this}, '
+        f"{rows[0][0]}'s with {first}"
+    )
 
 
 def shown_prompt(messages: Sequence[Message]) -> str:

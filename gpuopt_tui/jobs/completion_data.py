@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.attribution import CompletionDataSection
-from gpuopt_tui.jobs.chat_messages import Message, conversation, shown_prompt
+from gpuopt_tui.jobs.chat_messages import Message, conversation, prompts_and_completions, shown_prompt
 from gpuopt_tui.jobs.data import Row, TextDataset, field_value, trim_batch
 from gpuopt_tui.jobs.models.base import to_device
 from gpuopt_tui.jobs.models.causal_lm import WHOLE_COMPLETION, CausalLMAdapter
@@ -55,6 +55,13 @@ def completion_dataset_from_rows(
     return TextDataset(tensors, prompts, dict(adapter.token_fields), origin, meta={COMPLETIONS: completions})
 
 
+def missing_completions(data: CompletionDataSection) -> str:
+    """Why a dataset has no completions, in words (for the messages that refuse such a dataset)."""
+    if data.messages_field:
+        return f'the conversations in "{data.messages_field}" end before the assistant\'s message'
+    return f'data.target_field = "{data.target_field}" is in no row'
+
+
 def completion_source(data: CompletionDataSection) -> str:
     """Where a dataset's completions were read from, in words (for the run's summary)."""
     if data.messages_field:
@@ -89,13 +96,14 @@ def _field_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionD
 
 
 def _message_rows(adapter: CausalLMAdapter, rows: Sequence[Row], data: CompletionDataSection, origin: str) -> _Read:
-    """Each row's messages but the last through the chat template (the prompt), the last one's content (the
-    completion)."""
+    """Each row's prompt messages (chat_messages.prompts_and_completions) through the chat template, with the
+    generation prompt, and the completions (None when the conversations end before the assistant's turn)."""
     setting = f'data.messages_field = "{data.messages_field}" ({origin}) renders prompts with the chat template'
     chats = [conversation(row, data.messages_field) for row in rows]
-    rendered = [_rendered(adapter, row[0], chat[:-1], setting) for row, chat in zip(rows, chats)]
+    prompts, completions = prompts_and_completions(rows, chats, data.messages_field)
+    rendered = [_rendered(adapter, row[0], prompt, setting) for row, prompt in zip(rows, prompts)]
     tensors = adapter.tokenize_templated(rendered, data.max_length)
-    return [shown_prompt(chat[:-1]) for chat in chats], tensors, [chat[-1]["content"] for chat in chats]
+    return [shown_prompt(prompt) for prompt in prompts], tensors, completions
 
 
 def _rendered(adapter: CausalLMAdapter, where: str, messages: list[Message], setting: str) -> str:

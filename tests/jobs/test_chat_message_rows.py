@@ -116,7 +116,11 @@ def bad_row(adapter: CausalLMAdapter, tmp_path: Path, row: dict[str, Any], **dat
         ({"messages": [{"role": "user"}, {"role": "assistant", "content": "ran"}]}, r"messages\[0\] must be an object"),
         ({"messages": [["user", "a dog"], {"role": "assistant", "content": "ran"}]}, r"messages\[0\] must be an"),
         ({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}, 'string "role" and'),
-        (chat(("user", "a dog"), ("assistant", "ran"), ("user", "and")), 'must be the assistant.*got role "user"'),
+        (
+            chat(("user", "a dog"), ("assistant", "ran"), ("user", "and")),
+            "must all end with the assistant.s message .*or "
+            'all before it .*this one ends with role "user", .*:1.s with role "assistant"',
+        ),
         (chat(("assistant", "ran")), "holds only the assistant's message: the prompt needs one before it"),
         (chat(("user", "a dog"), ("assistant", "")), r'the completion \(the last message in "messages"\) has no'),
     ],
@@ -126,6 +130,19 @@ def test_a_bad_row_is_named_with_what_was_expected(
 ) -> None:
     message = bad_row(adapter, tmp_path, row)
     assert re.search(expected, message), message
+
+
+def test_conversations_that_end_before_the_assistant_are_prompts_without_completions(
+    adapter: CausalLMAdapter, tmp_path: Path
+) -> None:
+    """The whole conversation is the prompt, rendered with the generation prompt: MULTI[0] without its last message
+    gives MULTI[0]'s prompt tokens, and there are no completions to read."""
+    turns = [chat(*((m["role"], m["content"]) for m in row["messages"][:-1])) for row in MULTI]
+    ds = read(adapter, jsonl(tmp_path / "open.jsonl", turns), messages_field="messages")
+    ids, mask = ds.tensors["input_ids"][0], ds.tensors["attention_mask"][0].bool()
+    assert adapter.tokens(ids[mask].tolist()) == MULTI_0_TOKENS
+    assert ds.meta["completions"] is None and ds.tensors["completion_ids"].shape == (len(MULTI), 0)
+    assert ds.texts[0] == "user: the cat\nassistant: sat on the mat\nuser: and a dog"
 
 
 def test_a_template_that_refuses_the_messages_is_named(tmp_path: Path) -> None:
@@ -215,6 +232,26 @@ def test_attribution_of_messages_rows_equals_the_chat_template_path(workdir: Pat
         assert record["text"] == "user: " + expected["text"]
         for key in ("tokens", "scores", "completion", "completion_tokens", "logprob", "delta"):
             assert record[key] == expected[key], key
+
+
+def test_attribution_generates_the_assistants_turn_of_open_conversations(workdir: Path, tmp_path: Path) -> None:
+    """Conversations ending with the user's message, target = "generate": the model's greedy reply is the completion,
+    explained as a read one would be; without target = "generate" the run says what is missing."""
+    turns = [chat(*((m["role"], m["content"]) for m in row["messages"][:-1])) for row in MULTI]
+    data = {"path": str(jsonl(tmp_path / "open.jsonl", turns)), "messages_field": "messages"}
+    run_dir = tmp_path / "runs" / "open"
+    run_dir.mkdir(parents=True)
+    ctx = JobContext(run_dir, EventWriter(RunDir(run_dir).events), run_dir / "cache")
+    profile = attribution_profile(workdir, data, target="generate", max_new_tokens=3)
+    run_job(profile_from_data(profile, "test.toml"), ctx)
+    results = RunDir(run_dir).results
+    records = [json.loads(line) for line in (results / "attributions.jsonl").read_text().splitlines()]
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["completions"]["source"].startswith("generated")
+    assert records[0]["tokens"] == MULTI_0_TOKENS and all(r["generated"] for r in records)
+    assert all(1 <= len(r["completion_tokens"]) <= 3 for r in records)
+    with pytest.raises(UserError, match='no completions \\(the conversations in "messages" end before the assistant'):
+        run_job(profile_from_data(attribution_profile(workdir, data), "test.toml"), ctx)
 
 
 def write_toml(path: Path, profile: dict[str, Any]) -> Path:

@@ -37,6 +37,7 @@ from gpuopt_tui.jobs.completion_data import (
     SAMPLE_OF_ROW,
     completion_source,
     has_completions,
+    missing_completions,
     per_token_rows,
     with_generated_completions,
 )
@@ -168,8 +169,8 @@ def prepare_completions(
         source = completion_source(data)
     else:
         raise UserError(
-            f'{ds.origin}: no completions (data.target_field = "{data.target_field}" is in no row); name the '
-            'completion column, or set attribution.target = "generate" to explain the model\'s own continuation'
+            f"{ds.origin}: no completions ({missing_completions(data)}); give them, or set "
+            'attribution.target = "generate" to explain the model\'s own continuation'
         )
     rows = per_token_rows(ds) if section.per_target_token else ds
     return CompletionRun(ds, rows, source, section.per_target_token)

@@ -45,7 +45,7 @@ from gpuopt_tui.core.results.tracin import (
     SUMMARY_NAME,
 )
 from gpuopt_tui.core.results.tracin_summary import optimizer_state
-from gpuopt_tui.jobs.completion_data import COMPLETIONS, completion_source, has_completions
+from gpuopt_tui.jobs.completion_data import COMPLETIONS, completion_source, has_completions, missing_completions
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart, StageFn
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, precision, resolve_device
@@ -231,8 +231,8 @@ def _datasets(profile: TracInProfile, adapter: Adapter, stage: StageFn) -> tuple
             raise UserError(f"no {name} examples to score ({ds.origin})")
         if ds.labels is None and not has_completions(ds):
             raise UserError(
-                f"the {name} examples ({ds.origin}) have no labels (for a causal LM: no completions in "
-                "data.target_field), which TracIn's loss needs"
+                f"the {name} examples ({ds.origin}) have no labels (for a causal LM: no completions, "
+                f"{missing_completions(profile.data)}), which TracIn's loss needs"
             )
     return train, test
 
