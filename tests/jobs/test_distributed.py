@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from lm_cases import save_tiny_decoder
 from safetensors.torch import load_file
+from test_tracin_causal_lm_job import lm_profile
+from test_tracin_lora import save_lora_checkpoints
 
 from gpuopt_tui.core.paths import runs_dir
 from gpuopt_tui.core.profiles.io import find_profile, load_profile
@@ -33,14 +36,14 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch, demo_classifier: object) -> Non
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-def run(name: str, overrides: list[str], timeout: float = 240) -> tuple[Path, RunInfo]:
-    path = find_profile(name)
+def run(name: str | Path, overrides: list[str], timeout: float = 240) -> tuple[Path, RunInfo]:
+    path = name if isinstance(name, Path) else find_profile(name)
     run_dir = start_run(load_profile(path, overrides), path)
     info = wait_for(run_dir, TERMINAL_TYPES | {"crashed"}, timeout)
     return run_dir, info
 
 
-def finished(name: str, overrides: list[str]) -> Path:
+def finished(name: str | Path, overrides: list[str]) -> Path:
     run_dir, info = run(name, overrides)
     assert info.status == "finished", (info.message, RunDir(run_dir).log.read_text()[-3000:])
     return run_dir
@@ -98,6 +101,24 @@ def test_tracin_over_two_processes_equals_one(device: str) -> None:
         [json.loads(line)["index"] for line in (RunDir(d).results / "self_influence.jsonl").open()] for d in (one, many)
     ]
     assert ranked[0] == ranked[1]
+
+
+def test_tracin_of_a_decoder_over_lora_checkpoints_over_two_processes_equals_one(tmp_path: Path) -> None:
+    """A causal LM's TracIn (completion loss, PEFT adapter checkpoints, factored projection) sharded over two
+    processes (gloo) gives the scores of one process."""
+    pytest.importorskip("peft")
+    model = save_tiny_decoder("llama", tmp_path / "model")
+    specs = save_lora_checkpoints("llama", tmp_path / "adapters", dtype=torch.float32)
+    tracin = 'method = "factored"\nprojection_in = 4\nprojection_out = 4\nshard_size = 2\n'
+    profile = lm_profile(tmp_path, model, [(s.path, s.lr) for s in specs], tracin)
+    one = finished(profile, [])
+    many = finished(profile, ["run.devices=2"])
+    a, b = (load_file(str(RunDir(d).results / "scores.safetensors")) for d in (one, many))
+    assert torch.equal(a["train_index"], b["train_index"])
+    # each rank pads its own micro-batches: fp32 sums in another order (2e-5 relative seen)
+    torch.testing.assert_close(b["scores"], a["scores"], rtol=1e-4, atol=1e-5)
+    started = {e["rank"] for e in lifecycle(many) if e["type"] == "rank_started"}
+    assert started == {0, 1}
 
 
 def _free_port() -> int:
