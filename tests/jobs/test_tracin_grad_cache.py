@@ -29,6 +29,7 @@ def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypa
     )
     first = tracin_scores(adapter, checkpoints, train, test, names, options)
     assert first.stats["cache_blocks"] == {"read": 0, "computed": 9}  # 3 blocks x 3 checkpoints
+    assert (first.stats["computed"], first.stats["from_cache"]) == (11 * 3, 0)  # gradients: rows x checkpoints
     # the last micro-batch's size, as without the cache (a block is 4 rows, or 3)
     plain = tracin_scores(adapter, checkpoints, train, test, names, dataclasses.replace(options, train_cache=None))
     assert first.stats["final_batch_size"] == plain.stats["final_batch_size"] < 3
@@ -42,6 +43,7 @@ def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypa
     assert torch.equal(again.matrix, first.matrix) and torch.equal(again.self_influence, first.self_influence)
     assert again.stats["cache_blocks"] == {"read": 9, "computed": 0}
     assert again.stats["final_batch_size"] is None  # no micro-batch of training rows ran
+    assert (again.stats["computed"], again.stats["from_cache"]) == (0, 11 * 3)  # a read is not a computation
     assert sum(computed) == len(test) * len(checkpoints)  # only the test examples' gradients
 
     entries = gradient_cache.entries(root)
@@ -49,6 +51,7 @@ def test_cached_and_uncached_runs_give_identical_scores(tmp_path: Path, monkeypa
     next(root.glob("*/block_00001.safetensors")).unlink()  # an interrupted run: one block missing
     resumed = tracin_scores(adapter, checkpoints, train, other_test, names, options)
     assert resumed.stats["cache_blocks"] == {"read": 8, "computed": 1}
+    assert resumed.stats["computed"] + resumed.stats["from_cache"] == 11 * 3 and 0 < resumed.stats["computed"] <= 4
     uncached = tracin_scores(
         adapter, checkpoints, train, other_test, names, dataclasses.replace(options, train_cache=None)
     )

@@ -158,6 +158,18 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
     }
 
 
+def test_a_run_whose_gradients_all_come_from_the_cache_gives_no_compute_rate(project: Path, tmp_path: Path) -> None:
+    """Reading training gradients is not computing them: the second run's rate is the cache's, named as such."""
+    profile = write_profile(project, tmp_path, "train_cache = true")
+    timings = []
+    for name in ("first", "second"):
+        run_job(load_profile(profile), context(tmp_path / name, tmp_path))
+        timings.append(json.loads((tmp_path / name / "results" / "summary.json").read_text())["timing"])
+    assert timings[0]["train_examples_per_s"] > 0 and "cached_examples_per_s" not in timings[0]
+    assert timings[1]["train_examples_per_s"] is None and timings[1]["cached_examples_per_s"] > 0
+    assert "read from the training-gradient cache" in timings[1]["note"]
+
+
 def test_a_run_reports_each_stage(project: Path, tmp_path: Path) -> None:
     extra = "agreement_train = 4\ntrain_cache = true"
     run_dir = tmp_path / "run"

@@ -148,6 +148,7 @@ class TracInSummary:
     flipped_label_auc: float | None  # only where the data marks flipped labels
     label_names: tuple[str, ...] | None = None  # by class index; None when the model has none (or older runs)
     predictions_checkpoint: str = ""  # where the test predictions come from; "" in older runs
+    cached_examples_per_s: float | None = None  # training gradients read from the cache a second, none computed
     projection: Projection | None = None  # None: exact gradients
     excluded_parameters: tuple[str, ...] = ()  # chosen tensors method = factored left out
     train_cache: CacheUse | None = None  # None: the cache was off
@@ -302,6 +303,7 @@ def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
         flipped_label_auc=as_optional_float(data.get("flipped_label_auc"), "flipped_label_auc"),
         label_names=None if names is None else as_texts(names, "label_names"),
         predictions_checkpoint=as_text(data.get("predictions_checkpoint") or "", "predictions_checkpoint"),
+        cached_examples_per_s=as_optional_float(timing.get("cached_examples_per_s"), "timing.cached_examples_per_s"),
         projection=_projection(data.get("projection"), projection_dim),
         excluded_parameters=as_texts(data.get("excluded_parameters") or [], "excluded_parameters"),
         train_cache=_cache_use(data.get("train_cache")),

@@ -394,8 +394,9 @@ def _mean_tokens(ds: TextDataset, rows: Tensor) -> float:
 
 def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> dict[str, Any]:
     """The micro-batch size and the rate of the scoring (`figures`: see scores.attempt_figures): this attempt's
-    (kept as a shard), or where this attempt computed no gradient (an earlier one had scored every block, then
-    stopped) the last attempt's that did, with a note that says so."""
+    (kept as a shard), or where this attempt computed no gradient, the rate of reading them from the cache (as
+    such), or (an earlier attempt had scored every block, then stopped) the last attempt's that did, with a note
+    that says so."""
     if figures["computed"]:
         seconds = figures["seconds"]
         scoring = {
@@ -405,6 +406,15 @@ def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> di
         }
         ctx.save_shard(SCORING_SHARD, lambda tmp: tmp.write_text(json.dumps(scoring), encoding="utf-8"))
         return scoring
+    if figures["from_cache"]:  # a rate of reading, not of computing: said as such, none given as examples/s
+        seconds = figures["seconds"]
+        return {
+            "final_batch_size": None,
+            "compute_seconds": seconds,
+            "train_examples_per_s": None,
+            "cached_examples_per_s": figures["from_cache"] / n_checkpoints / seconds if seconds > 0 else None,
+            "note": "every training gradient was read from the training-gradient cache (none computed)",
+        }
     note = "no training gradient was computed by this attempt: every block's scores were saved by an earlier one"
     if ctx.shard_done(SCORING_SHARD):
         earlier = json.loads(ctx.shard_path(SCORING_SHARD).read_text(encoding="utf-8"))

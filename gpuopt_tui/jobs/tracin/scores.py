@@ -143,6 +143,7 @@ class TracInRun:
             "checkpoints_loaded": progress.loaded,
             "seconds": time.perf_counter() - start,
             "computed": progress.computed,  # gradients (examples x checkpoints) computed here, none for shards found
+            "from_cache": progress.from_cache,  # and read from the training-gradient cache
             "final_batch_size": progress.final_batch or None,  # None: no micro-batch ran
             "oom_retries": batcher.ooms,
             "cleanups": cleanup.runs,
@@ -186,6 +187,7 @@ class TracInRun:
         on_rows = lambda n, at=progress.done: reporter.progress(at + n, progress.total, cache_stage)  # noqa: E731
         if scorer.cache is None:  # (with the cache the block says its own stage)
             reporter.progress(progress.done, progress.total, stage)
+        reads = scorer.cache.read if scorer.cache is not None else 0
         for offset, feats in self._train_features(scorer.batcher, computer, scorer.cache, j, rows, on_rows):
             test_feats = test.features()
             part = slice(offset, offset + len(feats))
@@ -193,7 +195,7 @@ class TracInRun:
                 if test_feats is not None:
                     scores[:, part] += lr * test_feats.inner(feats)
                 selfinf[part] += lr * feats.self_products()
-            scorer.count(len(feats))
+            scorer.count(len(feats), from_cache=scorer.cache is not None and scorer.cache.read > reads)
             del feats  # not held while the next micro-batch is computed
             reporter.progress(progress.done, progress.total, stage)
             reporter.check_cancelled()
@@ -294,6 +296,7 @@ class _Progress:
     total: int
     loaded: int = 0  # checkpoints
     computed: int = 0  # training gradients
+    from_cache: int = 0  # training gradients read from the cache instead
     final_batch: int = 0  # the last micro-batch's size
 
 
@@ -308,10 +311,13 @@ class _Scorer:
     dtype: torch.dtype  # of the running sums
     progress: _Progress
 
-    def count(self, examples: int) -> None:
-        """Count a micro-batch of training gradients as scored."""
+    def count(self, examples: int, *, from_cache: bool) -> None:
+        """Count a micro-batch of training gradients (or a block read from the cache) as scored."""
         self.progress.done += examples
-        self.progress.computed += examples
+        if from_cache:
+            self.progress.from_cache += examples
+        else:
+            self.progress.computed += examples
         # a block read from the cache counts at once: the size is the last micro-batch of training rows computed
         self.progress.final_batch = self.batcher.last_size.get("train", 0)
         self.cleanup.step(examples)
@@ -338,6 +344,7 @@ def attempt_figures(rank_stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "seconds": max(s["seconds"] for s in rank_stats),  # the slowest rank's
         "computed": sum(s["computed"] for s in rank_stats),
+        "from_cache": sum(s.get("from_cache", 0) for s in rank_stats),
         "final_batch_size": next((s["final_batch_size"] for s in rank_stats if s["final_batch_size"]), None),
     }
 

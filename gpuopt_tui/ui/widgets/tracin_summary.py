@@ -73,6 +73,10 @@ def summary_content(s: TracInSummary) -> Content:
         if s.compute_seconds is not None:
             rate += f" ({s.compute_seconds:.3g} s computing)"
         parts.append(line("Rate", rate))
+    elif s.cached_examples_per_s is not None:
+        seconds = f" ({s.compute_seconds:.3g} s)" if s.compute_seconds is not None else ""
+        read = f"{s.cached_examples_per_s:,.0f} training gradients a second read from the cache, none computed{seconds}"
+        parts.append(line("Rate", read))
     if s.oom_retries:
         parts.append(line("Memory", f"{s.oom_retries} out-of-memory retries with a halved micro-batch"))
     if s.flipped_label_auc is not None:
