@@ -6,7 +6,7 @@ What the trace sees: every tensor the step makes, with its module and phase, ove
 on the device it emulates. What it cannot see is estimated as the closed form estimates it (`Overheads`):
 - the CUDA context and loaded kernels (outside torch's allocator),
 - cuBLAS workspaces (inside kernels, never tensors),
-- the caching allocator's reserved-but-unallocated memory: `Overheads.allocator`, plus `LM_RESERVED_SLACK` per
+- the caching allocator's reserved-but-unallocated memory: `Overheads.allocator`, plus `TRACED_LM_SLACK` per
   token and vocabulary entry when the peak is at an LM loss (its fp32 logits alive at the peak),
 - NCCL buffers and several GPUs (the trace plans one GPU: several GPUs or ZeRO are refused).
 Fake tensors live on the CPU where torch has no CUDA: the CPU's fused attention stands in for CUDA's (both keep
@@ -28,7 +28,7 @@ from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.format import human_bytes
-from gpuopt_tui.core.planner.estimate import LM_RESERVED_SLACK, Component, Overheads
+from gpuopt_tui.core.planner.estimate import Component, Overheads
 from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 TRACE_MODULE = "gpuopt_tui.jobs.plantrace"
@@ -113,12 +113,19 @@ def run_trace(
     return result
 
 
+# Reserved but unallocated bytes per token and vocabulary entry around an LM loss, over the traced peak: calibrated
+# on the H200 against 12 measured steps (benchmarks/results/planner_traced_H200.md), where full fine-tunes needed
+# 1.3-1.9 (with `Overheads.allocator`) and LoRA ones 1.7-3.6. Lower than the closed form's LM_RESERVED_SLACK (4 B
+# when the head trains): the trace counts the loss's temporaries that the closed form's constant also stands for.
+TRACED_LM_SLACK = {"head trains": 2.5, "head frozen": 2.0}
+
+
 def _lm_slack(result: Mapping[str, Any], task: str, setup: TrainSetup) -> int:
     """The LM loss's reserved-but-unallocated slack, when the peak holds the loss's fp32 logits."""
     cells = setup.tokens * int(result.get("vocab") or 0)
     if task not in ("causal_lm", "masked_lm") or not cells or int(result.get("largest_block", 0)) < 4 * cells:
         return 0
-    return LM_RESERVED_SLACK["head trains" if setup.trainable == "all" else "head frozen"] * cells
+    return int(TRACED_LM_SLACK["head trains" if setup.trainable == "all" else "head frozen"] * cells)
 
 
 def traced_estimate(
