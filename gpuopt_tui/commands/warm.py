@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from rich.console import Console
+
 from gpuopt_tui.commands.follow import console
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.runs.processes import pid_alive
@@ -33,18 +35,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--minutes", type=_minutes, default=60.0, metavar="M", help="end after M minutes without a run (default 60)"
     )
     parser.add_argument("--stop", action="store_true", help="end the warm runners that are waiting")
+    parser.add_argument("--list", action="store_true", help="list the warm runners that are waiting")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.stop:
+    if args.list:
+        _list()
+    elif args.stop:
         stopped = stop_warm_runners()
-        console.print(
-            f"stopped {len(stopped)} warm runner(s)" + (f": {', '.join(map(str, stopped))}" if stopped else "")
-        )
-        return 0
+        pids = f": {', '.join(map(str, stopped))}" if stopped else ""
+        console.print(f"stopped {len(stopped)} warm runner(s){pids}")
+    else:
+        _start(args.minutes)
+    return 0
+
+
+def _list() -> None:
+    """On standard output, a line per runner (the start and stop messages go to standard error, as `run`'s do)."""
+    out = Console(highlight=False)
+    runners = ready_runners()
+    for runner in runners:
+        ends = f"kept by process {runner.owner}" if runner.owner else f"ends after {runner.minutes:g} min without a run"
+        out.print(f"{runner.pid}  ready  {ends}", markup=False)
+    if not runners:
+        out.print("no warm runner is waiting (`gpuopt-tui warm` starts one)", markup=False)
+
+
+def _start(minutes: float) -> None:
     started = time.monotonic()
     try:
-        pid = start_warm_runner(owner=None, minutes=args.minutes, replace=True)
+        pid = start_warm_runner(owner=None, minutes=minutes, replace=True)
     except OSError as e:
         raise UserError(f"cannot start a warm runner ({e.strerror or e})") from None
     with console.status("warm runner: importing torch, transformers and the engines..."):
@@ -57,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.1)
     console.print(
         f"warm runner {pid} ready after {time.monotonic() - started:.1f} s: the next `gpuopt-tui run` with this "
-        f"environment takes it and leaves a new one; it ends after {args.minutes:g} min without a run "
+        f"environment takes it and leaves a new one; it ends after {minutes:g} min without a run "
         "(`gpuopt-tui warm --stop` ends it now)"
     )
-    return 0

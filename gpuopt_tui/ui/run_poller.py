@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.timer import Timer
 
 from gpuopt_tui.core.runs.status import RunInfo, RunWatcher
+from gpuopt_tui.core.runs.warm import ready_runners
 
 ACTIVE_INTERVAL_S = 0.5  # while a run is starting or running
 IDLE_INTERVAL_S = 1.0
@@ -23,11 +24,13 @@ ERROR_INTERVAL_S = 5.0  # after a poll raised an unexpected error (reported once
 
 @dataclass(frozen=True)
 class RunsSnapshot:
-    """Every run as last read, newest first, and why the runs directory could not be read (if so)."""
+    """Every run as last read, newest first, why the runs directory could not be read (if so), and the pids of the
+    warm runners ready (core/runs/warm.py)."""
 
     root: Path
     runs: tuple[RunInfo, ...] = ()
     error: str = ""
+    warm: tuple[int, ...] = ()
 
     def get(self, run_id: str) -> RunInfo | None:
         return next((r for r in self.runs if r.id == run_id), None)
@@ -98,9 +101,10 @@ class RunPoller:
             self._app.post_message(RunsPolled(snapshot, changed))
 
     def _read(self) -> RunsSnapshot:
+        warm = tuple(runner.pid for runner in ready_runners())
         try:
-            return RunsSnapshot(self.root, tuple(self._watcher.refresh()))
+            return RunsSnapshot(self.root, tuple(self._watcher.refresh()), warm=warm)
         except OSError as e:
             # keep showing what was read before; say why it is stale
             error = f"cannot read the runs directory {self.root} ({e.strerror or e})"
-            return RunsSnapshot(self.root, self._last.runs, error)
+            return RunsSnapshot(self.root, self._last.runs, error, warm)

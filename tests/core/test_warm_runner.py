@@ -109,3 +109,17 @@ def test_only_a_runner_working_in_the_runs_directory_is_verified_as_its_process(
     finally:
         waiting.kill()
         waiting.wait()
+
+
+def test_the_warm_command_starts_lists_and_stops_a_runner(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuopt_tui.cli import main
+
+    assert main(["warm", "--minutes", "5"]) == 0
+    (runner,) = ready_runners()
+    assert f"warm runner {runner.pid} ready after" in capsys.readouterr().err  # messages: standard error
+    assert main(["warm", "--list"]) == 0
+    assert f"{runner.pid}  ready  ends after 5 min without a run" in capsys.readouterr().out  # the list: output
+    assert main(["warm", "--stop"]) == 0
+    assert f"stopped 1 warm runner(s): {runner.pid}" in capsys.readouterr().err
+    main(["warm", "--list"])
+    assert "no warm runner is waiting" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from gpuopt_tui.app import make_app
 from gpuopt_tui.core.runs.processes import pid_alive
 from gpuopt_tui.core.runs.warm import ready_runners
 
-from .conftest import notifications, wait_for
+from .conftest import notifications, screen_text, wait_for
 
 READY_S = 180.0  # the runner's imports on a busy 2-core machine
 
@@ -21,6 +21,8 @@ async def test_the_app_keeps_a_warm_runner_and_ends_it_on_quit() -> None:
         await wait_for(pilot, lambda: any("warm runner" in n for n in notifications(app)))
         await wait_for(pilot, lambda: any(r.owner == os.getpid() for r in ready_runners()), timeout=READY_S)
         (runner,) = [r.pid for r in ready_runners() if r.owner == os.getpid()]
+        await pilot.press("r")  # the Runs screen says it is ready
+        await wait_for(pilot, lambda: f"warm runner ready (pid {runner})" in screen_text(app))
     deadline = time.monotonic() + 30
     while pid_alive(runner) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -30,6 +30,13 @@ RANKS_DETAIL_HEIGHT = "60%"
 PREFETCH_AFTER_S = 0.1  # a run the cursor rests on this long is read ahead of its opening (ResultsOpener.prefetch)
 
 
+def warm_title(ready: tuple[int, ...], kept: bool) -> str:
+    """What the detail pane's border says of warm runners: those ready, or the one this app keeps, still importing."""
+    if ready:
+        return f"warm runner ready (pid {', '.join(map(str, ready))}): a run started now skips its imports"
+    return "warm runner: importing torch and transformers" if kept else ""
+
+
 class RunsScreen(AppScreen):
     SCREEN_NAME = "runs"
     AUTO_FOCUS = "#runs-table"  # not the filter field, hidden until `/`
@@ -78,6 +85,7 @@ class RunsScreen(AppScreen):
 
     def runs_updated(self, snapshot: RunsSnapshot) -> None:
         self.table.update_runs(snapshot.runs)
+        self.query_one("#run-detail").border_title = warm_title(snapshot.warm, self.gapp.warm)
         self._show_detail()
 
     @on(DataTable.RowHighlighted, "#runs-table")
