@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -36,6 +37,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stop", action="store_true", help="end the warm runners that are waiting")
     parser.add_argument("--list", action="store_true", help="list the warm runners that are waiting")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a local model directory whose weights it reads ahead, for a run on that model (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         pids = f": {', '.join(map(str, stopped))}" if stopped else ""
         console.print(f"stopped {len(stopped)} warm runner(s){pids}")
     else:
-        _start(args.minutes)
+        _start(args.minutes, tuple(args.model))
     return 0
 
 
@@ -56,18 +64,23 @@ def _list() -> None:
     runners = ready_runners()
     for runner in runners:
         ends = f"kept by process {runner.owner}" if runner.owner else f"ends after {runner.minutes:g} min without a run"
-        out.print(f"{runner.pid}  ready  {ends}", markup=False)
+        models = f"  models read: {', '.join(runner.models)}" if runner.models else ""
+        out.print(f"{runner.pid}  ready  {ends}{models}", markup=False)
     if not runners:
         out.print("no warm runner is waiting (`gpuopt-tui warm` starts one)", markup=False)
 
 
-def _start(minutes: float) -> None:
+def _start(minutes: float, models: tuple[str, ...]) -> None:
+    missing = [m for m in models if not (Path(m).expanduser() / "config.json").is_file()]
+    if missing:
+        raise UserError(f"--model {missing[0]}: not a model directory (no config.json)")
     started = time.monotonic()
     try:
-        pid = start_warm_runner(owner=None, minutes=minutes, replace=True)
+        pid = start_warm_runner(owner=None, minutes=minutes, replace=True, models=models)
     except OSError as e:
         raise UserError(f"cannot start a warm runner ({e.strerror or e})") from None
-    with console.status("warm runner: importing torch, transformers and the engines..."):
+    reading = f" and reading {len(models)} model(s)" if models else ""
+    with console.status(f"warm runner: importing torch, transformers and the engines{reading}..."):
         while not any(r.pid == pid for r in ready_runners()):
             if not pid_alive(pid):
                 raise UserError(f"the warm runner (pid {pid}) ended while importing; run `python -m gpuopt_tui.jobs "

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +42,18 @@ def _import_libraries() -> None:
         _engine(kind)
 
 
+def _preload(folders: list[Path]) -> None:
+    """Read the weights of each model directory now (jobs/models/preloaded.py); one that cannot be read is left to
+    the run, which reports why."""
+    from gpuopt_tui.jobs.models.preloaded import preload
+
+    for folder in folders:
+        try:
+            preload(folder)
+        except Exception as exc:  # the run on it meets the same error and says it in its own words
+            print(f"[warn] {folder}: not read ahead: {exc}", file=sys.stderr, flush=True)
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gpuopt_tui.jobs --warm")
     parser.add_argument("--warm", action="store_true", required=True)
@@ -48,6 +61,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to wait before the imports")
     parser.add_argument("--owner", type=int, help="end when this process has")
     parser.add_argument("--replace", action="store_true", help="the launch that takes it starts another")
+    parser.add_argument("--model", action="append", default=[], type=Path, help="a model directory to read ahead")
     return parser.parse_args(argv)
 
 
@@ -65,6 +79,7 @@ def main(argv: list[str]) -> int:
         return 0
     started_env = dict(os.environ)  # the key's: the imports set variables of their own (TORCHINDUCTOR_CACHE_DIR)
     _import_libraries()
+    _preload(args.model)
     set_by_imports = {k: v for k, v in os.environ.items() if k not in started_env}
     folder = warm_dir() / str(os.getpid())
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -95,7 +110,8 @@ def _exit(signum: int, frame: object) -> None:
 def _record(args: argparse.Namespace, expires: float | None, key: str) -> dict[str, object]:
     pid = os.getpid()
     return {"pid": pid, "start_time": proc_start_time(pid), "key": key, "owner": args.owner,
-            "replace": args.replace, "minutes": args.minutes, "expires": expires}  # fmt: skip
+            "replace": args.replace, "minutes": args.minutes, "expires": expires,
+            "models": [str(m) for m in args.model]}  # fmt: skip
 
 
 def _wanted(owner: int | None, expires: float | None) -> bool:

@@ -123,3 +123,27 @@ def test_the_warm_command_starts_lists_and_stops_a_runner(capsys: pytest.Capture
     assert f"stopped 1 warm runner(s): {runner.pid}" in capsys.readouterr().err
     main(["warm", "--list"])
     assert "no warm runner is waiting" in capsys.readouterr().out
+
+
+def test_a_runner_given_a_model_hands_its_weights_to_a_run_on_that_model(tmp_path: Path) -> None:
+    """`gpuopt-tui warm --model DIR`: the run on DIR gets the weights read ahead (its log says so); the runner is
+    listed with the model, and the launch prefers it over one that read nothing."""
+    from lm_cases import save_tiny_decoder
+
+    model = save_tiny_decoder("llama", tmp_path / "model").resolve()
+    rows = tmp_path / "data.jsonl"
+    rows.write_text('{"prompt": "the cat sat", "completion": "on the mat"}\n{"prompt": "a dog", "completion": "ran"}\n')
+    plain = ready(start_warm_runner(owner=os.getpid(), minutes=5, replace=False))
+    reader = ready(start_warm_runner(owner=os.getpid(), minutes=5, replace=False, models=(str(model),)))
+    assert [r.models for r in ready_runners() if r.pid == reader] == [(str(model),)]
+    profile = profile_from_data(
+        {"kind": "attribution", "run": {"device": "cpu"}, "model": {"adapter": "hf", "path": str(model)},
+         "data": {"source": "jsonl", "path": str(rows), "text_field": "prompt", "max_length": 16},
+         "attribution": {"n_steps": 4, "batch_size": 2, "audit_samples": 0}},
+        "p.toml",
+    )  # fmt: skip
+    run_dir = start_run(profile, root=tmp_path / "runs")
+    info = wait_stopped(run_dir, 300)
+    assert (info.status, info.pid) == ("finished", reader), info.message
+    assert "the weights the warm runner read before the run" in RunDir(run_dir).log.read_text()
+    assert [r.pid for r in ready_runners()] == [plain]

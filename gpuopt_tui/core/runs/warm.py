@@ -2,17 +2,19 @@
 handed to one starts computing without waiting for its libraries (seconds: benchmarks/results/run_startup_*.md).
 
 Opt-in. `gpuopt-tui --warm` keeps one while the TUI is open; `gpuopt-tui warm` keeps one for the runs that
-`gpuopt-tui run` starts (scripts, other terminals) for --minutes. Either is replaced by a new one after each run it
-takes, and ends by itself when its time is up or the TUI that keeps it has gone (checked every second).
+`gpuopt-tui run` starts (scripts, other terminals) for --minutes, and with `--model DIR` it also reads that model's
+weights ahead (jobs/models/preloaded.py). Either is replaced by a new one after each run it takes, and ends by
+itself when its time is up or the TUI that keeps it has gone (checked every second).
 
-A warm runner lives in `warm_dir()/PID/`: `socket`, where a run is handed over, and `ready.json` (its pid, start time,
-key, owner, expiry, whether to replace it), written once its imports are done. `launch` (lifecycle.py) takes a ready
-one whose key equals its own: the same Python, the same gpuopt-tui code and the same environment variables of those
-that change what torch, transformers and the engines do (WARM_ENV_PREFIXES); otherwise it starts a fresh process as
-before. The hand-over: connect, send the run directory, the launching environment and the launch time, and receive
-the runner's pid and start time once it has taken the run (its output then goes to the run's log and its working
-directory is the run's: core.runs.processes verifies a warm-served run by that). A runner accepts one connection and
-then closes its socket, so only one launch can take it.
+A warm runner lives in `warm_dir()/PID/`: `socket`, where a run is handed over, and `ready.json` (its pid, start
+time, key, owner, expiry, whether to replace it, the model directories it read), written once its imports are done.
+`launch` (lifecycle.py) takes a ready one whose key equals its own: the same Python, the same gpuopt-tui code and
+the same environment variables of those that change what torch, transformers and the engines do
+(WARM_ENV_PREFIXES); one that read the run's model comes first; with none, the run starts a process of its own as
+before. The hand-over: connect, send the run directory and the launching environment, and receive the runner's pid
+and start time once it has taken the run (its output then goes to the run's log and its working directory is the
+run's: core.runs.processes verifies a warm-served run by that). A runner accepts one connection and then closes its
+socket, so only one launch can take it.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.paths import data_dir
 from gpuopt_tui.core.runs.files import read_object
+from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.core.runs.processes import JOB_MODULE, NEUTRAL_CWD, WARM_FLAG, adopt, pid_alive, run_env
 from gpuopt_tui.core.runs.startup import LAUNCHED_AT_ENV, WARM_STARTED_ENV
 
@@ -73,6 +77,7 @@ class WarmRunner:
     owner: int | None
     replace: bool
     minutes: float
+    models: tuple[str, ...] = ()  # model directories it read ahead (jobs/models/preloaded.py)
 
 
 def ready_runners() -> list[WarmRunner]:
@@ -95,17 +100,26 @@ def _runner(folder: Path, record: dict[str, Any] | None) -> WarmRunner | None:
         owner = record.get("owner")
         return WarmRunner(folder, int(record["pid"]), record.get("start_time"), str(record["key"]),
                           None if owner is None else int(owner), bool(record.get("replace")),
-                          float(record.get("minutes", 0)))  # fmt: skip
+                          float(record.get("minutes", 0)), tuple(map(str, record.get("models", ()))))  # fmt: skip
     except (AssertionError, KeyError, TypeError, ValueError):
         return None
 
 
 def start_warm_runner(
-    *, owner: int | None, minutes: float, replace: bool, delay: float = 0.0, env: dict[str, str] | None = None
+    *,
+    owner: int | None,
+    minutes: float,
+    replace: bool,
+    delay: float = 0.0,
+    env: dict[str, str] | None = None,
+    models: tuple[str, ...] = (),
 ) -> int:
     """Start a warm runner in its own session (it outlives the terminal, as runs do); its pid. `owner`: the pid of
-    the process that keeps it (it ends when that one has), None for one kept for `minutes` only."""
+    the process that keeps it (it ends when that one has), None for one kept for `minutes` only; `models`: model
+    directories whose weights it reads ahead."""
     command = [sys.executable, "-m", JOB_MODULE, WARM_FLAG, "--minutes", repr(minutes), "--delay", repr(delay)]
+    for model in models:
+        command += ["--model", str(Path(model).expanduser().resolve())]
     if owner is not None:
         command += ["--owner", str(owner)]
     if replace:
@@ -128,7 +142,9 @@ def take_warm_runner(run_dir: Path, env: dict[str, str]) -> tuple[int, int | Non
     """Hand the run in `run_dir` to a ready warm runner of this launch's key; (its pid, start time), or None when
     none is ready or none took it. A runner that wanted a replacement gets one."""
     key = runner_key(env)
-    for runner in ready_runners():
+    model = _model_of(run_dir)
+    # one that read the run's model ahead first, then one that read none (it holds no other model's memory)
+    for runner in sorted(ready_runners(), key=lambda r: (model not in r.models, bool(r.models))):
         if runner.key != key:
             continue
         taken = _hand_over(runner, run_dir, env)
@@ -137,9 +153,21 @@ def take_warm_runner(run_dir: Path, env: dict[str, str]) -> tuple[int, int | Non
         if runner.replace:
             with contextlib.suppress(OSError):
                 start_warm_runner(owner=runner.owner, minutes=runner.minutes, replace=True,
-                                  delay=REPLACEMENT_DELAY_S, env=env)  # fmt: skip
+                                  delay=REPLACEMENT_DELAY_S, env=env, models=runner.models)  # fmt: skip
         return taken
     return None
+
+
+def _model_of(run_dir: Path) -> str | None:
+    """The model directory of the run's frozen profile (made absolute when the run was created), if it names one."""
+    from gpuopt_tui.core.profiles.io import parse_toml, read_text
+
+    try:
+        model = parse_toml(read_text(RunDir(run_dir).profile), str(run_dir)).get("model", {})
+    except (OSError, UserError):
+        return None
+    path = model.get("path") if isinstance(model, dict) else None
+    return str(Path(path).expanduser().resolve()) if isinstance(path, str) and path else None
 
 
 def _hand_over(runner: WarmRunner, run_dir: Path, env: dict[str, str]) -> tuple[int, int | None] | None:

@@ -327,10 +327,11 @@ def load_causal_lm_adapter(path: Path, device: torch.device) -> CausalLMAdapter:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gpuopt_tui.jobs.models.hf import check_tokenizer, quiet_progress_bars
+    from gpuopt_tui.jobs.models.preloaded import read_model
 
     quiet_progress_bars()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        model = read_model(path, AutoModelForCausalLM)
     except Exception as exc:
         raise UserError(f"{path}: cannot load a causal language model: {exc}") from exc
     try:

@@ -90,6 +90,7 @@ def load_hf_adapter(path: Path, device: torch.device, stage: StageFn = no_stage)
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     from gpuopt_tui.jobs.models.causal_lm import is_causal_lm, load_causal_lm_adapter
+    from gpuopt_tui.jobs.models.preloaded import read_model
 
     if is_causal_lm(path):
         return load_causal_lm_adapter(path, device)
@@ -99,7 +100,7 @@ def load_hf_adapter(path: Path, device: torch.device, stage: StageFn = no_stage)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         import_model_class(config, stage)
         stage(WEIGHTS_STAGE)
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config, local_files_only=True)
+        model = read_model(path, AutoModelForSequenceClassification, config=config)
     except Exception as exc:
         raise UserError(f"{path}: cannot load a sequence-classification model: {exc}") from exc
     stage(TOKENIZER_STAGE)
