@@ -15,7 +15,8 @@ modules are; a first, uncounted round per profile compiles them and builds the d
     python benchmarks/run_startup.py --model-size 30m --device cuda --out benchmarks/results/run_startup_H100.md
 
 `--warm` starts a warm runner (`gpuopt-tui warm`, waited for until it is ready) before each launch and stops the
-one that replaces it after: the start-up of a run handed to a warm runner (core/runs/warm.py).
+one that replaces it after: the start-up of a run handed to a warm runner (core/runs/warm.py). With
+`--warm-model`, the runner also reads the profile's local model ahead (`gpuopt-tui warm --model DIR`).
 
 `--model-size 30m` builds a ~30M-parameter RoBERTa-shaped sequence classifier from a transformers config (random
 weights, its own WordPiece vocabulary) with 64 texts into a temporary local directory and times an attribution
@@ -168,11 +169,14 @@ def startup_profile(events: list[dict[str, Any]]) -> tuple[list[tuple[str, float
     return stages, bool(last), last[0]["t"] if last else None
 
 
-def one_run(profile: str, sets: list[str], env: dict[str, str], source: Path, warm: bool = False) -> dict[str, Any]:
+def one_run(
+    profile: str, sets: list[str], env: dict[str, str], source: Path, warm: bool = False, model: str | None = None
+) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="startup-runs-"))
     base = [sys.executable, "-m", "gpuopt_tui", "--runs-dir", str(runs)]
     if warm:
-        ready = subprocess.run([*base, "warm", "--minutes", "10"], env=env, cwd=source, capture_output=True, text=True)
+        command = [*base, "warm", "--minutes", "10", *(["--model", model] if model else [])]
+        ready = subprocess.run(command, env=env, cwd=source, capture_output=True, text=True)
         if ready.returncode != 0:
             raise SystemExit(f"gpuopt-tui warm failed:\n{ready.stderr}")
     load = os.getloadavg()[0]
@@ -254,6 +258,15 @@ def versions(env: dict[str, str], source: Path) -> str:
     )
 
 
+def _warm_model(args: argparse.Namespace, profile: str) -> str | None:
+    """The local model directory of a profile file, for --warm-model (None for a shipped demo's name)."""
+    if not (args.warm and args.warm_model and profile.endswith(".toml")):
+        return None
+    import tomllib
+
+    return tomllib.loads(Path(profile).read_text())["model"]["path"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", nargs="*", default=None, help=f"profiles to launch (default: {' '.join(DEMOS)})")
@@ -269,6 +282,7 @@ def main() -> int:
         "that they share the machine's load",
     )
     parser.add_argument("--warm", action="store_true", help="a warm runner ready before each launch (see above)")
+    parser.add_argument("--warm-model", action="store_true", help="with --warm: it reads the local model ahead")
     parser.add_argument("--machine", default=platform.node(), help="what to call the machine in the report")
     parser.add_argument("--title", default="", help="a heading for this measurement in the report")
     parser.add_argument("--out", type=Path, help="append the report (markdown) to this file")
@@ -299,11 +313,11 @@ def main() -> int:
     for profile in profiles:
         for src in sources:
             print(f"{profile}: warm-up round (tree {src})", flush=True)
-            one_run(profile, sets, envs[src], src, args.warm)
+            one_run(profile, sets, envs[src], src, args.warm, _warm_model(args, profile))
         rounds: dict[Path, list[dict[str, Any]]] = {src: [] for src in sources}
         for i in range(args.rounds):
             for src in sources:
-                result = one_run(profile, sets, envs[src], src, args.warm)
+                result = one_run(profile, sets, envs[src], src, args.warm, _warm_model(args, profile))
                 loads.append(result["load1"])
                 print(f"{profile}: round {i + 1}, {src}: {result['total']:.2f} s ({result['kind']})", flush=True)
                 rounds[src].append(result)
