@@ -249,3 +249,10 @@ def test_composed_config_edits_the_file_whose_value_wins(tmp_path: Path) -> None
     again = trainconfig.read(root / "config.yaml", overrides=["experiment=big"])
     assert again.require("batch_size").value == 24
     assert again.require("accumulate").value == 4
+
+
+def test_a_merge_key_inside_its_own_anchor_is_a_clear_error() -> None:
+    """ruamel.yaml raises AttributeError on it (found by tests/core/test_planner_fuzz.py): the file and the cause."""
+    text = "defaults: &defaults\n  batch_size: 32\n  <<: *defaults\n"
+    with pytest.raises(UserError, match=r"train\.yaml: YAML the reader cannot build .*merge key"):
+        yamledit.parse(text, "train.yaml")

@@ -164,6 +164,11 @@ def _load(text: str, source: Path | str) -> Any:
         raise UserError(f"{source}: nested too deeply to read") from None
     except ValueError as e:  # an integer of thousands of digits: Python will not convert it
         raise UserError(f"{source}: not a value the planner can read ({e})") from None
+    except (AttributeError, TypeError) as e:  # ruamel.yaml fails so on a merge key (<<) inside its own anchor
+        raise UserError(
+            f"{source}: YAML the reader cannot build ({type(e).__name__}: {e}); a merge key (<<: *name) inside the "
+            "mapping that anchor names does this"
+        ) from None
 
 
 def load(path: Path) -> Any:
