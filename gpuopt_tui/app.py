@@ -77,6 +77,12 @@ class GpuOptCommands(CommandList):
         app: GpuOptApp = self.app  # type: ignore[assignment]
         for screen in SCREENS:
             yield f"Go to {screen.label}", partial(app.action_show, screen.name), screen.help
+        yield (
+            "Keep a warm runner",
+            app.keep_warm_runner,
+            "a process with torch, transformers and the engines imported, so that runs started here skip those "
+            "seconds; it ends when the app does (gpuopt-tui --warm starts with one)",
+        )
         for entry in list_profiles():
             name = f"Run profile {safe_text(entry.name)}"
             if entry.error:  # listed, so that a profile the user expects to see is not silently missing
@@ -140,20 +146,29 @@ class GpuOptApp(BeforeShutdown[int]):
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
         self.warmup.start()
         if self.warm:
-            self._keep_warm_runner()
+            self.keep_warm_runner(delay=True)
 
-    def _keep_warm_runner(self) -> None:
+    def keep_warm_runner(self, delay: bool = False) -> None:
+        """Keep a warm runner from now on (--warm, or the command palette's "Keep a warm runner"); it ends with the
+        app. `delay`: start its imports after the screens' warm-up (on a 2-core machine they would slow the first
+        keys)."""
         from gpuopt_tui.core.runs.warm import WARM_START_DELAY_S, start_warm_runner
 
-        try:  # after the screens' warm-up: on a 2-core machine its imports would slow the first keys
-            pid = start_warm_runner(owner=os.getpid(), minutes=0, replace=True, delay=WARM_START_DELAY_S)
+        if self.warm and not delay:
+            self.notify("a warm runner is kept already (the Runs screen says when it is ready)", title="Warm runner")
+            return
+        try:
+            pid = start_warm_runner(
+                owner=os.getpid(), minutes=0, replace=True, delay=WARM_START_DELAY_S if delay else 0.0
+            )
         except OSError as e:
             self.report_error(f"cannot start a warm runner ({e.strerror or e})", title="Warm runner")
             return
+        self.warm = True
         self.notify(
             f"warm runner {pid}: imports torch, transformers and the engines in the background; runs started here "
             "then skip those seconds (it ends when the app does)",
-            title="--warm",
+            title="Warm runner",
         )
 
     async def before_shutdown(self) -> None:
