@@ -145,22 +145,23 @@ class GpuOptApp(BeforeShutdown[int]):
         logger.info("first frame %.3f s after the process started", self.startup_seconds)
         self.log.info(f"first frame {self.startup_seconds:.3f} s after the process started")
         self.warmup.start()
+        if self.warm:  # after the screens' warm-up: on a 2-core machine its imports would slow the first keys
+            from gpuopt_tui.core.runs.warm import WARM_START_DELAY_S
+
+            self._start_warm_runner(WARM_START_DELAY_S)
+
+    def keep_warm_runner(self) -> None:
+        """The command palette's "Keep a warm runner": one from now on, ending with the app (--warm starts with one)."""
         if self.warm:
-            self.keep_warm_runner(delay=True)
-
-    def keep_warm_runner(self, delay: bool = False) -> None:
-        """Keep a warm runner from now on (--warm, or the command palette's "Keep a warm runner"); it ends with the
-        app. `delay`: start its imports after the screens' warm-up (on a 2-core machine they would slow the first
-        keys)."""
-        from gpuopt_tui.core.runs.warm import WARM_START_DELAY_S, start_warm_runner
-
-        if self.warm and not delay:
             self.notify("a warm runner is kept already (the Runs screen says when it is ready)", title="Warm runner")
             return
+        self._start_warm_runner(0.0)
+
+    def _start_warm_runner(self, delay: float) -> None:
+        from gpuopt_tui.core.runs.warm import start_warm_runner
+
         try:
-            pid = start_warm_runner(
-                owner=os.getpid(), minutes=0, replace=True, delay=WARM_START_DELAY_S if delay else 0.0
-            )
+            pid = start_warm_runner(owner=os.getpid(), minutes=0, replace=True, delay=delay)
         except OSError as e:
             self.report_error(f"cannot start a warm runner ({e.strerror or e})", title="Warm runner")
             return

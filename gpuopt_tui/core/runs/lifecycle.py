@@ -47,7 +47,7 @@ from gpuopt_tui.core.runs.processes import (
 )
 from gpuopt_tui.core.runs.startup import LAUNCHED_AT_ENV
 from gpuopt_tui.core.runs.status import RESUMABLE, RunInfo, RunWatcher, this_host
-from gpuopt_tui.core.runs.warm import ready_runners, take_warm_runner
+from gpuopt_tui.core.runs.warm import take_warm_runner
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import ProfileBase
@@ -125,7 +125,7 @@ def launch(run_dir: Path, launched_at: float | None = None) -> int:
     remove_stale_partial_writes(run_dir)
     env = run_env()
     env[LAUNCHED_AT_ENV] = repr(time.time() if launched_at is None else launched_at)
-    taken = take_warm_runner(run_dir, env) if ready_runners() else None
+    taken = take_warm_runner(run_dir, env)
     pid, start_time = taken or _start_process(run_dir, env)
     record = {"pid": pid, "start_time": start_time, "attempt": attempt, "host": this_host(), "warm": bool(taken)}
     try:

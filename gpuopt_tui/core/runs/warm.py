@@ -141,10 +141,13 @@ def start_warm_runner(
 def take_warm_runner(run_dir: Path, env: dict[str, str]) -> tuple[int, int | None] | None:
     """Hand the run in `run_dir` to a ready warm runner of this launch's key; (its pid, start time), or None when
     none is ready or none took it. A runner that wanted a replacement gets one."""
+    runners = ready_runners()
+    if not runners:  # the usual case: nothing to compare the key with
+        return None
     key = runner_key(env)
     model = _model_of(run_dir)
     # one that read the run's model ahead first, then one that read none (it holds no other model's memory)
-    for runner in sorted(ready_runners(), key=lambda r: (model not in r.models, bool(r.models))):
+    for runner in sorted(runners, key=lambda r: (model not in r.models, bool(r.models))):
         if runner.key != key:
             continue
         taken = _hand_over(runner, run_dir, env)

@@ -259,13 +259,9 @@ class FactoredGradients:
         """x [..., dim] -> [..., k] along `axis` of parameter `name` (x itself when that side is exact), in the
         engine's dtype; a bf16/fp16 x is multiplied in its own precision (the module docstring says why). One
         matrix product of the flattened tokens: this runs for every chosen tensor twice a micro-batch."""
-        k = self.sizes[name][axis]
-        dim = self.shapes[name][axis]
-        if k == dim:
+        if self.sizes[name][axis] == self.shapes[name][axis]:
             return x.to(self.dtype)
-        factor = self._factor(name, axis, x.dtype)
-        out = torch.mm(x.reshape(-1, dim).to(factor.dtype), factor).view(*x.shape[:-1], k)
-        return out.to(self.dtype)
+        return self._times(x, self._factor(name, axis, x.dtype))
 
     def _times(self, x: Tensor, matrix: Tensor) -> Tensor:
         """x [..., dim] @ matrix [dim, k], in x's precision when bf16/fp16 (as `_project`), in the engine's dtype."""

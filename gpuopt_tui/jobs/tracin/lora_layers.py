@@ -96,11 +96,10 @@ def _plain(module: nn.Module) -> bool:
         if module.merged or module.disable_adapters or len(adapters) != 1:
             return False
         adapter = adapters[0]
-        variant = adapter in getattr(module, "lora_variant", {}) or module.use_dora.get(adapter, False)
         dropout = module.lora_dropout[adapter]
         return (
             adapter in module.lora_A
-            and not variant
+            and not _has_variant(module)
             and not getattr(module, "lora_bias", {}).get(adapter, False)
             and module.lora_B[adapter].bias is None
             and (isinstance(dropout, nn.Identity) or not dropout.training)

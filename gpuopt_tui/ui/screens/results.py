@@ -205,8 +205,8 @@ class ResultsOpener:
         self.app = app
         self._recent: OrderedDict[str, Preread] = OrderedDict()  # by run id, the latest opened last
         self._reads: dict[str, Future[Preread | None]] = {}  # by run id, the reads going on
-        self._waiting: tuple[object, Screen[object], RunInfo, str] | None = None  # an opening waiting for its read
-        self._pending: object | None = None  # the opening waiting for its read
+        self._waiting: tuple[object, Screen[object], RunInfo, str] | None = None  # what `_show` needs, once read
+        self._pending: object | None = None  # the latest opening's token: no other may be shown any more
 
     def open(self, info: RunInfo, nav: str) -> None:
         """Show the results of `info` over the current screen, the navigation bar showing `nav`."""
