@@ -129,6 +129,25 @@ async def test_a_plan_run_opens_in_its_view(frozen_runs: Path) -> None:
         assert f"closed-form estimate of {plan['model']}" in flat_text(app)
 
 
+async def test_a_run_opened_while_its_screen_made_ahead_mounts_is_shown(
+    frozen_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up makes a kind's results screen next when one of its runs is highlighted: the user may open the run
+    before that screen has mounted its widgets; the opening then shows the run once they are."""
+    monkeypatch.setattr(ScreenWarmup, "prefer_results", lambda self, kind: None)  # made here instead
+    monkeypatch.setattr(ScreenWarmup, "_results_steps", lambda self: iter(()))
+    run_id = RUNS["plan"]
+    app = make_app(screen="runs")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: any(r.id == run_id for r in app.runs.runs))
+        made = app.results_opener.prepare("plan")  # made ahead, not mounted
+        assert not made.is_mounted
+        app.open_results(run_id)
+        await wait_for(pilot, lambda: app.screen is made and made.is_mounted)
+        await wait_for(pilot, lambda: made.view.query_one(PlanView).plan is not None)
+        assert made.run_id == run_id and run_id in flat_text(app)
+
+
 async def test_enter_on_the_dashboard_opens_any_past_run(frozen_runs: Path) -> None:
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

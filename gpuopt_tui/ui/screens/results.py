@@ -94,6 +94,7 @@ class ResultsScreen(AppScreen):
         self._kind = info.kind if info is not None else kind
         self._nav = nav
         self._preread = preread
+        self._mounted = False  # set by on_mount: a run given before (show_run) is shown by it
 
     @property
     def nav_name(self) -> str:
@@ -116,7 +117,9 @@ class ResultsScreen(AppScreen):
     def show_run(self, info: RunInfo, nav: str, preread: Preread | None) -> None:
         """Show another run of the same kind (before this screen, kept from an earlier opening, is shown again):
         its widgets are drawn again, none is made; the focus goes where a first opening puts it."""
-        self.info, self.run_id, self._nav = info, info.id, nav
+        self.info, self.run_id, self._nav, self._preread = info, info.id, nav, preread
+        if not self._mounted:  # made ahead and still mounting: on_mount shows the run
+            return
         self.query_one(NavBar).set_active(nav)
         self.view.preread = preread
         self._show(info)
@@ -129,7 +132,10 @@ class ResultsScreen(AppScreen):
         self.set_focus(next((w for w in self.query(auto_focus or "*") if w.focusable), None) if auto_focus else None)
 
     def on_mount(self) -> None:
-        if self.run_id:
+        self._mounted = True
+        if self.run_id:  # made for a run, or made ahead and given one while it mounted
+            self.query_one(NavBar).set_active(self._nav)
+            self.view.preread = self._preread
             self._show(self.info)
         else:  # made ahead: focused as when shown, so that showing it restyles nothing
             self._focus_as_first_shown()
