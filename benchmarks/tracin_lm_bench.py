@@ -4,7 +4,7 @@ The base model is built from a config of a public checkpoint's shapes (--shape; 
 lm_attribution.py builds it: no download) with lm_attribution.py's word-level tokenizer, and saved with it as a local
 model directory (in --base-dtype, as a released checkpoint is) that the run loads through `model.path`. The data:
 --tasks tasks, each with its own topic words and rule; a row is a prompt (a task marker word, then words of the
-task's topic) and a completion (the prompt's last words mapped by the task's rule), about --tokens tokens in all; a
+task's topic) and a completion (from the prompt's last word on, each word the one before shifted by the task's step), about --tokens tokens in all; a
 share --flipped of the training rows has a completion made by another task's rule (wrong). Two query sets of
 --queries rows each, drawn apart from the training rows and each other.
 
@@ -59,8 +59,8 @@ from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
 from gpuopt_tui.jobs.tracin.job import flipped_auc
 
 ROWS = ("cold", "cached", "exact")
-META_ARGS = ("shape", "base_dtype", "train", "tokens", "queries", "tasks", "flipped", "rank", "projection", "batch",
-             "note")  # fmt: skip
+META_ARGS = ("shape", "base_dtype", "train", "tokens", "queries", "tasks", "words", "flipped", "rank", "projection",
+             "batch", "note")  # fmt: skip
 GOAL_TRAIN = 100_000  # issue 35's training set
 QUICK = {"shape": "tiny", "train": 64, "tokens": 40, "queries": 8, "rank": 8, "steps": 3, "train_batch": 4,
          "exact_train": 24, "exact_queries": 4, "projection": 4, "tasks": 4, "lr": 1e-3}  # fmt: skip
@@ -69,8 +69,9 @@ QUICK = {"shape": "tiny", "train": 64, "tokens": 40, "queries": 8, "rank": 8, "s
 # --- data ---------------------------------------------------------------------------------------------------------
 def make_rows(n: int, args: argparse.Namespace, n_words: int, seed: int, flipped: float) -> list[dict[str, Any]]:
     """Prompt + completion rows of --tasks tasks. Words w0..w{tasks-1} mark the task; the rest are cut into one
-    topic per task. A prompt is its task's marker and words of its topic; the completion maps the prompt's last
-    words through the task's rule (a shift within the topic), or, in a `flipped` share of rows, another task's."""
+    topic per task. A prompt is its task's marker and words of its topic; the completion continues from the prompt's
+    last word by the task's rule (each word the one before shifted by the task's step within the topic), or, in a
+    `flipped` share of rows, by another task's."""
     gen = torch.Generator().manual_seed(seed)
     topic = (n_words - args.tasks) // args.tasks
     completion = max(2, args.tokens // 8)
@@ -83,7 +84,7 @@ def make_rows(n: int, args: argparse.Namespace, n_words: int, seed: int, flipped
         )
         is_flipped = i < round(flipped * n)  # the first rows, then shuffled into place below
         rule = (task + 1 + int(torch.randint(args.tasks - 1, (1,), generator=gen))) % args.tasks if is_flipped else task
-        shifted = (words[-completion:] + 1 + 3 * rule) % topic
+        shifted = (words[-1] + (1 + 3 * rule) * torch.arange(1, completion + 1)) % topic
         base = args.tasks + task * topic
         rows.append({
             "prompt": " ".join([f"w{task}", *(f"w{base + int(w)}" for w in words)]),
@@ -180,8 +181,10 @@ def train_adapters(
 
 # --- runs through the CLI -------------------------------------------------------------------------------------------
 def write_profile(path: Path, args: argparse.Namespace, files: dict[str, Path], checkpoints: list[dict[str, Any]],
-                  queries: Path, n_train: int = 0, n_test: int = 0) -> Path:  # fmt: skip
-    """A TracIn profile as a user would write it for this setup (n_train, n_test: 0 = all rows)."""
+                  queries: Path, n_train: int = 0, n_test: int = 0, projection: int = 0) -> Path:  # fmt: skip
+    """A TracIn profile as a user would write it for this setup (n_train, n_test: 0 = all rows; projection: 0 =
+    --projection)."""
+    projection = projection or args.projection
     listed = ",\n  ".join(f'{{ path = "{c["path"]}", lr = {c["lr"]!r} }}' for c in checkpoints)
     path.write_text(
         f"""kind = "tracin"
@@ -211,8 +214,8 @@ n_train = {n_train}
 n_test = {n_test}
 layers = "auto"
 method = "factored"
-projection_in = {args.projection}
-projection_out = {args.projection}
+projection_in = {projection}
+projection_out = {projection}
 train_cache = true
 amp_dtype = "bf16"
 batch_size = {args.batch}
@@ -412,7 +415,7 @@ def measure(args: argparse.Namespace, device: torch.device, report: Any) -> None
     work = args.work or Path(tempfile.mkdtemp(prefix="tracin-lm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     home, cache = work / "home", work / "home" / "cache" / "tracin-gradients"
-    n_words = min(30000, SHAPES[args.shape]["vocab_size"] - len(SPECIAL))
+    n_words = args.words or min(30000, SHAPES[args.shape]["vocab_size"] - len(SPECIAL))
     train = make_rows(args.train, args, n_words, seed=1, flipped=args.flipped)
     sets = [make_rows(args.queries, args, n_words, seed=s, flipped=0.0) for s in (2, 3)]
     files = {"model": work / "model", "train": write_jsonl(work / "train.jsonl", train)}
@@ -448,35 +451,40 @@ def measure(args: argparse.Namespace, device: torch.device, report: Any) -> None
         report.add(run_row(name, cached, len(train), args.queries, cache)
                    | influence_sanity(cached["results"], train, sets[1]))  # fmt: skip
     if "exact" in args.rows:
-        report.add(
-            agreement(args, model.to(device), tokenizer, checkpoints, train, sets[0], files, queries, cold, work)
-        )
+        for row in agreement(
+            args, model.to(device), tokenizer, checkpoints, train, sets[0], files, queries, cold, work
+        ):
+            report.add(row)
 
 
 def agreement(
     args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, checkpoints: list[dict[str, Any]],
     train: list[dict[str, Any]], queries: list[dict[str, Any]], files: dict[str, Path], query_files: list[Path],
     cold: dict[str, Any] | None, work: Path,
-) -> dict[str, Any]:  # fmt: skip
-    """The exact row: the run's scores on the subset against exact fp32 LoRA-gradient TracIn."""
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The exact rows: exact fp32 LoRA-gradient TracIn on the subset, against the run's scores at each projection of
+    --exact-projections (the cold run's for --projection, else a small CLI run on the subset)."""
     n, q = min(args.exact_train, len(train)), min(args.exact_queries, len(queries))
-    source = "the cold run's score matrix"
-    if cold is None:  # a small run of the CLI on the subset
-        profile = write_profile(work / "tracin-lm-subset.toml", args, files, checkpoints, query_files[0], n, q)
-        cold = cli_run(profile, work / "home", work / "subset.log")
-        source = "a CLI run on the subset (empty cache for it)"
-    ours = run_matrix(cold["results"], n, q)
     start = time.perf_counter()
     exact, cosine = exact_scores(model, tokenizer, checkpoints, train[:n], queries[:q])
     seconds = time.perf_counter() - start
-    rho = spearman_per_query(ours, exact)
-    return {
-        "row": f"exact: fp32 LoRA-gradient TracIn on {n} train x {q} queries (ours from {source})",
-        "train": n, "queries": q, "wall": seconds, "examples_per_s": n * len(checkpoints) / seconds,
-        "spearman_median": float(rho.median()), "spearman_min": float(rho.min()),
-        "spearman_mean": float(rho.mean()), "top10_overlap": top_k_overlap(ours, exact, 10),
-        "cosine_median": cosine, "resolution": cold["summary"]["gradient_size"] ** -0.5,
-    }  # fmt: skip
+    rows = []
+    for k in args.exact_projections or [args.projection]:
+        run, source = cold, "the cold run's score matrix"
+        if run is None or k != args.projection:
+            profile = write_profile(work / f"tracin-lm-subset-{k}.toml", args, files, checkpoints, query_files[0], n, q,
+                                    projection=k)  # fmt: skip
+            run, source = cli_run(profile, work / "home", work / f"subset-{k}.log"), "a CLI run on the subset"
+        ours = run_matrix(run["results"], n, q)
+        rho = spearman_per_query(ours, exact)
+        rows.append({
+            "row": f"exact: fp32 LoRA-gradient TracIn on {n} train x {q} queries against {k} x {k} (ours from {source})",
+            "train": n, "queries": q, "wall": seconds, "examples_per_s": n * len(checkpoints) / seconds,
+            "spearman_median": float(rho.median()), "spearman_min": float(rho.min()),
+            "spearman_mean": float(rho.mean()), "top10_overlap": top_k_overlap(ours, exact, 10),
+            "cosine_median": cosine, "resolution": run["summary"]["gradient_size"] ** -0.5,
+        })  # fmt: skip
+    return rows
 
 
 class Report:
@@ -536,7 +544,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             else ""
         ),
         f"- data: {meta['train']} training rows of about {meta['tokens']} tokens (prompt + completion; {meta['tasks']} "
-        f"tasks, {meta['flipped']:.0%} with a wrong completion), query sets of {meta['queries']} rows",
+        f"tasks, {meta['flipped']:.0%} with a wrong completion; "
+        f"{meta.get('words') or 'min(30000, the vocabulary)'} words), query sets of {meta['queries']} rows",
         f"- run: `gpuopt-tui run` (method = factored, {meta['projection']} x {meta['projection']} per LoRA matrix, "
         f"bf16 autocast, train_cache = true, batch_size = {meta['batch']}); wall = the whole command (start-up, model "
         "load, query gradients, writing results); scoring = its summary's compute_seconds",
@@ -588,6 +597,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=512, help="tokens per row, prompt + completion (about)")
     p.add_argument("--queries", type=int, default=256, help="rows of each of the two query sets")
     p.add_argument("--tasks", type=int, default=8)
+    p.add_argument(
+        "--words", type=int, default=0, help="words of the data and tokenizer (default: min(30000, the vocabulary))"
+    )
     p.add_argument("--flipped", type=float, default=0.03, help="share of training rows with a wrong completion")
     p.add_argument("--rank", type=int, default=128, help="LoRA rank")
     p.add_argument("--steps", type=int, default=10, help="AdamW steps before each adapter checkpoint")
@@ -601,6 +613,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch",
         default="32",
         help='tracin.batch_size: examples per micro-batch, or "auto"',
+    )
+    p.add_argument(
+        "--exact-projections",
+        type=lambda v: [int(k) for k in v.split(",")],
+        default=[],
+        help="comma-separated projection sizes compared with the exact scores (default: --projection)",
     )
     p.add_argument("--exact-train", type=int, default=512)
     p.add_argument("--exact-queries", type=int, default=16)
