@@ -181,10 +181,10 @@ def train_adapters(
 
 # --- runs through the CLI -------------------------------------------------------------------------------------------
 def write_profile(path: Path, args: argparse.Namespace, files: dict[str, Path], checkpoints: list[dict[str, Any]],
-                  queries: Path, n_train: int = 0, n_test: int = 0, projection: int = 0) -> Path:  # fmt: skip
-    """A TracIn profile as a user would write it for this setup (n_train, n_test: 0 = all rows; projection: 0 =
-    --projection)."""
-    projection = projection or args.projection
+                  queries: Path, n_train: int = 0, n_test: int = 0, projection: int | None = None) -> Path:  # fmt: skip
+    """A TracIn profile as a user would write it for this setup (n_train, n_test: 0 = all rows; projection: None =
+    --projection, 0 = exact gradients)."""
+    projection = args.projection if projection is None else projection
     listed = ",\n  ".join(f'{{ path = "{c["path"]}", lr = {c["lr"]!r} }}' for c in checkpoints)
     path.write_text(
         f"""kind = "tracin"
@@ -547,7 +547,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"tasks, {meta['flipped']:.0%} with a wrong completion; "
         f"{meta.get('words') or 'min(30000, the vocabulary)'} words), query sets of {meta['queries']} rows",
         f"- run: `gpuopt-tui run` (method = factored, {meta['projection']} x {meta['projection']} per LoRA matrix, "
-        f"bf16 autocast, train_cache = true, batch_size = {meta['batch']}); wall = the whole command (start-up, model "
+        f"bf16 autocast on a GPU (fp32 on the CPU), train_cache = true, batch_size = {meta['batch']}); wall = the whole command (start-up, model "
         "load, query gradients, writing results); scoring = its summary's compute_seconds",
         "- scaled down: the 100k column is an extrapolation, linear in the training rows (fixed part + scoring x "
         f"100000 / {meta['train']}), not a measurement; for a row whose training gradients came from the cache an "
