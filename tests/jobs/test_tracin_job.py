@@ -106,6 +106,7 @@ def test_run_writes_results_that_match_the_library(project: Path, tmp_path: Path
     summary = run_job(profile, context(run_dir, tmp_path))
     results = RunDir(run_dir).results
     assert summary["n_scored"] == 12 and summary["train_examples_per_s"] > 0
+    assert "flipped_label_auc" not in summary  # the data marks no flipped labels: no line saying None
 
     adapter = load_hf_adapter(project / "model", torch.device("cpu"))
     train = load_dataset(profile.data, adapter, path=project / "train.jsonl")

@@ -42,11 +42,11 @@ from .conftest import (
 )
 
 
-def cli_run(home: Path, *settings: str) -> Path:
-    """A finished TracIn run of the demo profile on the CPU with these `--set` values, made by `gpuopt-tui run`
-    with `home` as its data directory."""
+def cli_run(home: Path, *settings: str, profile: str = "demo-tracin") -> Path:
+    """A finished TracIn run of a shipped demo profile on the CPU with these `--set` values, made by `gpuopt-tui
+    run` with `home` as its data directory."""
     env = dict(os.environ, GPUOPT_TUI_HOME=str(home), GPUOPT_TUI_RUNS_DIR=str(home / "runs"), OMP_NUM_THREADS="1")
-    command = ["run", "demo-tracin", "--set", "run.device=cpu", *(f"--set={value}" for value in settings)]
+    command = ["run", profile, "--set", "run.device=cpu", *(f"--set={value}" for value in settings)]
     done = subprocess.run(
         [sys.executable, "-m", "gpuopt_tui", *command], env=env, capture_output=True, text=True, timeout=300
     )
@@ -318,44 +318,77 @@ async def test_dataset_ranking_tab_lists_the_ranking_the_run_wrote(factored_run:
         assert f"train {ranked[1]['index']} · {N_TEST} test examples" in detail and ranked[1]["text"] in detail
 
 
-async def test_dataset_ranking_of_a_language_model_shows_completions(run_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo causal LM's TracIn profile (prompt and completion rows, completion-only loss) on 8 test x 200
+    training rows."""
+    home = tmp_path_factory.mktemp("tracin-lm-home")
+    return cli_run(home, "tracin.n_test=8", "tracin.n_train=200", profile="demo-tracin-lm")
+
+
+async def test_a_language_model_run_shows_prompts_completions_and_losses(lm_run: Path, runs_root: Path) -> None:
+    """Every tab of a causal LM's run shows an example as its completion and prompt (no label), and each test
+    example its completion loss."""
+    shutil.copytree(lm_run, runs_root / lm_run.name)
+    results = lm_run / "results"
+    records, ranked = jsonl(results / "influence.jsonl"), jsonl(results / "self_influence.jsonl")
+    dataset = jsonl(results / "dataset_ranking.jsonl")
+    assert all(r["completion"] and r["label"] is None for r in records)
+    app = make_app(screen="tracin")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: table(pilot, "#tracin-tests").row_count == len(records))
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        tests = table(pilot, "#tracin-tests")
+        assert [str(c.label) for c in tests.columns.values()] == ["test", "loss", "completion", "prompt"]
+        assert rows(tests) == [
+            [str(r["index"]), f"{r['completion_loss']:.4g}", r["completion"], r["text"]] for r in records
+        ]
+        first = records[0]
+        assert widget_text(app, "#tracin-test-detail") == (
+            f"test {first['index']} · prompt {first['text']} · completion {first['completion']}"
+        )
+        proponents = table(pilot, "#tracin-proponents")
+        assert [str(c.label) for c in proponents.columns.values()] == ["score", "train", "completion", "prompt"]
+        assert rows(proponents) == [
+            [score_text(n["score"]), str(n["index"]), n["completion"], n["text"]] for n in first["proponents"]
+        ]
+        all_positive = all(n["score"] >= 0 for n in first["opponents"])  # the file's signs say which title
+        assert widget_text(app, "#tracin-opponents-title").startswith("Lowest scores" if all_positive else "Opponents")
+        await show_tab(pilot, "tracin-self-tab")
+        ranking = table(pilot, "#tracin-self")
+        assert [str(c.label) for c in ranking.columns.values()] == ["rank", "score", "train", "completion", "prompt"]
+        assert rows(ranking)[0][2:] == [str(ranked[0]["index"]), ranked[0]["completion"], ranked[0]["text"]]
+        await show_tab(pilot, "tracin-dataset-tab")
+        assert rows(table(pilot, "#tracin-dataset"))[0][3:] == [
+            str(dataset[0]["index"]),
+            dataset[0]["completion"],
+            dataset[0]["text"],
+        ]
+        assert widget_text(app, "#tracin-dataset-detail") == (
+            f"train {dataset[0]['index']} · {dataset[0]['n_queries']} test examples · prompt {dataset[0]['text']} · "
+            f"completion {dataset[0]['completion']}"
+        )
+
+
+async def test_a_dataset_ranking_in_the_csv_only_shows_unscored_examples(run_dir: Path) -> None:
     """A causal LM's rows (as the job writes them: no label, a completion; one example no test example was scored
     against) in the CSV only."""
     rows_written = [
-        {
-            "rank": 1,
-            "index": 4,
-            "mean_influence": 0.25,
-            "max_influence": 1.5,
-            "n_queries": 2,
-            "text": "the cat sat on",
-            "completion": "the mat",
-        },
-        {
-            "rank": 2,
-            "index": 0,
-            "mean_influence": None,
-            "max_influence": None,
-            "n_queries": 0,
-            "text": "a dog",
-            "completion": "ran, fast",
-        },
-    ]
+        {"rank": 1, "index": 4, "mean_influence": 0.25, "max_influence": 1.5, "n_queries": 2,
+         "text": "the cat sat on", "completion": "the mat"},
+        {"rank": 2, "index": 0, "mean_influence": None, "max_influence": None, "n_queries": 0,
+         "text": "a dog", "completion": "ran, fast"},
+    ]  # fmt: skip
     write_csv(run_dir / "results" / "dataset_ranking.csv", rows_written)
     app = make_app(screen="tracin")
     async with app.run_test(size=(120, 40)) as pilot:
         await open_results(pilot)
         await show_tab(pilot, "tracin-dataset-tab")
-        ranking = table(pilot, "#tracin-dataset")
-        assert [str(c.label) for c in ranking.columns.values()][4] == "completion"
-        assert rows(ranking) == [
+        assert rows(table(pilot, "#tracin-dataset")) == [
             ["1", score_text(0.25), score_text(1.5), "4", "the mat", "the cat sat on"],
             ["2", "-", "-", "0", "ran, fast", "a dog"],
         ]
-        assert (
-            widget_text(app, "#tracin-dataset-detail")
-            == "train 4 · 2 test examples · completion the mat · the cat sat on"
-        )
 
 
 async def test_a_run_without_a_dataset_ranking_hides_its_tab(run_dir: Path) -> None:

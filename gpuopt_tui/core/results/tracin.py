@@ -2,7 +2,8 @@
 
 - influence.jsonl: one line per test example: index, text, label, the model's prediction at the last checkpoint
   with its probability and the label's (absent from older runs), and its `proponents` and `opponents`
-  (training index, score, text, label), strongest first.
+  (training index, score, text, label), strongest first. A causal LM's examples add `completion` (`text` is the
+  prompt), and each test example its `completion_loss`.
 - self_influence.jsonl, and the same rows in self_influence.csv: every scored training example ranked by
   self-influence, highest first; `flipped` only where the data marks deliberately flipped labels (the demo).
 - dataset_ranking.jsonl, and the same rows in dataset_ranking.csv: every scored training example ranked by its mean
@@ -70,6 +71,7 @@ class Neighbour:
     score: float
     text: str
     label: int | None
+    completion: str | None = None  # a causal LM's example: `text` is its prompt
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class InfluenceRecord:
     prediction: int | None = None  # the class the model at the last checkpoint predicts; None in older runs
     probability: float | None = None  # of the prediction
     label_probability: float | None = None  # of the label
+    completion: str | None = None  # a causal LM's example: `text` is its prompt
+    completion_loss: float | None = None  # its loss at the last checkpoint (a causal LM's)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class RankedExample:
     text: str
     label: int | None
     flipped: bool | None  # the data's own mark of a deliberately flipped label; None when it has none
+    completion: str | None = None  # a causal LM's example: `text` is its prompt
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,12 @@ class DatasetRanked:
     label: int | None
 
 
+def _completion(row: Mapping[str, Any], name: str) -> str | None:
+    """A causal LM example's completion (None for a classifier's example)."""
+    value = row.get("completion")
+    return None if value is None else as_text(value, name)
+
+
 def _neighbours(value: Any, name: str) -> tuple[Neighbour, ...]:
     if not isinstance(value, list):
         raise RecordError(f"{name}: expected a list, found {type(value).__name__}")
@@ -128,6 +139,7 @@ def _neighbours(value: Any, name: str) -> tuple[Neighbour, ...]:
                 score=as_float(get_field(item, "score"), f"{where}.score"),
                 text=as_text(get_field(item, "text"), f"{where}.text"),
                 label=as_label(item.get("label"), f"{where}.label"),
+                completion=_completion(item, f"{where}.completion"),
             )
         )
     return tuple(out)
@@ -143,6 +155,8 @@ def parse_influence(row: Mapping[str, Any]) -> InfluenceRecord:
         prediction=as_label(row.get("prediction"), "prediction"),
         probability=as_optional_float(row.get("probability"), "probability"),
         label_probability=as_optional_float(row.get("label_probability"), "label_probability"),
+        completion=_completion(row, "completion"),
+        completion_loss=as_optional_float(row.get("completion_loss"), "completion_loss"),
     )
 
 
@@ -154,11 +168,11 @@ def parse_ranked(row: Mapping[str, Any]) -> RankedExample:
         text=as_text(get_field(row, "text"), "text"),
         label=as_label(row.get("label"), "label"),
         flipped=as_flag(row.get("flipped"), "flipped"),
+        completion=_completion(row, "completion"),
     )
 
 
 def parse_dataset_ranked(row: Mapping[str, Any]) -> DatasetRanked:
-    completion = row.get("completion")
     return DatasetRanked(
         rank=as_int(get_field(row, "rank"), "rank"),
         index=as_int(get_field(row, "index"), "index"),
@@ -166,7 +180,7 @@ def parse_dataset_ranked(row: Mapping[str, Any]) -> DatasetRanked:
         max=as_optional_float(get_field(row, "max_influence"), "max_influence"),
         n_queries=as_int(get_field(row, "n_queries"), "n_queries"),
         text=as_text(get_field(row, "text"), "text"),
-        completion=None if completion is None else as_text(completion, "completion"),
+        completion=_completion(row, "completion"),
         label=as_label(row.get("label"), "label"),
     )
 

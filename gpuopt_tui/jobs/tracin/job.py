@@ -381,7 +381,7 @@ def _write_results(
     return {
         "n_scored": stats["n_scored"],
         "train_examples_per_s": rate,
-        "flipped_label_auc": auc,
+        **({"flipped_label_auc": auc} if auc is not None else {}),  # only where the data marks flipped labels
         "training_gradients": preconditioning.text if preconditioning else _training_gradients("off"),
     }
 

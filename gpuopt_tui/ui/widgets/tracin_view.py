@@ -62,6 +62,43 @@ def prediction_text(record: InfluenceRecord, name: Callable[[int | None], str]) 
     return name(record.prediction) + ("" if record.probability is None else f" ({record.probability:.2f})")
 
 
+def is_lm(records: Sequence[InfluenceRecord | Neighbour | RankedExample | DatasetRanked]) -> bool:
+    """Whether the examples are a causal LM's (prompt and completion) rather than a classifier's (text and label)."""
+    return any(r.completion is not None for r in records)
+
+
+def example_columns(lm: bool) -> tuple[str, str]:
+    """The names of an example's two columns: what it is trained to give, and its input."""
+    return ("completion", "prompt") if lm else ("label", "text")
+
+
+def example_cells(
+    text: str, completion: str | None, label: int | None, name: Callable[[int | None], str] = label_text
+) -> tuple[str, str]:
+    """An example's two cells: its completion (a causal LM's) or label, and its prompt or text."""
+    target = cut(completion, TEXT_CELL // 2) if completion is not None else name(label)
+    return target, cut(text)
+
+
+def example_detail(text: str, completion: str | None, label: int | None) -> str:
+    """An example in full, for the line under a table."""
+    if completion is not None:
+        return f"prompt {text} · completion {completion}"
+    return f"label {label_text(label)} · {text}"
+
+
+def neighbours_title(side: str, neighbours: Sequence[Neighbour]) -> str:
+    """The title over a test example's proponents or opponents: TracIn's sign says whether a training example
+    lowered (positive) or raised (negative) its loss; where every listed one has the other sign, none did."""
+    if side == "proponents":
+        if neighbours and all(n.score <= 0 for n in neighbours):
+            return "Highest scores (no training example lowered its loss: every score is 0 or below)"
+        return "Proponents (training that lowered its loss)"
+    if neighbours and all(n.score >= 0 for n in neighbours):
+        return "Lowest scores (no training example raised its loss: every score is 0 or above)"
+    return "Opponents (training that raised its loss)"
+
+
 def score_text(score: float) -> str:
     return f"{score:+.4e}"
 
@@ -265,9 +302,9 @@ class TracInResultsView(RunResults):
                     "Test examples",
                     PagedTable[InfluenceRecord](id="tracin-tests"),
                     Static("", id="tracin-test-detail", classes="tracin-note", markup=False),
-                    Static("Proponents (training that lowered its loss)", classes="tracin-title"),
+                    Static(neighbours_title("proponents", ()), id="tracin-proponents-title", classes="tracin-title"),
                     DataTable[Text](id="tracin-proponents", cursor_type="row"),
-                    Static("Opponents (training that raised its loss)", classes="tracin-title"),
+                    Static(neighbours_title("opponents", ()), id="tracin-opponents-title", classes="tracin-title"),
                     DataTable[Text](id="tracin-opponents", cursor_type="row"),
                     id="tracin-tests-tab",
                 ),
@@ -360,10 +397,19 @@ class TracInResultsView(RunResults):
         results = loaded.results
         name = results.summary.label_name if results.summary else label_text
 
-        def test_row(record: InfluenceRecord) -> tuple[Text, ...]:
-            return cells(str(record.index), name(record.label), prediction_text(record, name), cut(record.text))
+        if is_lm(loaded.tests):
+            columns = ("test", "loss", *example_columns(lm=True))
 
-        tests.attach(("test", "label", "predicted", "text"), results.influence, loaded.n_tests, loaded.tests, test_row)
+            def test_row(record: InfluenceRecord) -> tuple[Text, ...]:
+                loss = "-" if record.completion_loss is None else f"{record.completion_loss:.4g}"
+                return cells(str(record.index), loss, *example_cells(record.text, record.completion, record.label))
+        else:
+            columns = ("test", "label", "predicted", "text")
+
+            def test_row(record: InfluenceRecord) -> tuple[Text, ...]:
+                return cells(str(record.index), name(record.label), prediction_text(record, name), cut(record.text))
+
+        tests.attach(columns, results.influence, loaded.n_tests, loaded.tests, test_row)
         self._show_test(tests.current)
         self._show_ranking(loaded)
         self._show_dataset(loaded)
@@ -374,22 +420,25 @@ class TracInResultsView(RunResults):
 
     def _show_test(self, record: InfluenceRecord | None) -> None:
         if record is not None:
-            detail = f"test {record.index} · label {label_text(record.label)} · {record.text}"
+            detail = f"test {record.index} · {example_detail(record.text, record.completion, record.label)}"
         elif self.loaded is not None and self.loaded.results.influence is None:
             detail = "No influence.jsonl in this run."
         else:
             detail = ""
         self.query_one("#tracin-test-detail", Static).update(detail)
-        for table_id, neighbours in (
-            ("#tracin-proponents", record.proponents if record else ()),
-            ("#tracin-opponents", record.opponents if record else ()),
+        for side, neighbours in (
+            ("proponents", record.proponents if record else ()),
+            ("opponents", record.opponents if record else ()),
         ):
-            self._fill_neighbours(self.query_one(table_id, DataTable), neighbours)
+            self.query_one(f"#tracin-{side}-title", Static).update(neighbours_title(side, neighbours))
+            self._fill_neighbours(self.query_one(f"#tracin-{side}", DataTable), neighbours)
 
     @staticmethod
     def _fill_neighbours(table: DataTable[Text], neighbours: Sequence[Neighbour]) -> None:
-        rows = [cells(score_text(n.score), str(n.index), label_text(n.label), cut(n.text)) for n in neighbours]
-        fill(table, ("score", "train", "label", "text"), rows)
+        rows = [
+            cells(score_text(n.score), str(n.index), *example_cells(n.text, n.completion, n.label)) for n in neighbours
+        ]
+        fill(table, ("score", "train", *example_columns(is_lm(neighbours))), rows)
 
     def _show_ranking(self, loaded: TracInFiles) -> None:
         marked = any(r.flipped is not None for r in loaded.ranked)
@@ -402,18 +451,22 @@ class TracInResultsView(RunResults):
                 f"{loaded.n_ranked:,} training examples, highest self-influence first: mislabeled examples tend to "
                 "rank high." + (" 'flipped': the data marks this label as flipped on purpose." if marked else "")
             )
-        columns = ("rank", "score", "train", "label", *(("flipped",) if marked else ()), "text")
+        target, text = example_columns(is_lm(loaded.ranked))
+        columns = ("rank", "score", "train", target, *(("flipped",) if marked else ()), text)
 
         def row(r: RankedExample) -> tuple[Text, ...]:
             flag = ("flipped" if r.flipped else "",) if marked else ()
-            return cells(str(r.rank), f"{r.score:.4e}", str(r.index), label_text(r.label), *flag, cut(r.text))
+            target, text = example_cells(r.text, r.completion, r.label)
+            return cells(str(r.rank), f"{r.score:.4e}", str(r.index), target, *flag, text)
 
         table = self.query_one("#tracin-self", PagedTable)
         table.attach(columns, ranking, loaded.n_ranked, loaded.ranked, row)
         self._show_ranked(table.current)
 
     def _show_ranked(self, record: RankedExample | None) -> None:
-        text = f"train {record.index} · label {label_text(record.label)} · {record.text}" if record else ""
+        text = (
+            f"train {record.index} · {example_detail(record.text, record.completion, record.label)}" if record else ""
+        )
         self.query_one("#tracin-self-detail", Static).update(text)
 
     def _show_dataset(self, loaded: TracInFiles) -> None:
@@ -427,15 +480,12 @@ class TracInResultsView(RunResults):
             f"{loaded.n_dataset:,} training examples, highest mean influence over the test set first (max: over any "
             "one test example): keep a top slice for the test set's task; gpuopt-tui select exports the top k or p%."
         )
-        lm = any(r.completion is not None for r in loaded.dataset)
 
         def row(r: DatasetRanked) -> tuple[Text, ...]:
-            target = cut(r.completion or "", TEXT_CELL // 2) if lm else label_text(r.label)
-            return cells(
-                str(r.rank), _optional_score(r.mean), _optional_score(r.max), str(r.index), target, cut(r.text)
-            )
+            example = example_cells(r.text, r.completion, r.label)
+            return cells(str(r.rank), _optional_score(r.mean), _optional_score(r.max), str(r.index), *example)
 
-        columns = ("rank", "mean", "max", "train", "completion" if lm else "label", "text")
+        columns = ("rank", "mean", "max", "train", *example_columns(is_lm(loaded.dataset)))
         table = self.query_one("#tracin-dataset", PagedTable)
         table.attach(columns, ranking, loaded.n_dataset, loaded.dataset, row)
         self._show_dataset_row(table.current)
@@ -444,12 +494,8 @@ class TracInResultsView(RunResults):
         if record is None:
             text = ""
         else:
-            target = (
-                f"completion {record.completion}"
-                if record.completion is not None
-                else f"label {label_text(record.label)}"
-            )
-            text = f"train {record.index} · {record.n_queries} test examples · {target} · {record.text}"
+            example = example_detail(record.text, record.completion, record.label)
+            text = f"train {record.index} · {record.n_queries} test examples · {example}"
         self.query_one("#tracin-dataset-detail", Static).update(text)
 
     @on(DataTable.RowHighlighted, "#tracin-dataset")
