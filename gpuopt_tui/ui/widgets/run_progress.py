@@ -90,7 +90,9 @@ class RunProgress(Static):
             return Content(self._empty_text)
         lines = [
             Content.assemble(
-                Content.from_markup("[b]$id[/]  ", id=info.id),
+                Content.from_markup("[b]$id[/]", id=info.id),
+                Content.from_markup(" · $name", name=info.name) if info.name != info.id else "",  # its profile
+                "  ",
                 status_content(info.status),
                 f"  attempt {info.attempt}" if info.attempt > 1 else "",
             )
