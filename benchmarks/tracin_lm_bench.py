@@ -181,9 +181,10 @@ def train_adapters(
 
 # --- runs through the CLI -------------------------------------------------------------------------------------------
 def write_profile(path: Path, args: argparse.Namespace, files: dict[str, Path], checkpoints: list[dict[str, Any]],
-                  queries: Path, n_train: int = 0, n_test: int = 0, projection: int | None = None) -> Path:  # fmt: skip
+                  queries: Path, n_train: int = 0, n_test: int = 0, projection: int | None = None,
+                  basis: str = "random") -> Path:  # fmt: skip
     """A TracIn profile as a user would write it for this setup (n_train, n_test: 0 = all rows; projection: None =
-    --projection, 0 = exact gradients)."""
+    --projection, 0 = exact gradients; basis: tracin.projection_basis, whose pca cannot use the cache)."""
     projection = args.projection if projection is None else projection
     listed = ",\n  ".join(f'{{ path = "{c["path"]}", lr = {c["lr"]!r} }}' for c in checkpoints)
     path.write_text(
@@ -216,7 +217,8 @@ layers = "auto"
 method = "factored"
 projection_in = {projection}
 projection_out = {projection}
-train_cache = true
+projection_basis = "{basis}"
+train_cache = {"false" if basis == "pca" else "true"}
 amp_dtype = "bf16"
 batch_size = {args.batch}
 top_k = 10
@@ -469,16 +471,18 @@ def agreement(
     exact, cosine = exact_scores(model, tokenizer, checkpoints, train[:n], queries[:q])
     seconds = time.perf_counter() - start
     rows = []
-    for k in args.exact_projections or [args.projection]:
+    for size in args.exact_projections or [str(args.projection)]:
+        k, basis = int(size.removesuffix("pca")), "pca" if size.endswith("pca") else "random"
         run, source = cold, "the cold run's score matrix"
-        if run is None or k != args.projection:
-            profile = write_profile(work / f"tracin-lm-subset-{k}.toml", args, files, checkpoints, query_files[0], n, q,
-                                    projection=k)  # fmt: skip
-            run, source = cli_run(profile, work / "home", work / f"subset-{k}.log"), "a CLI run on the subset"
+        if run is None or k != args.projection or basis == "pca":
+            profile = write_profile(work / f"tracin-lm-subset-{size}.toml", args, files, checkpoints, query_files[0],
+                                    n, q, projection=k, basis=basis)  # fmt: skip
+            run, source = cli_run(profile, work / "home", work / f"subset-{size}.log"), "a CLI run on the subset"
         ours = run_matrix(run["results"], n, q)
         rho = spearman_per_query(ours, exact)
         rows.append({
-            "row": f"exact: fp32 LoRA-gradient TracIn on {n} train x {q} queries against {k} x {k} (ours from {source})",
+            "row": f"exact: fp32 LoRA-gradient TracIn on {n} train x {q} queries against {k} x {k} {basis} "
+            f"(ours from {source})",
             "train": n, "queries": q, "wall": seconds, "examples_per_s": n * len(checkpoints) / seconds,
             "spearman_median": float(rho.median()), "spearman_min": float(rho.min()),
             "spearman_mean": float(rho.mean()), "top10_overlap": top_k_overlap(ours, exact, 10),
@@ -616,9 +620,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--exact-projections",
-        type=lambda v: [int(k) for k in v.split(",")],
+        type=lambda v: [k.strip() for k in v.split(",") if k.strip()],
         default=[],
-        help="comma-separated projection sizes compared with the exact scores (default: --projection)",
+        help="comma-separated projection sizes compared with the exact scores, a size ending in pca with "
+        "tracin.projection_basis = pca (default: --projection)",
     )
     p.add_argument("--exact-train", type=int, default=512)
     p.add_argument("--exact-queries", type=int, default=16)

@@ -155,6 +155,11 @@ def test_summary_of_a_run_over_all_layers_says_projection_cache_and_agreement(
     assert s.method == "factored" and s.layers == "all"
     assert s.projection == Projection("factored", raw["projection"]["seed"], size_in=8, size_out=8)
     assert s.mode == "factored (all-layer hooks), each layer's gradient projected to 8 × 8 (output × input)"
+    fitted = {**raw["projection"], "basis": "pca", "pca_examples": 64}
+    assert parse_summary({**raw, "projection": fitted}).mode == (
+        "factored (all-layer hooks), each layer's gradient projected to 8 × 8 (output × input), along its main "
+        "directions over 64 training examples (PCA)"
+    )
     assert s.excluded_parameters == tuple(raw["excluded_parameters"])
     assert s.gradient_size == raw["gradient_size"] < s.n_parameters
     agreement = raw["agreement"]
@@ -224,6 +229,11 @@ def test_bad_projection_cache_or_agreement_names_the_key(results: Path, tmp_path
     for key, value, message in [
         ("projection", {"kind": "sparse", "seed": 0}, "projection.kind: expected dense or factored"),
         ("projection", {"kind": "factored", "in": 8, "seed": 0}, "no 'out'"),
+        (
+            "projection",
+            {"kind": "factored", "in": 8, "out": 8, "seed": 0, "basis": "svd"},
+            "projection.basis: expected random or pca, found 'svd'",
+        ),
         ("train_cache", {"read": "all", "computed": 0}, "train_cache.read: expected an integer"),
         ("agreement", [0.9], "agreement: expected an object"),
         (

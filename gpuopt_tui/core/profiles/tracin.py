@@ -13,6 +13,7 @@ LAYER_MODES = ("auto", "adapter", "all", "last", "names")
 GRADIENT_METHODS = ("auto", "closed_form", "vmap", "factored")
 FILTER_CHOICES = ("none", "same_label", "shared_entity")
 OPTIMIZER_STATES = ("off", "adam")
+PROJECTION_BASES = ("random", "pca")
 
 
 @dataclass
@@ -66,6 +67,16 @@ class TracInSection:
         0,
         "method = factored: projected size of each layer's output side, and of biases and LayerNorm (0 = exact)",
         min=0,
+    )
+    projection_basis: str = opt(
+        "random",
+        "method = factored: the directions each projected side keeps: random (seeded), or pca (the directions in "
+        "which the layer's inputs and output gradients vary most over pca_examples training examples, fitted at each "
+        "checkpoint: agrees better with exact gradients at the same size; Linear and LoRA layers, others random)",
+        choices=PROJECTION_BASES,
+    )
+    pca_examples: int = opt(
+        256, "projection_basis = pca: training examples (the first ones) the directions are fitted to", min=1
     )
     optimizer_state: str = opt(
         "off",
@@ -127,6 +138,15 @@ class TracInSection:
             )
         if self.method != "factored" and (self.projection_in or self.projection_out):
             fail("projection_in", "projection_in and projection_out apply to method = factored only")
+        if self.projection_basis == "pca":
+            if self.method != "factored" or not (self.projection_in or self.projection_out):
+                fail("projection_basis", "projection_basis = pca needs method = factored with projection_in or out")
+            elif self.train_cache:
+                fail(
+                    "projection_basis",
+                    "projection_basis = pca cannot use train_cache yet (its directions are fitted per run): set "
+                    "train_cache = false, or projection_basis = random",
+                )
 
 
 @dataclass

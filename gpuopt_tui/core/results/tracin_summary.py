@@ -37,15 +37,16 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class Projection:
-    """The seeded random projection the gradients went through: "factored" (each layer's input side to
-    `size_in` and output side to `size_out` numbers; 0 = that side exact) or "dense" (each parameter tensor to
-    at most `dim` numbers)."""
+    """The projection the gradients went through: "factored" (each layer's input side to `size_in` and output side
+    to `size_out` numbers; 0 = that side exact; seeded random directions, or with `pca_examples` directions fitted
+    to the data) or "dense" (each parameter tensor to at most `dim` numbers, seeded random)."""
 
     kind: str
     seed: int | None  # None in runs older than the summary's "projection"
     size_in: int = 0
     size_out: int = 0
     dim: int = 0
+    pca_examples: int = 0  # factored: its directions fitted to this many training examples (0: random ones)
 
     @property
     def text(self) -> str:
@@ -55,7 +56,10 @@ class Projection:
         def side(k: int) -> str:
             return str(k) if k else "exact"
 
-        return f"each layer's gradient projected to {side(self.size_out)} × {side(self.size_in)} (output × input)"
+        sides = f"each layer's gradient projected to {side(self.size_out)} × {side(self.size_in)} (output × input)"
+        if self.pca_examples:
+            sides += f", along its main directions over {self.pca_examples} training examples (PCA)"
+        return sides
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,11 @@ def _projection(value: Any, projection_dim: int) -> Projection | None:
         return Projection(kind, seed, dim=as_int(get_field(p, "dim"), "projection.dim"))
     if kind == "factored":
         size_in, size_out = as_int(get_field(p, "in"), "projection.in"), as_int(get_field(p, "out"), "projection.out")
-        return Projection(kind, seed, size_in=size_in, size_out=size_out)
+        basis = p.get("basis", "random")
+        if basis not in ("random", "pca"):
+            raise RecordError(f"projection.basis: expected random or pca, found {basis!r}")
+        fitted = as_int(get_field(p, "pca_examples"), "projection.pca_examples") if basis == "pca" else 0
+        return Projection(kind, seed, size_in=size_in, size_out=size_out, pca_examples=fitted)
     raise RecordError(f"projection.kind: expected dense or factored, found {kind!r}")
 
 

@@ -134,6 +134,7 @@ class FactoredGradients:
         self.modules = dict(self.model.named_modules(remove_duplicate=False))
         self.projector = Projector(1, seed, adapter.device, self.dtype)
         self._factors: dict[tuple[str, int, torch.dtype], Tensor] = {}  # (name, axis, x's dtype) -> factor
+        self.bases: dict[tuple[str, int], Tensor] = {}  # (name, axis) -> a factor fitted to the data (set_bases)
         params = dict(self.model.named_parameters())
         self.sizes: dict[str, tuple[int, ...]] = {}  # parameter -> projected shape (per axis)
         for found in self.uses.values():
@@ -149,18 +150,51 @@ class FactoredGradients:
 
     def features(self, batch: Mapping[str, Tensor]) -> Tensor:
         n = len(next(iter(batch.values())))
+        feats: dict[str, Tensor] = {}
+
+        def on_output(uses: list[Use], g: Tensor, n: int, keep: Tensor | None, saved: dict[str, Tensor]) -> None:
+            self._output_side(uses, g, n, keep, saved, feats)
+
+        self._lora_sides = self._combined_lora_factors()
+        try:
+            device = self.run_hooked(batch, self._input_side, on_output)
+        finally:
+            self._lora_sides = {}
+        parts = [feats.get(name) for name in self.names]
+        return torch.cat(
+            [
+                p.reshape(n, -1) if p is not None else torch.zeros(n, _numel(self.sizes[name]), device=device)
+                for name, p in zip(self.names, parts)
+            ],
+            1,
+        ).to(self.dtype)
+
+    def set_bases(self, bases: Mapping[tuple[str, int], Tensor]) -> None:
+        """Project these sides (parameter, axis) -> [dim, k] with the given factors instead of seeded random ones
+        (pca_basis.py fits them to the data); an empty mapping: random factors everywhere again."""
+        self.bases = dict(bases)
+        self._factors.clear()
+
+    def run_hooked(
+        self,
+        batch: Mapping[str, Tensor],
+        on_input: Callable[[nn.Module, list[Use], Tensor, int, Tensor | None], Any],
+        on_output: Callable[[list[Use], Tensor, int, Tensor | None, Any], None],
+    ) -> torch.device:
+        """One forward and one backward of `batch` (the module docstring): each hooked module's input goes to
+        `on_input(module, uses, x, n, keep)`, and its output's gradient, with what `on_input` returned, to
+        `on_output(uses, g, n, keep, returned)`; `keep` [n, tokens, 1] is 0 on padded tokens. Returns the device."""
+        n = len(next(iter(batch.values())))
         mask = self.adapter.token_mask(batch)
         keep = None if mask is None else mask.reshape(n, -1, 1).to(self.dtype)  # [n, T, 1]
-        feats: dict[str, Tensor] = {}
         anchor = torch.zeros((), device=self.adapter.device, dtype=self.dtype, requires_grad=True)
         anchored: list[bool] = []  # [whether outputs that require grad depend on the anchor], at the first hook
         handles = [
             self.modules[name].register_forward_hook(
-                self._hook(uses, n, keep, feats, anchor, anchored), with_kwargs=True
+                self._hook(uses, n, keep, anchor, anchored, on_input, on_output), with_kwargs=True
             )
             for name, uses in self.uses.items()
         ]
-        self._lora_sides = self._combined_lora_factors()
         try:
             with only_these_require_grad(self.model, []), plain_forwards(self.lora):
                 with autocast(self.adapter.device, self.precision):
@@ -169,24 +203,17 @@ class FactoredGradients:
         finally:
             for handle in handles:
                 handle.remove()
-            self._lora_sides = {}
-        parts = [feats.get(name) for name in self.names]
-        return torch.cat(
-            [
-                p.reshape(n, -1) if p is not None else torch.zeros(n, _numel(self.sizes[name]), device=anchor.device)
-                for name, p in zip(self.names, parts)
-            ],
-            1,
-        ).to(self.dtype)
+        return anchor.device
 
     def _hook(
         self,
         uses: list[Use],
         n: int,
         keep: Tensor | None,
-        feats: dict[str, Tensor],
         anchor: Tensor,
         anchored: list[bool],
+        on_input: Callable[[nn.Module, list[Use], Tensor, int, Tensor | None], Any],
+        on_output: Callable[[list[Use], Tensor, int, Tensor | None, Any], None],
     ) -> Callable[..., Tensor]:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Tensor:
             x = args[0] if args else next(iter(kwargs.values()))
@@ -198,8 +225,8 @@ class FactoredGradients:
                 anchored.append(not output.requires_grad)
             z = output if output.requires_grad and anchored[0] else output + anchor
             with torch.autocast(z.device.type, enabled=False):
-                saved = self._input_side(module, uses, x, n, keep)
-            z.register_hook(lambda g: self._output_side(uses, g, n, keep, saved, feats))
+                saved = on_input(module, uses, x, n, keep)
+            z.register_hook(lambda g: on_output(uses, g, n, keep, saved))
             return z
 
         return hook
@@ -213,9 +240,9 @@ class FactoredGradients:
         for use in uses:
             if use.role in ("weight", "conv_weight", "lora_a"):
                 axis = 0 if use.role == "conv_weight" else 1
-                saved[use.param] = _masked(self._project(use.param, axis, _rows(x, n)), keep)
+                saved[use.param] = masked_padding(self._project(use.param, axis, example_rows(x, n)), keep)
             elif use.role == "lora_b":  # (s A^T P_Bi)^T x_t
-                saved[use.param] = _masked(self._times(_rows(x, n), self._lora_sides[use.param]), keep)
+                saved[use.param] = masked_padding(self._times(example_rows(x, n), self._lora_sides[use.param]), keep)
             elif use.role == "embedding":
                 ids = x.reshape(n, -1)
                 live = torch.ones_like(ids, dtype=self.dtype) if keep is None or keep.shape[1] != ids.shape[1] else keep
@@ -225,7 +252,7 @@ class FactoredGradients:
                 saved[use.param] = self._embedding_rows(use.param, ids, live)
             elif use.role == "norm_weight":
                 xhat = F.layer_norm(x.to(self.dtype), module.normalized_shape, eps=module.eps)
-                saved[use.param] = _masked(_rows(xhat, n), keep)  # so g * x_hat needs no masked g
+                saved[use.param] = masked_padding(example_rows(xhat, n), keep)  # so g * x_hat needs no masked g
         return saved
 
     def _output_side(
@@ -237,7 +264,7 @@ class FactoredGradients:
         saved: dict[str, Tensor],
         feats: dict[str, Tensor],
     ) -> None:
-        g = _rows(g, n)
+        g = example_rows(g, n)
         for use in uses:
             name, role = use.param, use.role
             if role in ("weight", "lora_b"):  # sum_t (P_out^T g_t)(P_in^T x_t)^T: [n, k_out, T] @ [n, T, k_in]
@@ -251,7 +278,7 @@ class FactoredGradients:
             elif role == "norm_weight":
                 part = self._project(name, 0, (g.to(self.dtype) * saved[name]).sum(1))
             else:  # bias, norm_bias: sum_t P^T g_t
-                part = _masked(self._project(name, 0, g), keep).sum(1)
+                part = masked_padding(self._project(name, 0, g), keep).sum(1)
             part = part.reshape(n, -1)  # a tied weight's uses (embedding, output layer) add up in one layout
             feats[name] = feats[name] + part if name in feats else part
 
@@ -291,7 +318,9 @@ class FactoredGradients:
         key = (name, axis, dtype)
         factor = self._factors.get(key)
         if factor is None:
-            factor = self.projector.factor(name, axis, self.shapes[name][axis], self.sizes[name][axis])
+            factor = self.bases.get((name, axis))
+            if factor is None:
+                factor = self.projector.factor(name, axis, self.shapes[name][axis], self.sizes[name][axis])
             if dtype in (torch.bfloat16, torch.float16):
                 factor = factor.to(dtype)
             self._factors[key] = factor
@@ -343,12 +372,12 @@ def _numel(shape: tuple[int, ...]) -> int:
     return out
 
 
-def _rows(t: Tensor, n: int) -> Tensor:
+def example_rows(t: Tensor, n: int) -> Tensor:
     """[n, tokens, features] view of a layer input/output whose first dimension is the example."""
     return t.reshape(n, -1, t.shape[-1])
 
 
-def _masked(t: Tensor, keep: Tensor | None) -> Tensor:
+def masked_padding(t: Tensor, keep: Tensor | None) -> Tensor:
     """Zero the padded tokens of [n, T, d] (`keep`: [n, tokens, 1]) when T is the batch's token count (a lean layer's
     T is 1; a causal LM's output layer runs on the completion's positions, where the loss's gradient is zero on
     padding)."""

@@ -19,6 +19,8 @@ class TracInOptions:
     projection_in: int = 0  # factored: projected size of each layer's input side (0 = exact)
     projection_out: int = 0  # factored: projected size of each layer's output side (0 = exact)
     seed: int = 0  # projection seed
+    projection_basis: str = "random"  # factored: random | pca (pca_basis.py: fitted at each checkpoint)
+    pca_examples: int = 256  # pca: the first this many training examples
     optimizer_state: str = "off"  # off | adam: Adam-preconditioned training gradients (adam_state.py)
     batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
     gradient_checkpointing: bool = False

@@ -133,6 +133,8 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
         projection_dim=section.projection_dim,
         projection_in=section.projection_in,
         projection_out=section.projection_out,
+        projection_basis=section.projection_basis,
+        pca_examples=section.pca_examples,
         train_cache=default_root() if section.train_cache else None,
         seed=profile.run.seed,
         optimizer_state=section.optimizer_state,
@@ -359,7 +361,7 @@ def _write_results(
         "parameter_tensors": stats["parameters"],
         "parameter_choice": dict(zip(("layers", "source"), resolved_layers(adapter, section.layers))),
         "gradient_size": stats["gradient_size"],
-        "projection": _projection(section, profile.run.seed),
+        "projection": _projection(section, profile.run.seed, len(train)),
         "optimizer_state": stats["optimizer_state"],
         "excluded_parameters": list(stats["excluded_parameters"]),  # the reasons are in the run's log
         "train_cache": stats["cache_blocks"],
@@ -422,10 +424,14 @@ def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> di
     return {"final_batch_size": None, "compute_seconds": 0.0, "train_examples_per_s": None, "note": note}
 
 
-def _projection(section: Any, seed: int) -> dict[str, Any] | None:
-    """The random projection the gradients went through (None: exact gradients)."""
+def _projection(section: Any, seed: int, n_train: int) -> dict[str, Any] | None:
+    """The projection the gradients went through (None: exact gradients); a PCA basis names the training examples
+    it was fitted to (the first pca_examples of the `n_train`)."""
     if section.method == "factored" and (section.projection_in or section.projection_out):
-        return {"kind": "factored", "in": section.projection_in, "out": section.projection_out, "seed": seed}
+        factored = {"kind": "factored", "in": section.projection_in, "out": section.projection_out, "seed": seed}
+        if section.projection_basis == "pca":
+            factored |= {"basis": "pca", "pca_examples": min(section.pca_examples, n_train)}
+        return factored
     if section.method != "factored" and section.projection_dim:
         return {"kind": "dense", "dim": section.projection_dim, "seed": seed}
     return None

@@ -26,9 +26,9 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from gpuopt_tui.core.errors import UserError
-from gpuopt_tui.core.profiles.tracin import OPTIMIZER_STATES
-from gpuopt_tui.jobs.data import TextDataset
-from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
+from gpuopt_tui.core.profiles.tracin import OPTIMIZER_STATES, PROJECTION_BASES
+from gpuopt_tui.jobs.data import TextDataset, trim_batch
+from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
 from gpuopt_tui.jobs.tracin.adam_state import DESCRIPTION, FORMULA, load_adam_state, optimizer_files
 from gpuopt_tui.jobs.tracin.filters import PairFilter
 from gpuopt_tui.jobs.tracin.grad_cache import TrainGradientCache, cache_key
@@ -36,9 +36,12 @@ from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.microbatch import Cleanup, MicroBatcher
 from gpuopt_tui.jobs.tracin.params import count_parameters
+from gpuopt_tui.jobs.tracin.pca_basis import fit_bases
 from gpuopt_tui.jobs.tracin.prefetch import CheckpointLoader
 from gpuopt_tui.jobs.tracin.project import Projector
 from gpuopt_tui.jobs.tracin.shards import MemoryStore, ShardStore, gather_shards, latest_shard, shard_name, split_blocks
+
+PCA_BATCH = 8  # examples per micro-batch of the projection's fitting pass (projection_basis = pca)
 
 
 def tracin_scores(
@@ -89,6 +92,12 @@ class TracInRun:
             raise UserError(
                 f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, got {self.opts.optimizer_state!r}"
             )
+        if self.opts.projection_basis not in PROJECTION_BASES:
+            raise UserError(
+                f"projection_basis must be one of {', '.join(PROJECTION_BASES)}, got {self.opts.projection_basis!r}"
+            )
+        if self.opts.projection_basis == "pca" and self.opts.train_cache:
+            raise UserError("projection_basis = pca cannot use the training-gradient cache yet")
         self.adam = self.opts.optimizer_state == "adam"
         self.optimizer_files = optimizer_files(checkpoints) if self.adam else []
         self.adam_described: dict[int, dict[str, Any]] = {}  # checkpoint -> its Adam settings, once loaded
@@ -166,6 +175,7 @@ class TracInRun:
             state = load_adam_state(file, self.adapter, self.params, self.adapter.device, scorer.dtype)
             self.adam_described[c] = state.describe()
             train_computer = scorer.computer.preconditioned(state)
+        self._fit_projection(scorer.computer, stage)
         test = _TestGradients(self, scorer, f"{stage}: gradients of {len(self.test)} test examples")
         # The test gradients come first when the run's first micro-batch is to measure the memory an example takes
         # (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they come after
@@ -175,6 +185,22 @@ class TracInRun:
             test.features()
         for j in blocks:
             self._score_block(scorer, train_computer, c, j, test, stage)
+
+    def _fit_projection(self, computer: GradientComputer, stage: str) -> None:
+        """projection_basis = pca: fit the factored projection's directions to the loaded checkpoint, from the first
+        pca_examples training examples (pca_basis.py), before any gradient of the checkpoint is projected."""
+        factored = computer.factored
+        if self.opts.projection_basis != "pca" or factored is None:
+            return
+        rows = list(range(min(self.opts.pca_examples, len(self.train))))
+        self.reporter.stage(f"{stage}: fitting the projection to {len(rows)} training examples")
+        device, fields = self.adapter.device, self.train.token_fields
+        batches = (
+            to_device(trim_batch(self.train.batch(rows[i : i + PCA_BATCH]), fields), device)
+            for i in range(0, len(rows), PCA_BATCH)
+        )
+        with record_function("tracin.fit_projection"):
+            factored.set_bases(fit_bases(factored, batches, self.opts.seed))
 
     def _score_block(
         self, scorer: _Scorer, computer: GradientComputer, c: int, j: int, test: _TestGradients, stage: str

@@ -1,0 +1,141 @@
+"""Projection factors fitted to the data for the factored method (tracin.projection_basis = "pca").
+
+A layer's per-example gradient is sum_t g_t x_t^T (factored.py). Random factors keep any k directions of each side;
+these keep the k directions along which the layer's inputs x (input side) and output gradients g (output side) vary
+most over some training examples: the top eigenvectors of C_x = sum x x^T and C_g = sum g g^T, the two Kronecker
+factors of K-FAC, as LoGra's PCA initialisation does. The inner product of two projected gradients is then the inner
+product of the gradients' components in those subspaces: a truncation, not an unbiased estimate, but where the
+covariances' spectra fall fast (they do in trained networks) it keeps most of each gradient, and rankings agree with
+exact TracIn far better than random factors of the same size (benchmarks/results/tracin_lm_agreement_cpu.md).
+
+Each side's covariance is never formed: a streaming Nyström sketch keeps C Omega [dim, m] (Omega: a seeded
+orthonormal test matrix, m = 2k + 16 columns, all of them when that reaches dim: then the sketch is exact), and the
+eigenvectors come from it at the end (Tropp, Yurtsever, Udell and Cevher, "Fixed-rank approximation of a positive-
+semidefinite matrix from streaming data", 2017). A PEFT LoRA layer's A output side (B^T g) and B input side (A x) are
+r-dimensional: their covariances are B^T C_g B and A C_x A^T, taken from the same sketches. Embeddings, biases and
+LayerNorm parameters keep random factors. Factors are orthonormal, each column's sign fixed (its largest entry
+positive), and fitted per checkpoint, with the checkpoint's weights, from the same training examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from gpuopt_tui.jobs.tracin.factored import FactoredGradients, Use, example_rows, masked_padding
+from gpuopt_tui.jobs.tracin.project import Projector
+
+OVERSAMPLE = 16  # sketch columns beyond 2k
+SIDES = {  # role -> (the sketch of each axis: "in" = layer inputs, "out" = output gradients)
+    "weight": ("out", "in"),
+    "lora_a": ("out", "in"),
+    "lora_b": ("out", "in"),
+    "conv_weight": ("in", "out"),
+}
+
+
+class CovarianceSketch:
+    """A streaming Nyström sketch of C = sum over rows of x x^T, for rows x of `dim` numbers: keeps C Omega only."""
+
+    def __init__(self, omega: Tensor) -> None:
+        """`omega` [dim, m]: the test matrix, with orthonormal columns (times any scale)."""
+        self.omega = omega
+        self.y = torch.zeros_like(omega)
+
+    def add(self, rows: Tensor) -> None:
+        """Add rows [..., dim] (zero rows add nothing)."""
+        x = rows.detach().reshape(-1, rows.shape[-1]).float()  # a layer's input is in the graph: kept out of it
+        self.y.addmm_(x.T, x @ self.omega)
+
+    def eig(self) -> tuple[Tensor, Tensor]:
+        """(eigenvectors [dim, m], eigenvalues [m], descending) of the sketch's approximation of C, in float64."""
+        y, omega = self.y.double().cpu(), self.omega.double().cpu()
+        shift = max(1e-6 * float(y.norm()), 1e-30)  # above the float32 sums' rounding: keeps the Cholesky factor real
+        y = y + shift * omega
+        core = omega.T @ y
+        lower = torch.linalg.cholesky((core + core.T) / 2)
+        u, sigma, _ = torch.linalg.svd(torch.linalg.solve_triangular(lower, y.T, upper=False).T, full_matrices=False)
+        return u, (sigma**2 - shift).clamp(min=0)
+
+
+def top_directions(eig: tuple[Tensor, Tensor], k: int, through: Tensor | None = None) -> Tensor:
+    """[d, k] orthonormal: the top k eigenvectors of M^T C M (C from `eig`; M = `through` [dim, d], the identity
+    when None), each column's largest entry positive."""
+    u, values = eig
+    spread = u * values.sqrt()
+    if through is not None:
+        spread = through.T.double().cpu() @ spread
+    directions = torch.linalg.svd(spread, full_matrices=False)[0][:, :k]
+    sign = directions.gather(0, directions.abs().argmax(0, keepdim=True)).sign()
+    return directions * torch.where(sign == 0, 1.0, sign)
+
+
+def fit_bases(
+    factored: FactoredGradients, batches: Iterable[Mapping[str, Tensor]], seed: int
+) -> dict[tuple[str, int], Tensor]:
+    """(parameter, axis) -> its fitted factor [dim, k] (engine dtype, on the device), for each projected side of a
+    Linear, Conv1D or LoRA matrix, from one forward and backward of each batch at the model's current weights."""
+    widest = _sketched_sides(factored)  # (module, "in" or "out") -> the largest k asked of it
+    names = {id(factored.modules[module]): module for module, _ in widest}
+    projector = Projector(1, seed, factored.adapter.device, torch.float32)
+    sketches: dict[tuple[str, str], CovarianceSketch] = {}
+
+    def add(module: str, side: str, rows: Tensor) -> None:
+        key = (module, side)
+        if key in widest:
+            if key not in sketches:
+                dim = rows.shape[-1]
+                omega = projector.factor(f"sketch:{module}:{side}", 0, dim, min(dim, 2 * widest[key] + OVERSAMPLE))
+                sketches[key] = CovarianceSketch(omega)
+            sketches[key].add(rows)
+
+    def on_input(module: nn.Module, uses: list[Use], x: Tensor, n: int, keep: Tensor | None) -> str | None:
+        name = names.get(id(module))
+        if name is not None:
+            add(name, "in", masked_padding(example_rows(x, n).float(), keep))
+        return name
+
+    def on_output(uses: list[Use], g: Tensor, n: int, keep: Tensor | None, name: str | None) -> None:
+        if name is not None:
+            add(name, "out", masked_padding(example_rows(g, n).float(), keep))
+
+    for batch in batches:
+        factored.run_hooked(batch, on_input, on_output)
+    eigs = {key: sketch.eig() for key, sketch in sketches.items()}
+    return _factors(factored, eigs)
+
+
+def _projected_sides(factored: FactoredGradients) -> Iterator[tuple[str, Use, int, str]]:
+    """(module, use, axis, the sketch it comes from) of each projected side that gets a fitted factor."""
+    for module, uses in factored.uses.items():
+        for use in uses:
+            for axis, side in enumerate(SIDES.get(use.role, ())):
+                if factored.sizes[use.param][axis] < factored.shapes[use.param][axis]:
+                    yield module, use, axis, side
+
+
+def _sketched_sides(factored: FactoredGradients) -> dict[tuple[str, str], int]:
+    widest: dict[tuple[str, str], int] = {}
+    for module, use, axis, side in _projected_sides(factored):
+        k = factored.sizes[use.param][axis]
+        widest[(module, side)] = max(widest.get((module, side), 0), k)
+    return widest
+
+
+def _factors(
+    factored: FactoredGradients, eigs: Mapping[tuple[str, str], tuple[Tensor, Tensor]]
+) -> dict[tuple[str, int], Tensor]:
+    lora = {name: layer for layer in factored.lora.values() for name in (layer.a, layer.b)}
+    bases: dict[tuple[str, int], Tensor] = {}
+    for module, use, axis, side in _projected_sides(factored):
+        if (module, side) not in eigs:
+            continue  # no batch reached the layer
+        through = None
+        if use.param in lora and (use.role, axis) in (("lora_a", 0), ("lora_b", 1)):  # the r-wide sides
+            a, b = lora[use.param].matrices()
+            through = b.detach() if use.role == "lora_a" else a.detach().T
+        directions = top_directions(eigs[(module, side)], factored.sizes[use.param][axis], through)
+        bases[(use.param, axis)] = directions.to(factored.adapter.device, factored.dtype)
+    return bases

@@ -1,0 +1,157 @@
+"""Projection factors fitted to the data (pca_basis.py): the streaming sketch gives a covariance's top directions
+(exactly, with as many columns as dimensions), also through a matrix; on a LoRA decoder every fitted factor spans
+the top directions of its layer's inputs or output gradients (a naive float64 reference, example by example); a
+TracIn run with projection_basis = pca fits them at each checkpoint and says so, and refuses the cache."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from lm_cases import tiny_decoder, tiny_tokenizer
+from test_tracin_causal_lm import TEST, TRAIN, dataset
+from test_tracin_lora import lora_adapter, save_lora_checkpoints
+
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
+from gpuopt_tui.jobs.tracin.factored import FactoredGradients
+from gpuopt_tui.jobs.tracin.interface import TracInOptions
+from gpuopt_tui.jobs.tracin.pca_basis import CovarianceSketch, fit_bases, top_directions
+from gpuopt_tui.jobs.tracin.project import Projector
+from gpuopt_tui.jobs.tracin.scores import tracin_scores
+
+peft = pytest.importorskip("peft")
+
+CPU = torch.device("cpu")
+K = 12  # projected size: sketches of up to 2K + 16 = 40 dimensions are exact
+
+
+def top(matrix: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.linalg.eigh(matrix)[1].flip(1)[:, :k]
+
+
+def same_span(a: torch.Tensor, b: torch.Tensor) -> float:
+    """How far apart the spans of two orthonormal [d, k] matrices are (0: the same subspace)."""
+    return float((a @ a.T - b @ b.T).abs().max())
+
+
+def rows_with_a_spectrum(dim: int, decades: float = 2, n: int = 400) -> torch.Tensor:
+    """Rows whose spread falls by `decades` powers of ten across the dimensions, in random directions."""
+    torch.manual_seed(0)
+    rotation = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64))[0]
+    scales = torch.diag(torch.logspace(0, -decades, dim, dtype=torch.float64))
+    return torch.randn(n, dim, dtype=torch.float64) @ scales @ rotation
+
+
+def sketch_of(rows: torch.Tensor, columns: int) -> CovarianceSketch:
+    sketch = CovarianceSketch(Projector(1, 0, CPU, torch.float32).factor("test", 0, rows.shape[1], columns))
+    for part in rows.split(100):  # streamed
+        sketch.add(part)
+    return sketch
+
+
+def test_a_sketch_with_as_many_columns_as_dimensions_gives_the_top_directions() -> None:
+    rows = rows_with_a_spectrum(30)
+    directions = top_directions(sketch_of(rows, 30).eig(), 5)
+    assert same_span(directions, top(rows.T @ rows, 5)) < 1e-5
+    assert torch.allclose(directions.T @ directions, torch.eye(5, dtype=torch.float64), atol=1e-12)
+    assert (directions.gather(0, directions.abs().argmax(0, keepdim=True)) > 0).all()  # signs fixed
+
+
+def test_a_narrower_sketch_finds_the_top_directions_of_a_falling_spectrum() -> None:
+    rows = rows_with_a_spectrum(60, decades=8)
+    assert same_span(top_directions(sketch_of(rows, 26).eig(), 5), top(rows.T @ rows, 5)) < 1e-3
+
+
+def test_directions_through_a_matrix_are_those_of_its_covariance() -> None:
+    rows = rows_with_a_spectrum(30)
+    through = torch.randn(30, 8, dtype=torch.float64)
+    covariance = rows.T @ rows
+    assert (
+        same_span(top_directions(sketch_of(rows, 30).eig(), 3, through), top(through.T @ covariance @ through, 3))
+        < 1e-5
+    )
+
+
+def lora_decoder() -> CausalLMAdapter:
+    torch.manual_seed(3)
+    config = peft.LoraConfig(r=16, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
+    model = peft.get_peft_model(tiny_decoder("llama").double(), config).eval()
+    return CausalLMAdapter("llama", model, tiny_tokenizer(), CPU)
+
+
+def naive_covariances(adapter: CausalLMAdapter, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], torch.Tensor]:
+    """(LoRA layer, "in" / "out") -> the sum over every token of every example, one example at a time, of x x^T
+    (layer inputs) and g g^T (gradients of the layer's output), in float64."""
+    sums: dict[tuple[str, str], torch.Tensor] = {}
+
+    def add(key: tuple[str, str], rows: torch.Tensor) -> None:
+        rows = rows.reshape(-1, rows.shape[-1]).detach()
+        sums[key] = sums.get(key, 0) + rows.T @ rows
+
+    def hook_for(name: str):
+        def hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+            add((name, "in"), args[0])
+            output.register_hook(lambda g: add((name, "out"), g))
+
+        return hook
+
+    layers = {n: m for n, m in adapter.model.named_modules() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")}
+    handles = [m.register_forward_hook(hook_for(n)) for n, m in layers.items()]
+    try:
+        for pair in pairs:
+            batch = dataset(adapter, [pair]).tensors
+            adapter.loss_per_example(batch).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sums
+
+
+def test_fitted_factors_of_a_lora_decoder_span_the_top_directions_of_its_layers() -> None:
+    adapter = lora_decoder()
+    names = [n for n, p in adapter.model.named_parameters() if p.requires_grad]
+    engine = FactoredGradients(adapter, names, k_in=K, k_out=K, seed=0, precision="fp32")
+    pairs = TRAIN + TEST
+    bases = fit_bases(engine, [dataset(adapter, TRAIN, "left").tensors, dataset(adapter, TEST).tensors], seed=0)
+    covariances = naive_covariances(adapter, pairs)
+    checked = 0
+    for module, layer in engine.lora.items():
+        a, b = (m.detach() for m in layer.matrices())
+        sides = {  # (parameter, axis) -> (its covariance's side, the matrix it is seen through)
+            (layer.a, 1): ("in", None), (layer.a, 0): ("out", b), (layer.b, 0): ("out", None), (layer.b, 1): ("in", a.T)
+        }  # fmt: skip
+        for (param, axis), (side, through) in sides.items():
+            covariance = covariances[(module, side)]
+            if engine.sizes[param][axis] == engine.shapes[param][axis] or covariance.shape[0] > 2 * K + 16:
+                assert (param, axis) not in bases or covariance.shape[0] > 2 * K + 16
+                continue  # exact side (no factor), or a sketch narrower than its dimension (not exact)
+            seen = covariance if through is None else through.T @ covariance @ through
+            assert same_span(bases[(param, axis)], top(seen, K)) < 1e-4, (param, axis)
+            checked += 1
+    assert checked >= 8  # attention layers' sides of both kinds, the r-wide ones through A and B included
+
+
+def test_a_run_with_pca_directions_fits_them_at_each_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter, checkpoints = lora_adapter("llama", save_lora_checkpoints("llama", tmp_path, lrs=(0.1, 0.05)))
+    names = [n for n, p in adapter.model.named_parameters() if p.requires_grad]
+    fitted: list[dict[tuple[str, int], torch.Tensor]] = []
+    set_bases = FactoredGradients.set_bases
+
+    def recording(self: FactoredGradients, bases: dict[tuple[str, int], torch.Tensor]) -> None:
+        fitted.append(dict(bases))
+        set_bases(self, bases)
+
+    monkeypatch.setattr(FactoredGradients, "set_bases", recording)
+    options = TracInOptions(method="factored", projection_in=3, projection_out=3, projection_basis="pca")
+    train, test = dataset(adapter, TRAIN), dataset(adapter, TEST)
+    result = tracin_scores(adapter, checkpoints, train, test, names, options)
+    assert len(fitted) == len(checkpoints) and fitted[0] and fitted[0].keys() == fitted[1].keys()
+    assert not torch.equal(*(next(iter(f.values())) for f in fitted))  # each checkpoint's own directions
+    assert result.matrix is not None and torch.isfinite(result.matrix).all()
+    with pytest.raises(UserError, match="cannot use the training-gradient cache"):
+        tracin_scores(adapter, checkpoints, train, test, names, replace(options, train_cache=tmp_path / "cache"))
