@@ -184,7 +184,7 @@ def write_profile(path: Path, args: argparse.Namespace, files: dict[str, Path], 
                   queries: Path, n_train: int = 0, n_test: int = 0, projection: int | None = None,
                   basis: str = "random") -> Path:  # fmt: skip
     """A TracIn profile as a user would write it for this setup (n_train, n_test: 0 = all rows; projection: None =
-    --projection, 0 = exact gradients; basis: tracin.projection_basis, whose pca cannot use the cache)."""
+    --projection, 0 = exact gradients; basis: tracin.projection_basis)."""
     projection = args.projection if projection is None else projection
     listed = ",\n  ".join(f'{{ path = "{c["path"]}", lr = {c["lr"]!r} }}' for c in checkpoints)
     path.write_text(
@@ -218,7 +218,7 @@ method = "factored"
 projection_in = {projection}
 projection_out = {projection}
 projection_basis = "{basis}"
-train_cache = {"false" if basis == "pca" else "true"}
+train_cache = true
 amp_dtype = "bf16"
 batch_size = {args.batch}
 top_k = 10

@@ -80,12 +80,6 @@ def test_defaults_fill_missing_keys(tmp_path: Path) -> None:
             "tracin.projection_basis",
             "needs method = factored with projection_in or out",
         ),
-        (
-            'kind = "tracin"\n[tracin]\nmethod = "factored"\nprojection_in = 8\nprojection_basis = "pca"\n'
-            "train_cache = true\n",
-            "tracin.projection_basis",
-            "cannot use train_cache yet",
-        ),
     ],
 )
 def test_bad_values_name_file_key_and_expectation(tmp_path: Path, text: str, key: str, expected: str) -> None:

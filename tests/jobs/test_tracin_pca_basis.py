@@ -14,10 +14,9 @@ from lm_cases import tiny_decoder, tiny_tokenizer
 from test_tracin_causal_lm import TEST, TRAIN, dataset
 from test_tracin_lora import lora_adapter, save_lora_checkpoints
 
-from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.tracin.factored import FactoredGradients
-from gpuopt_tui.jobs.tracin.interface import TracInOptions
+from gpuopt_tui.jobs.tracin.interface import Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.pca_basis import CovarianceSketch, fit_bases, top_directions
 from gpuopt_tui.jobs.tracin.project import Projector
 from gpuopt_tui.jobs.tracin.scores import tracin_scores
@@ -134,11 +133,19 @@ def test_fitted_factors_of_a_lora_decoder_span_the_top_directions_of_its_layers(
     assert checked >= 8  # attention layers' sides of both kinds, the r-wide ones through A and B included
 
 
+@pytest.fixture
+def lora_run(tmp_path: Path) -> tuple[CausalLMAdapter, list, list[str]]:
+    adapter, checkpoints = lora_adapter("llama", save_lora_checkpoints("llama", tmp_path / "adapters", lrs=(0.1, 0.05)))
+    return adapter, checkpoints, [n for n, p in adapter.model.named_parameters() if p.requires_grad]
+
+
+PCA = TracInOptions(method="factored", projection_in=3, projection_out=3, projection_basis="pca", shard_size=3)
+
+
 def test_a_run_with_pca_directions_fits_them_at_each_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lora_run: tuple[CausalLMAdapter, list, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    adapter, checkpoints = lora_adapter("llama", save_lora_checkpoints("llama", tmp_path, lrs=(0.1, 0.05)))
-    names = [n for n, p in adapter.model.named_parameters() if p.requires_grad]
+    adapter, checkpoints, names = lora_run
     fitted: list[dict[tuple[str, int], torch.Tensor]] = []
     set_bases = FactoredGradients.set_bases
 
@@ -147,11 +154,51 @@ def test_a_run_with_pca_directions_fits_them_at_each_checkpoint(
         set_bases(self, bases)
 
     monkeypatch.setattr(FactoredGradients, "set_bases", recording)
-    options = TracInOptions(method="factored", projection_in=3, projection_out=3, projection_basis="pca")
-    train, test = dataset(adapter, TRAIN), dataset(adapter, TEST)
-    result = tracin_scores(adapter, checkpoints, train, test, names, options)
+    result = tracin_scores(adapter, checkpoints, dataset(adapter, TRAIN), dataset(adapter, TEST), names, PCA)
     assert len(fitted) == len(checkpoints) and fitted[0] and fitted[0].keys() == fitted[1].keys()
     assert not torch.equal(*(next(iter(f.values())) for f in fitted))  # each checkpoint's own directions
     assert result.matrix is not None and torch.isfinite(result.matrix).all()
-    with pytest.raises(UserError, match="cannot use the training-gradient cache"):
-        tracin_scores(adapter, checkpoints, train, test, names, replace(options, train_cache=tmp_path / "cache"))
+
+
+def test_cached_gradients_are_read_with_the_directions_they_were_computed_with(
+    lora_run: tuple[CausalLMAdapter, list, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second run reads the blocks and the directions stored with them (fitting none) and scores as the first;
+    directions whose file is damaged are fitted again, with a warning, and a block is used only with the directions
+    it was computed with."""
+    adapter, checkpoints, names = lora_run
+    train, test = dataset(adapter, TRAIN), dataset(adapter, TEST)
+    options = replace(PCA, train_cache=tmp_path / "cache")
+    first = tracin_scores(adapter, checkpoints, train, test, names, options)
+    blocks = first.stats["cache_blocks"]["computed"]
+    assert blocks == 2 * len(checkpoints) and len(list((tmp_path / "cache").rglob("bases.safetensors"))) == 2
+
+    def no_fit(*args: object, **kwargs: object) -> None:
+        raise AssertionError("fitted again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("gpuopt_tui.jobs.tracin.scores.fit_bases", no_fit)
+        again = tracin_scores(adapter, checkpoints, train, test, names, options)
+    assert again.stats["cache_blocks"] == {"read": blocks, "computed": 0}
+    assert torch.equal(again.matrix, first.matrix)
+
+    damaged = sorted((tmp_path / "cache").rglob("bases.safetensors"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:-8] + b"\0" * 8)
+    warnings: list[str] = []
+    third = tracin_scores(adapter, checkpoints, train, test, names, options, reporter=Recording(warnings))
+    # a block is used only with the directions it names: the one read ahead before they were fitted again is computed
+    # again; the others are read, as the directions fitted again are the same bits (the CPU: the same sums)
+    used = third.stats["cache_blocks"]
+    assert used["computed"] >= 1 and used["read"] + used["computed"] == blocks
+    assert any("bases.safetensors" in w and "fitted and the blocks computed again" in w for w in warnings)
+    assert any("computed for another set of projection directions" in w for w in warnings)
+    assert torch.equal(third.matrix, first.matrix)
+
+
+class Recording(Reporter):
+    def __init__(self, warnings: list[str]) -> None:
+        super().__init__()
+        self.warnings = warnings
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)

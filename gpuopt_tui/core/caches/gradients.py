@@ -3,7 +3,8 @@
 One entry per (checkpoint content, training data, gradient settings): a folder named by the hash of those
 (`entry_key`) under ``<cache dir>/tracin-gradients``, holding ``manifest.json`` (what the entry was computed from)
 and one ``block_NNNNN.safetensors`` per block of training examples, each written atomically as it is finished, so
-an interrupted run leaves only whole blocks behind and the next run computes the rest. A block carries what it
+an interrupted run leaves only whole blocks behind and the next run computes the rest (and, with PCA projection
+directions, ``bases.safetensors``: the directions the blocks were computed with). A block carries what it
 was computed from and a checksum of its content, checked on every read (jobs/tracin/block_file.py). The checkpoint
 is known by the digest of its file's content, computed anew by every run (`caches.files.file_digest`). Pure
 Python (the tensors are read and written in jobs/tracin/), so the TUI and `gpuopt-tui cache` can list and clear

@@ -72,7 +72,8 @@ class TracInSection:
         "random",
         "method = factored: the directions each projected side keeps: random (seeded), or pca (the directions in "
         "which the layer's inputs and output gradients vary most over pca_examples training examples, fitted at each "
-        "checkpoint: agrees better with exact gradients at the same size; Linear and LoRA layers, others random)",
+        "checkpoint and kept with the cached gradients: agrees better with exact gradients at the same size; Linear "
+        "and LoRA layers, others random)",
         choices=PROJECTION_BASES,
     )
     pca_examples: int = opt(
@@ -138,15 +139,9 @@ class TracInSection:
             )
         if self.method != "factored" and (self.projection_in or self.projection_out):
             fail("projection_in", "projection_in and projection_out apply to method = factored only")
-        if self.projection_basis == "pca":
-            if self.method != "factored" or not (self.projection_in or self.projection_out):
-                fail("projection_basis", "projection_basis = pca needs method = factored with projection_in or out")
-            elif self.train_cache:
-                fail(
-                    "projection_basis",
-                    "projection_basis = pca cannot use train_cache yet (its directions are fitted per run): set "
-                    "train_cache = false, or projection_basis = random",
-                )
+        projected = self.method == "factored" and (self.projection_in or self.projection_out)
+        if self.projection_basis == "pca" and not projected:
+            fail("projection_basis", "projection_basis = pca needs method = factored with projection_in or out")
 
 
 @dataclass

@@ -33,6 +33,7 @@ IDENTITY_WORDS = {
     "checkpoint": "checkpoint",
     "train": "training set",
     "projection": "projection (size or seed)",
+    "bases": "set of projection directions (fitted again since)",
 }
 
 HostBlock = dict[str, Tensor]
@@ -65,6 +66,18 @@ def read_block(
     """(the block's tensors, None) when the file at `path` is the block of `identity` for `rows`, intact;
     (None, what is wrong) when it is damaged or not this block; (None, None) when there is no such file, or when
     it is an intact block of other rows (written by a run that cut the training set into other blocks)."""
+    tensors, problem = read_checked(path, identity, pin)
+    if tensors is None:
+        return None, problem
+    problem = _layout_problem(tensors)
+    if problem is not None:
+        return None, problem
+    return (tensors, None) if tensors["rows"].tolist() == list(rows) else (None, None)
+
+
+def read_checked(path: Path, identity: Mapping[str, str], pin: bool) -> tuple[HostBlock | None, str | None]:
+    """(the file's tensors, None) when the file at `path` was written by `write_block` for `identity` and is
+    intact; (None, what is wrong) otherwise; (None, None) when there is no such file."""
     if not path.is_file():
         return None, None
     try:
@@ -78,10 +91,7 @@ def read_block(
         return None, f"it was computed for another {IDENTITY_WORDS.get(wrong, wrong)}"
     if metadata[CHECKSUM] != checksum(identity, tensors):
         return None, "its content does not match its checksum"
-    problem = _layout_problem(tensors)
-    if problem is not None:
-        return None, problem
-    return (tensors, None) if tensors["rows"].tolist() == list(rows) else (None, None)
+    return tensors, None
 
 
 def _layout_problem(tensors: Mapping[str, Tensor]) -> str | None:

@@ -14,7 +14,9 @@ size and mtime put back, gets its own entry. A checkpoint whose file changes dur
 when it is loaded) is scored without the cache. A cache that cannot be written (a file where its folder should be,
 a read-only folder, a full disk) leaves the run going without storing blocks, with one warning. Adam-preconditioned
 gradients are known by their optimizer file's digest too (the checkpoint's `companion`), and keep each example's
-<Γ(g), g> beside them.
+<Γ(g), g> beside them. Gradients projected along directions fitted to the data (projection_basis = pca) keep those
+directions beside them (`BASES`), read when the entry is first named; a block names the directions' digest, so it is
+used only with the directions it was computed with (directions fitted again give other blocks).
 """
 
 from __future__ import annotations
@@ -37,11 +39,20 @@ from gpuopt_tui.core.caches.gradients import FORMAT, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
 from gpuopt_tui.jobs.digests import dataset_digest
 from gpuopt_tui.jobs.models.base import Adapter
-from gpuopt_tui.jobs.tracin.block_file import SELF_DOT, STORED, HostBlock, read_block, write_block
+from gpuopt_tui.jobs.tracin.block_file import (
+    SELF_DOT,
+    STORED,
+    HostBlock,
+    checksum,
+    read_block,
+    read_checked,
+    write_block,
+)
 from gpuopt_tui.jobs.tracin.grads import GradFeatures
 from gpuopt_tui.jobs.tracin.interface import TracInOptions
 
 Stored = tuple[HostBlock | None, str | None]  # a block read from the cache, or what was wrong with its file
+BASES = "bases.safetensors"  # an entry's projection directions (projection_basis = pca)
 
 
 class CheckpointGradients:
@@ -51,6 +62,14 @@ class CheckpointGradients:
         self.key = entry_key(parts)
         self.folder = root / self.key
         self.parts = dict(parts)
+        # projection_basis = pca: the directions the blocks are computed with, read with the entry (a block's
+        # identity names them: "none" until they are read or stored, so that no block is used without them)
+        self.bases_digest: str | None = None
+        self.stored_bases: dict[tuple[str, int], Tensor] | None = None
+        self.bases_problem: str | None = None  # what is wrong with their file
+        if "projection_basis" in self.parts:
+            self.bases_digest = "none"
+            self.stored_bases, self.bases_problem = self._read_bases()
 
     def path(self, block: int) -> Path:
         return self.folder / f"block_{block:05d}.safetensors"
@@ -58,7 +77,34 @@ class CheckpointGradients:
     def identity(self, block: int) -> dict[str, str]:
         """What a block file of this entry says it was computed from (block_file.py)."""
         readable = {k: json.dumps(self.parts[k]) for k in ("checkpoint", "train", "projection") if k in self.parts}
-        return {"format": str(FORMAT), "entry": self.key, "block": str(block), **readable}
+        bases = {"bases": self.bases_digest} if self.bases_digest is not None else {}
+        return {"format": str(FORMAT), "entry": self.key, "block": str(block), **readable, **bases}
+
+    def _read_bases(self) -> tuple[dict[tuple[str, int], Tensor] | None, str | None]:
+        """The projection directions stored with the blocks, or None with what is wrong with their file (None when
+        there is none); the blocks' identity names them from then on."""
+        tensors, problem = read_checked(self.folder / BASES, self._bases_identity(), pin=False)
+        if tensors is None:
+            return None, problem
+        self.bases_digest = checksum({}, tensors)
+        return {(name, int(axis)): t for key, t in tensors.items() for axis, name in [key.split(":", 1)]}, None
+
+    def save_bases(self, bases: Mapping[tuple[str, int], Tensor]) -> None:
+        """Store the projection directions the blocks are computed with; raises OSError when it cannot."""
+        tensors = {f"{axis}:{name}": t.detach().cpu().contiguous() for (name, axis), t in sorted(bases.items())}
+        self.bases_digest = checksum({}, tensors)
+        self._made()
+        identity = self._bases_identity()
+        write_atomically(self.folder / BASES, lambda tmp: write_block(tmp, identity, tensors))
+
+    def _made(self) -> None:
+        """The entry's folder with its manifest; raises OSError when they cannot be written."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not (self.folder / MANIFEST).is_file():
+            write_json(self.folder / MANIFEST, self.parts)
+
+    def _bases_identity(self) -> dict[str, str]:
+        return {"format": str(FORMAT), "entry": self.key, "bases": "projection directions"}
 
     def read(self, block: int, rows: Sequence[int], pin: bool) -> Stored:
         """The block's stored tensors in host memory, or None with what is wrong with its file (None when it
@@ -67,9 +113,7 @@ class CheckpointGradients:
 
     def save(self, block: int, rows: Sequence[int], feats: GradFeatures) -> None:
         """Store the block (replacing a damaged file); raises OSError when the folder cannot be written."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if not (self.folder / MANIFEST).is_file():
-            write_json(self.folder / MANIFEST, self.parts)
+        self._made()
         tensors = {"rows": torch.tensor(list(rows), dtype=torch.long), "dense": feats.dense.to(STORED).cpu()}
         for i, (g, a) in enumerate(feats.outer):
             tensors[f"g{i}"], tensors[f"a{i}"] = g.to(STORED).cpu(), a.to(STORED).cpu()
@@ -119,6 +163,7 @@ def cache_key(
         "projection": [opts.projection_dim, opts.projection_in, opts.projection_out, opts.seed],
         **({"adapter_base": opts.adapter_base} if opts.adapter_base is not None else {}),
         **({"optimizer_state": opts.optimizer_state} if opts.optimizer_state != "off" else {}),
+        **({"projection_basis": ["pca", opts.pca_examples]} if opts.projection_basis == "pca" else {}),
     }
 
 
@@ -191,6 +236,24 @@ class TrainGradientCache:
             entry = None
         self._current = (path, entry)
 
+    def bases(self, fit: Callable[[], dict[tuple[str, int], Tensor]]) -> dict[tuple[str, int], Tensor]:
+        """The current checkpoint's projection directions (projection_basis = pca): those its blocks were stored with,
+        else `fit()`'s, stored for later runs; its blocks count as stored with them only from then on."""
+        entry = self._current[1] if self._current is not None else None
+        if entry is None:
+            return fit()
+        if entry.stored_bases is not None:
+            return {key: t.to(self.device) for key, t in entry.stored_bases.items()}
+        if entry.bases_problem is not None:
+            problem = entry.bases_problem
+            self.warn(f"{entry.folder / BASES}: {problem}; the directions are fitted and the blocks computed again")
+        bases = fit()
+        try:
+            entry.save_bases(bases)
+        except OSError as e:
+            self._cannot_write(e)
+        return bases
+
     def block(self, block: int, rows: Sequence[int], compute: Callable[[], GradFeatures]) -> GradFeatures:
         if self._current is None:
             raise RuntimeError("TrainGradientCache.block before checkpoint")
@@ -220,12 +283,18 @@ class TrainGradientCache:
         try:
             entry.save(block, rows, feats)
         except OSError as e:
-            self.writable = False
-            self.warn(
-                f"{self.root}: cannot store TracIn training gradients there ({e.strerror or e}); the run goes on "
-                "without storing them. Make it a writable folder (GPUOPT_TUI_CACHE_DIR moves the cache) or set "
-                "tracin.train_cache = false"
-            )
+            self._cannot_write(e)
+
+    def _cannot_write(self, error: OSError) -> None:
+        """Stop storing anything, with one warning."""
+        if not self.writable:
+            return
+        self.writable = False
+        self.warn(
+            f"{self.root}: cannot store TracIn training gradients there ({error.strerror or error}); the run goes "
+            "on without storing them. Make it a writable folder (GPUOPT_TUI_CACHE_DIR moves the cache) or set "
+            "tracin.train_cache = false"
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -14,7 +14,8 @@ eigenvectors come from it at the end (Tropp, Yurtsever, Udell and Cevher, "Fixed
 semidefinite matrix from streaming data", 2017). A PEFT LoRA layer's A output side (B^T g) and B input side (A x) are
 r-dimensional: their covariances are B^T C_g B and A C_x A^T, taken from the same sketches. Embeddings, biases and
 LayerNorm parameters keep random factors. Factors are orthonormal, each column's sign fixed (its largest entry
-positive), and fitted per checkpoint, with the checkpoint's weights, from the same training examples.
+positive), and fitted per checkpoint, with the checkpoint's weights, from the same training examples (with the
+training-gradient cache on, once: grad_cache.py keeps them with the gradients).
 """
 
 from __future__ import annotations
@@ -137,5 +138,6 @@ def _factors(
             a, b = lora[use.param].matrices()
             through = b.detach() if use.role == "lora_a" else a.detach().T
         directions = top_directions(eigs[(module, side)], factored.sizes[use.param][axis], through)
-        bases[(use.param, axis)] = directions.to(factored.adapter.device, factored.dtype)
+        # contiguous, as read back from the cache: the same layout gives the same bits in the products
+        bases[(use.param, axis)] = directions.to(factored.adapter.device, factored.dtype).contiguous()
     return bases

@@ -96,8 +96,6 @@ class TracInRun:
             raise UserError(
                 f"projection_basis must be one of {', '.join(PROJECTION_BASES)}, got {self.opts.projection_basis!r}"
             )
-        if self.opts.projection_basis == "pca" and self.opts.train_cache:
-            raise UserError("projection_basis = pca cannot use the training-gradient cache yet")
         self.adam = self.opts.optimizer_state == "adam"
         self.optimizer_files = optimizer_files(checkpoints) if self.adam else []
         self.adam_described: dict[int, dict[str, Any]] = {}  # checkpoint -> its Adam settings, once loaded
@@ -175,7 +173,7 @@ class TracInRun:
             state = load_adam_state(file, self.adapter, self.params, self.adapter.device, scorer.dtype)
             self.adam_described[c] = state.describe()
             train_computer = scorer.computer.preconditioned(state)
-        self._fit_projection(scorer.computer, stage)
+        self._fit_projection(scorer, stage)
         test = _TestGradients(self, scorer, f"{stage}: gradients of {len(self.test)} test examples")
         # The test gradients come first when the run's first micro-batch is to measure the memory an example takes
         # (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they come after
@@ -186,21 +184,26 @@ class TracInRun:
         for j in blocks:
             self._score_block(scorer, train_computer, c, j, test, stage)
 
-    def _fit_projection(self, computer: GradientComputer, stage: str) -> None:
-        """projection_basis = pca: fit the factored projection's directions to the loaded checkpoint, from the first
-        pca_examples training examples (pca_basis.py), before any gradient of the checkpoint is projected."""
-        factored = computer.factored
+    def _fit_projection(self, scorer: _Scorer, stage: str) -> None:
+        """projection_basis = pca: the factored projection's directions for the loaded checkpoint, fitted to the
+        first pca_examples training examples (pca_basis.py), or those the cache's blocks were computed with, before
+        any gradient of the checkpoint is projected."""
+        factored = scorer.computer.factored
         if self.opts.projection_basis != "pca" or factored is None:
             return
         rows = list(range(min(self.opts.pca_examples, len(self.train))))
-        self.reporter.stage(f"{stage}: fitting the projection to {len(rows)} training examples")
         device, fields = self.adapter.device, self.train.token_fields
-        batches = (
-            to_device(trim_batch(self.train.batch(rows[i : i + PCA_BATCH]), fields), device)
-            for i in range(0, len(rows), PCA_BATCH)
-        )
+
+        def fit() -> dict[tuple[str, int], Tensor]:
+            self.reporter.stage(f"{stage}: fitting the projection to {len(rows)} training examples")
+            batches = (
+                to_device(trim_batch(self.train.batch(rows[i : i + PCA_BATCH]), fields), device)
+                for i in range(0, len(rows), PCA_BATCH)
+            )
+            return fit_bases(factored, batches, self.opts.seed)
+
         with record_function("tracin.fit_projection"):
-            factored.set_bases(fit_bases(factored, batches, self.opts.seed))
+            factored.set_bases(scorer.cache.bases(fit) if scorer.cache is not None else fit())
 
     def _score_block(
         self, scorer: _Scorer, computer: GradientComputer, c: int, j: int, test: _TestGradients, stage: str
