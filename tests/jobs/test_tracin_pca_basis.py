@@ -1,10 +1,12 @@
 """Projection factors fitted to the data (pca_basis.py): the streaming sketch gives a covariance's top directions
 (exactly, with as many columns as dimensions), also through a matrix; on a LoRA decoder every fitted factor spans
 the top directions of its layer's inputs or output gradients (a naive float64 reference, example by example); a
-TracIn run with projection_basis = pca fits them at each checkpoint and says so, and refuses the cache."""
+TracIn run with projection_basis = pca fits them at each checkpoint, keeps them with its cached gradients and reads
+them back; the fitting pass halves its micro-batches on out-of-memory."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +16,9 @@ from lm_cases import tiny_decoder, tiny_tokenizer
 from test_tracin_causal_lm import TEST, TRAIN, dataset
 from test_tracin_lora import lora_adapter, save_lora_checkpoints
 
+from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
+from gpuopt_tui.jobs.tracin import pca_basis
 from gpuopt_tui.jobs.tracin.factored import FactoredGradients
 from gpuopt_tui.jobs.tracin.interface import Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.pca_basis import CovarianceSketch, fit_bases, top_directions
@@ -177,7 +181,7 @@ def test_cached_gradients_are_read_with_the_directions_they_were_computed_with(
         raise AssertionError("fitted again")
 
     with monkeypatch.context() as patch:
-        patch.setattr("gpuopt_tui.jobs.tracin.scores.fit_bases", no_fit)
+        patch.setattr("gpuopt_tui.jobs.tracin.pca_basis.fit_bases", no_fit)
         again = tracin_scores(adapter, checkpoints, train, test, names, options)
     assert again.stats["cache_blocks"] == {"read": blocks, "computed": 0}
     assert torch.equal(again.matrix, first.matrix)
@@ -202,3 +206,27 @@ class Recording(Reporter):
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
+
+
+def test_the_fitting_pass_halves_its_micro_batches_on_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = lora_decoder()
+    names = [n for n, p in adapter.model.named_parameters() if p.requires_grad]
+    engine = FactoredGradients(adapter, names, k_in=K, k_out=K, seed=0, precision="fp32")
+    train = dataset(adapter, TRAIN + TEST)
+    tried: list[int] = []
+    real = pca_basis.fit_bases
+
+    def fits_two(factored: FactoredGradients, batches: Iterable[dict], seed: int) -> dict:
+        batches = list(batches)
+        tried.append(max(len(b["input_ids"]) for b in batches))
+        if tried[-1] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return real(factored, batches, seed)
+
+    monkeypatch.setattr(pca_basis, "fit_bases", fits_two)
+    rows = list(range(len(train)))
+    assert pca_basis.fit_to_examples(engine, train, rows, seed=0)
+    assert tried == [7, 4, 2]  # 8 asked (7 rows), then 4, then 2: fitted
+    monkeypatch.setattr(pca_basis, "fit_bases", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    with pytest.raises(UserError, match="out of memory fitting the projection's directions"):
+        pca_basis.fit_to_examples(engine, train, rows, seed=0)

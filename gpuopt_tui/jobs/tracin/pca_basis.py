@@ -20,15 +20,21 @@ training-gradient cache on, once: grad_cache.py keeps them with the gradients).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import gc
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.data import TextDataset, trim_batch
+from gpuopt_tui.jobs.device import free_memory, is_oom
+from gpuopt_tui.jobs.models.base import to_device
 from gpuopt_tui.jobs.tracin.factored import FactoredGradients, Use, example_rows, masked_padding
 from gpuopt_tui.jobs.tracin.project import Projector
 
 OVERSAMPLE = 16  # sketch columns beyond 2k
+FIT_BATCH = 8  # examples per micro-batch of the fitting pass (halved on out-of-memory)
 SIDES = {  # role -> (the sketch of each axis: "in" = layer inputs, "out" = output gradients)
     "weight": ("out", "in"),
     "lora_a": ("out", "in"),
@@ -106,6 +112,32 @@ def fit_bases(
         factored.run_hooked(batch, on_input, on_output)
     eigs = {key: sketch.eig() for key, sketch in sketches.items()}
     return _factors(factored, eigs)
+
+
+def fit_to_examples(
+    factored: FactoredGradients, ds: TextDataset, rows: Sequence[int], seed: int
+) -> dict[tuple[str, int], Tensor]:
+    """`fit_bases` on `rows` of `ds`, FIT_BATCH examples a micro-batch: on out-of-memory, again from the start with
+    half as many (the sketches of a batch cut short would be off)."""
+    device, size = factored.adapter.device, FIT_BATCH
+    while True:
+        batches = (
+            to_device(trim_batch(ds.batch(rows[i : i + size]), ds.token_fields), device)
+            for i in range(0, len(rows), size)
+        )
+        try:
+            return fit_bases(factored, batches, seed)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            if size == 1:
+                raise UserError(
+                    "out of memory fitting the projection's directions with one example per micro-batch: use "
+                    "projection_basis = random, shorter examples (data.max_length), or a larger GPU"
+                ) from None
+        gc.collect()  # the failed attempt's tensors
+        free_memory(device)
+        size //= 2
 
 
 def _projected_sides(factored: FactoredGradients) -> Iterator[tuple[str, Use, int, str]]:

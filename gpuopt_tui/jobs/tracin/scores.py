@@ -27,8 +27,8 @@ from torch.profiler import record_function
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.tracin import OPTIMIZER_STATES, PROJECTION_BASES
-from gpuopt_tui.jobs.data import TextDataset, trim_batch
-from gpuopt_tui.jobs.models.base import Adapter, Checkpoint, to_device
+from gpuopt_tui.jobs.data import TextDataset
+from gpuopt_tui.jobs.models.base import Adapter, Checkpoint
 from gpuopt_tui.jobs.tracin.adam_state import DESCRIPTION, FORMULA, load_adam_state, optimizer_files
 from gpuopt_tui.jobs.tracin.filters import PairFilter
 from gpuopt_tui.jobs.tracin.grad_cache import TrainGradientCache, cache_key
@@ -36,12 +36,10 @@ from gpuopt_tui.jobs.tracin.grads import GradFeatures, GradientComputer
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.microbatch import Cleanup, MicroBatcher
 from gpuopt_tui.jobs.tracin.params import count_parameters
-from gpuopt_tui.jobs.tracin.pca_basis import fit_bases
+from gpuopt_tui.jobs.tracin.pca_basis import fit_to_examples
 from gpuopt_tui.jobs.tracin.prefetch import CheckpointLoader
 from gpuopt_tui.jobs.tracin.project import Projector
 from gpuopt_tui.jobs.tracin.shards import MemoryStore, ShardStore, gather_shards, latest_shard, shard_name, split_blocks
-
-PCA_BATCH = 8  # examples per micro-batch of the projection's fitting pass (projection_basis = pca)
 
 
 def tracin_scores(
@@ -192,15 +190,10 @@ class TracInRun:
         if self.opts.projection_basis != "pca" or factored is None:
             return
         rows = list(range(min(self.opts.pca_examples, len(self.train))))
-        device, fields = self.adapter.device, self.train.token_fields
 
         def fit() -> dict[tuple[str, int], Tensor]:
             self.reporter.stage(f"{stage}: fitting the projection to {len(rows)} training examples")
-            batches = (
-                to_device(trim_batch(self.train.batch(rows[i : i + PCA_BATCH]), fields), device)
-                for i in range(0, len(rows), PCA_BATCH)
-            )
-            return fit_bases(factored, batches, self.opts.seed)
+            return fit_to_examples(factored, self.train, rows, self.opts.seed)
 
         with record_function("tracin.fit_projection"):
             factored.set_bases(scorer.cache.bases(fit) if scorer.cache is not None else fit())
