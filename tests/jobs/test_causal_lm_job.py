@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.profiles.io import profile_from_data
-from gpuopt_tui.core.runs.events import EventWriter
+from gpuopt_tui.core.runs.events import EventWriter, read_events
 from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs.attribution.job import run_job
 from gpuopt_tui.jobs.context import JobContext
@@ -98,6 +98,10 @@ def test_per_target_token_gives_a_completion_by_prompt_matrix(workdir: Path) -> 
     whole, _ = run(workdir, "whole-again")
     records, summary = run(workdir, "per-token", per_target_token=True)
     assert summary["completions"]["per_target_token"] and summary["n_samples"] == len(ROWS)
+    events, _ = read_events(RunDir(workdir / "runs" / "per-token").events)
+    progress = [e for e in events if e["type"] == "progress" and e.get("stage") == "attribution"]
+    tokens = sum(len(r["completion_tokens"]) for r in records)  # the rows counted are (sample, token) rows
+    assert progress[-1]["unit"] == "completion tokens" and progress[-1]["done"] == progress[-1]["total"] == tokens
     for record, plain in zip(records, whole):
         matrix = torch.tensor(record["matrix"])
         assert matrix.shape == (len(record["completion_tokens"]), len(record["tokens"]))

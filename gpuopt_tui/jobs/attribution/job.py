@@ -35,6 +35,7 @@ from gpuopt_tui.jobs.attribution.panels import step_counts
 from gpuopt_tui.jobs.attribution.precision import REDUCED, NonFiniteGradients
 from gpuopt_tui.jobs.attribution.report import FILE_NAMES, Report, Results, build_report
 from gpuopt_tui.jobs.attribution.start_precision import StartPrecision
+from gpuopt_tui.jobs.completion_data import SAMPLE_OF_ROW
 from gpuopt_tui.jobs.context import PREPARE_STAGE, WRITE_STAGE, JobContext, ResumePart
 from gpuopt_tui.jobs.data import TextDataset, cut_texts_note, length_sorted_order, load_dataset, trim_batch
 from gpuopt_tui.jobs.device import amp_dtype_supported, free_memory, is_oom, resolve_device
@@ -207,8 +208,9 @@ def _attribute_pending(
     pending = mine(pending, costs, ctx.rank, ctx.world_size)
     done = earlier if ctx.rank == 0 else 0
     total = done + sum(len(plan[j]) for j in pending)
+    unit = "completion tokens" if SAMPLE_OF_ROW in ds.meta else "samples"  # per_target_token: a row per token
     ctx.reset_rate()
-    ctx.progress(done, total, stage="attribution")
+    ctx.progress(done, total, unit=unit, stage="attribution")
 
     def with_bf16_fallback(batch: Batch, on_chunk: Callable[[int, int], None]) -> dict[str, Tensor]:
         """IG of a batch; in bf16 again when fp16 overflowed (bf16 has fp32's range)."""
@@ -229,7 +231,7 @@ def _attribute_pending(
 
         def on_chunk(part: int, parts: int) -> None:
             ctx.check_cancelled()
-            ctx.progress(offset + rows * part // parts, total, stage="attribution")
+            ctx.progress(offset + rows * part // parts, total, unit=unit, stage="attribution")
 
         try:
             return with_bf16_fallback(batch, on_chunk)
@@ -261,7 +263,7 @@ def _attribute_pending(
         metadata = {"seconds": f"{time.perf_counter() - start:.6f}", "rank": str(ctx.rank)}
         ctx.save_shard(shard_name(j), _shard_writer(values, metadata))
         done += len(indices)
-        ctx.progress(done, total, stage="attribution")
+        ctx.progress(done, total, unit=unit, stage="attribution")
     return sum(len(plan[j]) for j in pending)
 
 
