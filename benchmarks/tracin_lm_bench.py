@@ -637,9 +637,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown := [r for r in args.rows if r not in ROWS]:
         p.error(f"--rows: unknown {', '.join(unknown)} (expected some of {', '.join(ROWS)})")
     args.batch = '"auto"' if args.batch == "auto" else int(args.batch)
-    if args.quick:  # the sizes not given on the command line
+    if args.quick:  # the sizes not given on the command line (a value equal to the default counts as given)
+        given = sys.argv[1:] if argv is None else argv
         for key, value in QUICK.items():
-            if getattr(args, key) == p.get_default(key):
+            flag = "--" + key.replace("_", "-")
+            if not any(a == flag or a.startswith(flag + "=") for a in given):
                 setattr(args, key, value)
     args.device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     return args

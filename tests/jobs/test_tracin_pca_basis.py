@@ -85,9 +85,12 @@ def lora_decoder() -> CausalLMAdapter:
     return CausalLMAdapter("llama", model, tiny_tokenizer(), CPU)
 
 
-def naive_covariances(adapter: CausalLMAdapter, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], torch.Tensor]:
-    """(LoRA layer, "in" / "out") -> the sum over every token of every example, one example at a time, of x x^T
-    (layer inputs) and g g^T (gradients of the layer's output), in float64."""
+def naive_covariances(
+    adapter: CausalLMAdapter, pairs: list[tuple[str, str]], modules: Iterable[str]
+) -> dict[tuple[str, str], torch.Tensor]:
+    """(module, "in" / "out") -> the sum over every token that the loss's gradient reaches (g != 0), of every
+    example, one example at a time, of x x^T (the module's inputs) and g g^T (gradients of its output), in
+    float64."""
     sums: dict[tuple[str, str], torch.Tensor] = {}
 
     def add(key: tuple[str, str], rows: torch.Tensor) -> None:
@@ -96,13 +99,18 @@ def naive_covariances(adapter: CausalLMAdapter, pairs: list[tuple[str, str]]) ->
 
     def hook_for(name: str):
         def hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-            add((name, "in"), args[0])
-            output.register_hook(lambda g: add((name, "out"), g))
+            x = args[0].detach()
+
+            def on_gradient(g: torch.Tensor) -> None:
+                add((name, "out"), g)
+                add((name, "in"), x[(g != 0).any(-1)])
+
+            output.register_hook(on_gradient)
 
         return hook
 
-    layers = {n: m for n, m in adapter.model.named_modules() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")}
-    handles = [m.register_forward_hook(hook_for(n)) for n, m in layers.items()]
+    named = dict(adapter.model.named_modules())
+    handles = [named[n].register_forward_hook(hook_for(n)) for n in modules]
     try:
         for pair in pairs:
             batch = dataset(adapter, [pair]).tensors
@@ -119,7 +127,7 @@ def test_fitted_factors_of_a_lora_decoder_span_the_top_directions_of_its_layers(
     engine = FactoredGradients(adapter, names, k_in=K, k_out=K, seed=0, precision="fp32")
     pairs = TRAIN + TEST
     bases = fit_bases(engine, [dataset(adapter, TRAIN, "left").tensors, dataset(adapter, TEST).tensors], seed=0)
-    covariances = naive_covariances(adapter, pairs)
+    covariances = naive_covariances(adapter, pairs, engine.lora)
     checked = 0
     for module, layer in engine.lora.items():
         a, b = (m.detach() for m in layer.matrices())
@@ -144,6 +152,27 @@ def lora_run(tmp_path: Path) -> tuple[CausalLMAdapter, list, list[str]]:
 
 
 PCA = TracInOptions(method="factored", projection_in=3, projection_out=3, projection_basis="pca", shard_size=3)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_fitted_factors_of_full_parameter_layers_span_their_top_directions(family: str) -> None:
+    """Every Linear (Llama) or Conv1D (GPT-2, weight stored [in, out]) weight of a full-parameter decoder."""
+    adapter = CausalLMAdapter(family, tiny_decoder(family).double(), tiny_tokenizer(), CPU)
+    layers = [n for n, m in adapter.model.named_modules() if type(m).__name__ in ("Linear", "Conv1D")]
+    names = [f"{n}.weight" for n in layers if f"{n}.weight" in dict(adapter.model.named_parameters())]
+    engine = FactoredGradients(adapter, names, k_in=K, k_out=K, seed=0, precision="fp32")
+    bases = fit_bases(engine, [dataset(adapter, TRAIN).tensors, dataset(adapter, TEST).tensors], seed=0)
+    covariances = naive_covariances(adapter, TRAIN + TEST, engine.uses)
+    checked = 0
+    for module, uses in engine.uses.items():
+        for use in uses:
+            sides = {"weight": ("out", "in"), "conv_weight": ("in", "out")}.get(use.role, ())
+            for axis, side in enumerate(sides):
+                covariance = covariances[(module, side)]
+                if (use.param, axis) in bases and covariance.shape[0] <= 2 * K + 16:  # an exact sketch
+                    assert same_span(bases[(use.param, axis)], top(covariance, K)) < 1e-4, (use.param, axis)
+                    checked += 1
+    assert checked >= 4
 
 
 def test_a_run_with_pca_directions_fits_them_at_each_checkpoint(

@@ -2,8 +2,9 @@
 
 A layer's per-example gradient is sum_t g_t x_t^T (factored.py). Random factors keep any k directions of each side;
 these keep the k directions along which the layer's inputs x (input side) and output gradients g (output side) vary
-most over some training examples: the top eigenvectors of C_x = sum x x^T and C_g = sum g g^T, the two Kronecker
-factors of K-FAC, as LoGra's PCA initialisation does. The inner product of two projected gradients is then the inner
+most over some training examples: the top eigenvectors of C_x = sum x x^T and C_g = sum g g^T over the tokens the
+loss's gradient reaches (g != 0; the others add nothing to any gradient), the two Kronecker factors of K-FAC, as
+LoGra's PCA initialisation does. The inner product of two projected gradients is then the inner
 product of the gradients' components in those subspaces: a truncation, not an unbiased estimate, but where the
 covariances' spectra fall fast (they do in trained networks) it keeps most of each gradient, and rankings agree with
 exact TracIn far better than random factors of the same size (benchmarks/results/tracin_lm_agreement_cpu.md).
@@ -85,6 +86,8 @@ def fit_bases(
     """(parameter, axis) -> its fitted factor [dim, k] (engine dtype, on the device), for each projected side of a
     Linear, Conv1D or LoRA matrix, from one forward and backward of each batch at the model's current weights."""
     widest = _sketched_sides(factored)  # (module, "in" or "out") -> the largest k asked of it
+    if not widest:
+        return {}  # every side exact, or none of a Linear, Conv1D or LoRA layer: nothing to fit
     names = {id(factored.modules[module]): module for module, _ in widest}
     projector = Projector(1, seed, factored.adapter.device, torch.float32)
     sketches: dict[tuple[str, str], CovarianceSketch] = {}
@@ -98,15 +101,20 @@ def fit_bases(
                 sketches[key] = CovarianceSketch(omega)
             sketches[key].add(rows)
 
-    def on_input(module: nn.Module, uses: list[Use], x: Tensor, n: int, keep: Tensor | None) -> str | None:
+    def on_input(
+        module: nn.Module, uses: list[Use], x: Tensor, n: int, keep: Tensor | None
+    ) -> tuple[str, Tensor] | None:
         name = names.get(id(module))
-        if name is not None:
-            add(name, "in", masked_padding(example_rows(x, n).float(), keep))
-        return name
+        return None if name is None else (name, x.detach())  # held as it is (no copy) until its gradient comes
 
-    def on_output(uses: list[Use], g: Tensor, n: int, keep: Tensor | None, name: str | None) -> None:
-        if name is not None:
-            add(name, "out", masked_padding(example_rows(g, n).float(), keep))
+    def on_output(uses: list[Use], g: Tensor, n: int, keep: Tensor | None, saved: tuple[str, Tensor] | None) -> None:
+        if saved is not None:
+            name, x = saved
+            g = masked_padding(example_rows(g, n).float(), keep)
+            add(name, "out", g)
+            # the tokens whose inputs count: those the loss's gradient reaches (a causal LM's output layer also runs
+            # on padded completion positions, where it is zero); each adds nothing to any gradient otherwise
+            add(name, "in", masked_padding(example_rows(x, n).float(), keep) * (g != 0).any(-1, keepdim=True))
 
     for batch in batches:
         factored.run_hooked(batch, on_input, on_output)
