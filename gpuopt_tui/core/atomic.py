@@ -26,6 +26,20 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_once(path: Path, write: Callable[[Path], None]) -> bool:
+    """`write(tmp)` to a temporary file next to `path`, then link it as `path` unless a file is there already (one
+    written by another process meanwhile is kept whole); whether this call's file is the one at `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write every byte of `data` to `fd` and fsync it (os.write may write less than asked)."""
     view = memoryview(data)

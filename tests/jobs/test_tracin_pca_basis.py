@@ -2,7 +2,8 @@
 (exactly, with as many columns as dimensions), also through a matrix; on a LoRA decoder every fitted factor spans
 the top directions of its layer's inputs or output gradients (a naive float64 reference, example by example); a
 TracIn run with projection_basis = pca fits them at each checkpoint, keeps them with its cached gradients and reads
-them back; the fitting pass halves its micro-batches on out-of-memory."""
+them back (ranks that fit at once all use the first stored); the fitting pass halves its micro-batches on
+out-of-memory."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from lm_cases import tiny_decoder, tiny_tokenizer
 from test_tracin_causal_lm import TEST, TRAIN, dataset
 from test_tracin_lora import lora_adapter, save_lora_checkpoints
 
+from gpuopt_tui.core.caches.files import file_digest
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.tracin import pca_basis
 from gpuopt_tui.jobs.tracin.factored import FactoredGradients
+from gpuopt_tui.jobs.tracin.grad_cache import CheckpointGradients, TrainGradientCache
 from gpuopt_tui.jobs.tracin.interface import Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.pca_basis import CovarianceSketch, fit_bases, top_directions
 from gpuopt_tui.jobs.tracin.project import Projector
@@ -259,3 +262,25 @@ def test_the_fitting_pass_halves_its_micro_batches_on_out_of_memory(monkeypatch:
     monkeypatch.setattr(pca_basis, "fit_bases", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
     with pytest.raises(UserError, match="out of memory fitting the projection's directions"):
         pca_basis.fit_to_examples(engine, train, rows, seed=0)
+
+
+def test_ranks_that_fit_at_once_all_use_the_directions_stored_first(tmp_path: Path) -> None:
+    """Two ranks of one run fit the directions of the same cache entry: the one that stores them first wins, and
+    the other uses those (the same for every block of the entry)."""
+    parts = {"model": "m", "projection_basis": ["pca", 4]}
+    checkpoint = tmp_path / "checkpoint.bin"
+    checkpoint.write_bytes(b"weights")
+    entry_parts = {**parts, "checkpoint": file_digest(checkpoint)}
+    first = {("w", 0): torch.ones(4, 2, dtype=torch.float64)}
+    mine = {("w", 0): torch.zeros(4, 2, dtype=torch.float64)}
+
+    def fit() -> dict[tuple[str, int], torch.Tensor]:
+        CheckpointGradients(tmp_path, entry_parts).save_bases(first)  # the other rank, meanwhile
+        return mine
+
+    with TrainGradientCache(tmp_path, parts, CPU, torch.float64) as cache:
+        cache.checkpoint(checkpoint)
+        used = cache.bases(fit)
+    assert torch.equal(used[("w", 0)], first[("w", 0)])
+    later = CheckpointGradients(tmp_path, entry_parts)
+    assert later.stored_bases is not None and torch.equal(later.stored_bases[("w", 0)], first[("w", 0)])

@@ -16,7 +16,8 @@ a read-only folder, a full disk) leaves the run going without storing blocks, wi
 gradients are known by their optimizer file's digest too (the checkpoint's `companion`), and keep each example's
 <Γ(g), g> beside them. Gradients projected along directions fitted to the data (projection_basis = pca) keep those
 directions beside them (`BASES`), read when the entry is first named; a block names the directions' digest, so it is
-used only with the directions it was computed with (directions fitted again give other blocks).
+used only with the directions it was computed with (directions fitted again give other blocks). The ranks of one run
+each fit them; the first to store them wins, and every rank uses what it stored.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpuopt_tui.core.atomic import write_atomically, write_json
+from gpuopt_tui.core.atomic import write_atomically, write_json, write_once
 from gpuopt_tui.core.caches.files import file_digest, stamp
 from gpuopt_tui.core.caches.gradients import FORMAT, MANIFEST, entry_key
 from gpuopt_tui.jobs.data import TextDataset
@@ -89,13 +90,23 @@ class CheckpointGradients:
         self.bases_digest = checksum({}, tensors)
         return {(name, int(axis)): t for key, t in tensors.items() for axis, name in [key.split(":", 1)]}, None
 
-    def save_bases(self, bases: Mapping[tuple[str, int], Tensor]) -> None:
-        """Store the projection directions the blocks are computed with; raises OSError when it cannot."""
+    def save_bases(self, bases: Mapping[tuple[str, int], Tensor]) -> dict[tuple[str, int], Tensor]:
+        """Store the projection directions the blocks are computed with, and return those to use: these, or the ones
+        another process (a rank of the same run) stored first, which every process then uses; a damaged file is
+        replaced. Raises OSError when the folder cannot be written."""
         tensors = {f"{axis}:{name}": t.detach().cpu().contiguous() for (name, axis), t in sorted(bases.items())}
-        self.bases_digest = checksum({}, tensors)
         self._made()
         identity = self._bases_identity()
-        write_atomically(self.folder / BASES, lambda tmp: write_block(tmp, identity, tensors))
+        path, write = self.folder / BASES, lambda tmp: write_block(tmp, identity, tensors)
+        if self.bases_problem is not None:  # damaged: replaced
+            write_atomically(path, write)
+        elif not write_once(path, write):
+            stored, _ = self._read_bases()
+            if stored is not None:
+                return stored
+            write_atomically(path, write)
+        self.bases_digest = checksum({}, tensors)
+        return dict(bases)
 
     def _made(self) -> None:
         """The entry's folder with its manifest; raises OSError when they cannot be written."""
@@ -249,7 +260,7 @@ class TrainGradientCache:
             self.warn(f"{entry.folder / BASES}: {problem}; the directions are fitted and the blocks computed again")
         bases = fit()
         try:
-            entry.save_bases(bases)
+            return {key: t.to(self.device) for key, t in entry.save_bases(bases).items()}
         except OSError as e:
             self._cannot_write(e)
         return bases
