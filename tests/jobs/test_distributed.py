@@ -103,13 +103,16 @@ def test_tracin_over_two_processes_equals_one(device: str) -> None:
     assert ranked[0] == ranked[1]
 
 
-def test_tracin_of_a_decoder_over_lora_checkpoints_over_two_processes_equals_one(tmp_path: Path) -> None:
-    """A causal LM's TracIn (completion loss, PEFT adapter checkpoints, factored projection) sharded over two
-    processes (gloo) gives the scores of one process."""
+@pytest.mark.parametrize("basis", ["random", "pca"])
+def test_tracin_of_a_decoder_over_lora_checkpoints_over_two_processes_equals_one(tmp_path: Path, basis: str) -> None:
+    """A causal LM's TracIn (completion loss, PEFT adapter checkpoints, factored projection along random or fitted
+    directions: each rank fits its own) sharded over two processes (gloo) gives the scores of one process."""
     pytest.importorskip("peft")
     model = save_tiny_decoder("llama", tmp_path / "model")
     specs = save_lora_checkpoints("llama", tmp_path / "adapters", dtype=torch.float32)
-    tracin = 'method = "factored"\nprojection_in = 4\nprojection_out = 4\nshard_size = 2\n'
+    tracin = (
+        f'method = "factored"\nprojection_in = 4\nprojection_out = 4\nshard_size = 2\nprojection_basis = "{basis}"\n'
+    )
     profile = lm_profile(tmp_path, model, [(s.path, s.lr) for s in specs], tracin)
     one = finished(profile, [])
     many = finished(profile, ["run.devices=2"])
