@@ -2,7 +2,7 @@
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
 # Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
-#        planner-traced planner-recommend startup lm-attribution tracin-lm
+#        planner-traced planner-recommend startup lm-attribution tracin-lm tracin-lm-pca
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -115,6 +115,12 @@ for step in "$@"; do
     tracin-lm)  # TracIn over LoRA adapter checkpoints of a 1B-class decoder through the CLI (TRACIN_LM_ARGS: extra args)
       python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm ${TRACIN_LM_ARGS:-} \
         --out "$out/tracin_lm_${card}.md" > "$out/tracin_lm.log" 2>&1; tail -30 "$out/tracin_lm.log" ;;
+    tracin-lm-pca)  # the same, trained 1B model: exact against 16x16 random, 16x16 PCA and 32x32 random; then the
+      # cold and cached rows with PCA directions (their fitting pass's cost, the cache read back with them)
+      python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm --rows exact,cold,cached --basis pca --train 4096 \
+        --words 264 --pretrain-steps 600 --pretrain-lr 5e-4 --exact-train 256 --exact-queries 16 \
+        --exact-projections 16,16pca,32 --out "$out/tracin_lm_pca_${card}.md" > "$out/tracin_lm_pca.log" 2>&1
+      tail -30 "$out/tracin_lm_pca.log" ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;

@@ -60,7 +60,7 @@ from gpuopt_tui.jobs.tracin.job import flipped_auc
 
 ROWS = ("cold", "cached", "exact")
 META_ARGS = ("shape", "base_dtype", "train", "tokens", "queries", "tasks", "words", "flipped", "rank", "projection",
-             "batch", "note")  # fmt: skip
+             "basis", "batch", "note")  # fmt: skip
 GOAL_TRAIN = 100_000  # issue 35's training set
 QUICK = {"shape": "tiny", "train": 64, "tokens": 40, "queries": 8, "rank": 8, "steps": 3, "train_batch": 4,
          "exact_train": 24, "exact_queries": 4, "projection": 4, "tasks": 4, "lr": 1e-3}  # fmt: skip
@@ -437,12 +437,12 @@ def measure(args: argparse.Namespace, device: torch.device, report: Any) -> None
     cold = None
     if "cold" in args.rows:
         shutil.rmtree(cache, ignore_errors=True)
-        profile = write_profile(work / "tracin-lm-a.toml", args, files, checkpoints, queries[0])
+        profile = write_profile(work / "tracin-lm-a.toml", args, files, checkpoints, queries[0], basis=args.basis)
         cold = cli_run(profile, home, work / "cold.log")
         report.add(run_row("cold: first query set, empty cache", cold, len(train), args.queries, cache)
                    | influence_sanity(cold["results"], train, sets[0]))  # fmt: skip
     if "cached" in args.rows:
-        profile = write_profile(work / "tracin-lm-b.toml", args, files, checkpoints, queries[1])
+        profile = write_profile(work / "tracin-lm-b.toml", args, files, checkpoints, queries[1], basis=args.basis)
         cached = cli_run(profile, home, work / "cached.log")
         from_cache = (cached["summary"].get("train_cache") or {}).get("read", 0) > 0
         name = (
@@ -474,7 +474,7 @@ def agreement(
     for size in args.exact_projections or [str(args.projection)]:
         k, basis = int(size.removesuffix("pca")), "pca" if size.endswith("pca") else "random"
         run, source = cold, "the cold run's score matrix"
-        if run is None or k != args.projection or basis == "pca":
+        if run is None or k != args.projection or basis != args.basis:
             profile = write_profile(work / f"tracin-lm-subset-{size}.toml", args, files, checkpoints, query_files[0],
                                     n, q, projection=k, basis=basis)  # fmt: skip
             run, source = cli_run(profile, work / "home", work / f"subset-{size}.log"), "a CLI run on the subset"
@@ -551,6 +551,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"tasks, {meta['flipped']:.0%} with a wrong completion; "
         f"{meta.get('words') or 'min(30000, the vocabulary)'} words), query sets of {meta['queries']} rows",
         f"- run: `gpuopt-tui run` (method = factored, {meta['projection']} x {meta['projection']} per LoRA matrix, "
+        f"projection_basis = {meta.get('basis', 'random')} in the cold and cached rows, "
         f"bf16 autocast on a GPU (fp32 on the CPU), train_cache = true, batch_size = {meta['batch']}); wall = the whole command (start-up, model "
         "load, query gradients, writing results); scoring = its summary's compute_seconds",
         "- scaled down: the 100k column is an extrapolation, linear in the training rows (fixed part + scoring x "
@@ -612,6 +613,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pretrain-lr", type=float, default=1e-3)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--projection", type=int, default=16, help="projection_in = projection_out")
+    p.add_argument(
+        "--basis",
+        choices=("random", "pca"),
+        default="random",
+        help="tracin.projection_basis of the cold and cached rows",
+    )
     p.add_argument(  # 8 peaked at 11.7 GiB reserved on an H200 (3.6 fixed, about 0.9 a row before the completion-only
         # output layer): 32 stays within the issue's 40 GiB; "auto" fills the card
         "--batch",
