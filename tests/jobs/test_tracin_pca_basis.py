@@ -284,3 +284,15 @@ def test_ranks_that_fit_at_once_all_use_the_directions_stored_first(tmp_path: Pa
     assert torch.equal(used[("w", 0)], first[("w", 0)])
     later = CheckpointGradients(tmp_path, entry_parts)
     assert later.stored_bases is not None and torch.equal(later.stored_bases[("w", 0)], first[("w", 0)])
+
+
+def test_an_output_layer_tied_to_the_embedding_keeps_random_directions() -> None:
+    """GPT-2's output layer is its token embedding: both uses of the weight must be projected with the same factors,
+    and the embedding's are random."""
+    adapter = CausalLMAdapter("gpt2", tiny_decoder("gpt2").double(), tiny_tokenizer(), CPU)
+    names = [n for n, _ in adapter.model.named_parameters()]
+    engine = FactoredGradients(adapter, names, k_in=K, k_out=K, seed=0, precision="fp32")
+    tied = "transformer.wte.weight"
+    assert {u.role for uses in engine.uses.values() for u in uses if u.param == tied} == {"embedding", "weight"}
+    bases = fit_bases(engine, [dataset(adapter, TRAIN).tensors], seed=0)
+    assert bases and not any(param == tied for param, _ in bases)

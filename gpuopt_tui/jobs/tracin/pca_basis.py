@@ -6,17 +6,17 @@ most over some training examples: the top eigenvectors of C_x = sum x x^T and C_
 loss's gradient reaches (g != 0; the others add nothing to any gradient), the two Kronecker factors of K-FAC, as
 LoGra's PCA initialisation does. The inner product of two projected gradients is then the inner
 product of the gradients' components in those subspaces: a truncation, not an unbiased estimate, but where the
-covariances' spectra fall fast (they do in trained networks) it keeps most of each gradient, and rankings agree with
-exact TracIn far better than random factors of the same size (benchmarks/results/tracin_lm_agreement_cpu.md).
+covariances' spectra fall fast it keeps most of each gradient, and rankings agreed with exact TracIn better than with
+random factors of the same size in every case measured (benchmarks/results/tracin_lm_pca_cpu.md).
 
 Each side's covariance is never formed: a streaming Nyström sketch keeps C Omega [dim, m] (Omega: a seeded
 orthonormal test matrix, m = 2k + 16 columns, all of them when that reaches dim: then the sketch is exact), and the
 eigenvectors come from it at the end (Tropp, Yurtsever, Udell and Cevher, "Fixed-rank approximation of a positive-
 semidefinite matrix from streaming data", 2017). A PEFT LoRA layer's A output side (B^T g) and B input side (A x) are
-r-dimensional: their covariances are B^T C_g B and A C_x A^T, taken from the same sketches. Embeddings, biases and
-LayerNorm parameters keep random factors. Factors are orthonormal, each column's sign fixed (its largest entry
-positive), and fitted per checkpoint, with the checkpoint's weights, from the same training examples (with the
-training-gradient cache on, once: grad_cache.py keeps them with the gradients).
+r-dimensional: their covariances are B^T C_g B and A C_x A^T, taken from the same sketches. Embeddings (and weights tied
+to them), biases and LayerNorm parameters keep random factors. Factors are orthonormal, each column's sign fixed (its
+largest entry positive), and fitted per checkpoint, with the checkpoint's weights, from the same training examples (with
+the training-gradient cache on, once: grad_cache.py keeps them with the gradients).
 """
 
 from __future__ import annotations
@@ -149,9 +149,14 @@ def fit_to_examples(
 
 
 def _projected_sides(factored: FactoredGradients) -> Iterator[tuple[str, Use, int, str]]:
-    """(module, use, axis, the sketch it comes from) of each projected side that gets a fitted factor."""
+    """(module, use, axis, the sketch it comes from) of each projected side that gets a fitted factor. A weight used
+    in another role too (an output layer tied to the embedding) keeps random factors: every use of a parameter is
+    projected with the same factors."""
+    elsewhere = {u.param for uses in factored.uses.values() for u in uses if u.role not in SIDES}
     for module, uses in factored.uses.items():
         for use in uses:
+            if use.param in elsewhere:
+                continue
             for axis, side in enumerate(SIDES.get(use.role, ())):
                 if factored.sizes[use.param][axis] < factored.shapes[use.param][axis]:
                     yield module, use, axis, side
