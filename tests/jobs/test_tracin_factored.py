@@ -228,3 +228,20 @@ def test_precision_advice_names_the_setting_only_when_fp32_agrees_clearly_better
     close = {"spearman": 0.72 + PRECISION_MARGIN / 2, "top_k_overlap": 0.2}
     assert precision_advice({**low, "fp32": close}) is None
     assert precision_advice(low) is None  # not checked: an fp32 run
+
+
+def test_projection_advice_names_what_agrees_better_below_the_wanted_agreement() -> None:
+    from gpuopt_tui.jobs.tracin.faithfulness import WANTED_SPEARMAN, projection_advice
+
+    low = {"precision": "fp32", "spearman": 0.57, "top_k": 10, "top_k_overlap": 0.4}
+    factored = TracInOptions(method="factored", projection_in=16, projection_out=16)
+    advice = projection_advice(low, factored)
+    assert advice is not None and "Spearman 0.570" in advice and 'projection_basis = "pca"' in advice
+    fitted = projection_advice(low, dataclasses.replace(factored, projection_basis="pca"))
+    assert fitted is not None and "larger projection_in and projection_out" in fitted and "pca" not in fitted
+    dense = projection_advice(low, TracInOptions(method="closed_form", projection_dim=64))
+    assert dense is not None and "a larger projection_dim" in dense
+    assert projection_advice({**low, "spearman": WANTED_SPEARMAN}, factored) is None
+    assert projection_advice(low, TracInOptions(method="factored")) is None  # exact gradients: nothing to widen
+    costly = {**low, "precision": "bf16", "fp32": {"spearman": 0.95, "top_k_overlap": 0.8}}
+    assert projection_advice(costly, factored) is None  # the precision is what costs (precision_advice)

@@ -5,7 +5,8 @@ like IG's completeness check.
 A run with a bf16/fp16 forward is also scored on the subset with the same settings in fp32: where the training
 gradients point nearly the same way (a model barely trained, or confident on everything), their scores differ by
 little more than a shared term, and the rounding of a low-precision forward reorders them however fine the
-projection. The check then says how much the precision alone costs, and `precision_advice` what to do."""
+projection. The check then says how much the precision alone costs, and `precision_advice` what to do; where a
+projected run agrees below WANTED_SPEARMAN, `projection_advice` names what agrees better."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ AGREEMENT_EXACT = "agreement check, exact"
 AGREEMENT_FP32 = "agreement check, the run's settings in fp32"
 TOP_K = 10
 PRECISION_MARGIN = 0.02  # Spearman by which fp32 must beat the run's precision for the check to advise it
+WANTED_SPEARMAN = 0.9  # below it, a projected run's check names what agrees better
 FULL_REFERENCE = "exact gradients of every Linear, Embedding and LayerNorm parameter, fp32"
 ADAPTER_REFERENCE = "exact gradients of every trainable parameter of the PEFT adapter, fp32"
 
@@ -100,3 +102,19 @@ def precision_advice(agreement: dict[str, Any]) -> str | None:
         f"against exact TracIn, {agreement['precision']} {agreement['spearman']:.3f} "
         f"({agreement['top_k_overlap']:.0%}); set tracin.use_amp = false for fp32 gradients"
     )
+
+
+def projection_advice(agreement: dict[str, Any], options: TracInOptions) -> str | None:
+    """What agrees better when the run's projection agrees with exact TracIn below WANTED_SPEARMAN (None when it
+    does not, or the gradients were not projected, or the precision is what costs: `precision_advice`)."""
+    projected = options.projection_in or options.projection_out or options.projection_dim
+    if not projected or agreement["spearman"] >= WANTED_SPEARMAN or precision_advice(agreement) is not None:
+        return None
+    found = f"the projection agrees with exact TracIn at Spearman {agreement['spearman']:.3f} on the agreement subset"
+    if options.method == "factored" and options.projection_basis == "random":
+        return (
+            f'{found}; tracin.projection_basis = "pca" (directions fitted to the data), or larger projection_in and '
+            "projection_out, agree better"
+        )
+    size = "projection_in and projection_out" if options.method == "factored" else "projection_dim"
+    return f"{found}; a larger {size} agrees better (more numbers per example)"

@@ -56,7 +56,7 @@ from gpuopt_tui.jobs.tracin.adam_state import DESCRIPTION, optimizer_files
 from gpuopt_tui.jobs.tracin.checkpoints import PEFT_ADAPTER, STATE_DICT, resolve_checkpoints
 from gpuopt_tui.jobs.tracin.dataset_ranking import ranking_records
 from gpuopt_tui.jobs.tracin.factored import module_uses
-from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advice
+from gpuopt_tui.jobs.tracin.faithfulness import exact_agreement, precision_advice, projection_advice
 from gpuopt_tui.jobs.tracin.filters import get_filter
 from gpuopt_tui.jobs.tracin.interface import InfluenceResult, Reporter, TopK, TracInOptions
 from gpuopt_tui.jobs.tracin.params import resolved_layers, select_parameters
@@ -190,8 +190,12 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
             adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
         )
         ctx.log(f"agreement with exact TracIn ({result.stats['agreement']['reference']}): {result.stats['agreement']}")
-        if advice := precision_advice(result.stats["agreement"]):
-            ctx.warn(advice)
+        for advice in (
+            precision_advice(result.stats["agreement"]),
+            projection_advice(result.stats["agreement"], options),
+        ):
+            if advice:
+                ctx.warn(advice)
     summary = _write_results(ctx, profile, adapter, train, test, checkpoints, result, scoring)
     ctx.repeat_progress(reporter.last_stage)  # run lists show the scoring's count, not the later stages'
     return summary
