@@ -65,15 +65,30 @@ def _cleared(out: Console, what: str, root: Path, cleared: Cleared) -> None:
         out.print(f"kept {link}: a symbolic link (remove it yourself if it is no longer wanted)", soft_wrap=True)
 
 
+def _projection_text(description: dict) -> str:
+    """How an entry's gradients were projected, from its manifest (`projection`: [dim, in, out, seed])."""
+    found = description.get("projection")
+    if not (isinstance(found, list) and len(found) == 4 and all(isinstance(v, int) for v in found)):
+        return f"projection {found if found is not None else '?'}"
+    dim, size_in, size_out, seed = found
+    if size_in or size_out:
+        text = f"projected {size_out or 'exact'} x {size_in or 'exact'} (output x input), seed {seed}"
+        basis, n_train = description.get("projection_basis"), description.get("n_train")
+        if isinstance(basis, list) and len(basis) == 2 and isinstance(basis[1], int):
+            fitted = min(basis[1], n_train) if isinstance(n_train, int) else basis[1]
+            text += f", PCA directions of {fitted} examples"
+        return text
+    return f"projected to <= {dim} per tensor, seed {seed}" if dim else "exact gradients"
+
+
 def _gradients(out: Console, *, listing: bool) -> None:
     """TracIn's training-gradient cache: one entry per (checkpoint, data, gradient settings)."""
     found = gradient_cache.entries()
     if listing:
         for e in found:
             d = e.description
-            projection = d.get("projection", "?")
             out.print(
-                f"{e.key[:12]}  {d.get('model', '?')}  {d.get('method', '?')}  projection {projection}  "
+                f"{e.key[:12]}  {d.get('model', '?')}  {d.get('method', '?')}  {_projection_text(d)}  "
                 f"{d.get('n_train', '?')} training examples  {e.blocks} blocks  {human_bytes(e.size)}",
                 markup=False,
                 soft_wrap=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,28 @@ def test_a_cache_root_that_is_a_file_lists_as_empty_and_clears_nothing(tmp_path:
     root.write_text("not a folder")
     assert gradient_cache.entries(root) == []
     assert gradient_cache.clear(root).removed == 0 and root.read_text() == "not a folder"
+
+
+def test_the_listing_says_how_each_entry_was_projected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "300")
+    root = gradient_cache.default_root()
+    manifests = {
+        "a": {"model": "m", "method": "factored", "n_train": 200, "projection": [0, 8, 16, 3]},
+        "b": {"model": "m", "method": "factored", "n_train": 200, "projection": [0, 8, 8, 0],
+              "projection_basis": ["pca", 256]},
+        "c": {"model": "m", "method": "closed_form", "n_train": 50, "projection": [64, 0, 0, 0]},
+        "d": {"model": "m", "method": "vmap", "n_train": 50, "projection": [0, 0, 0, 0]},
+    }  # fmt: skip
+    for key, manifest in manifests.items():
+        (root / key).mkdir(parents=True)
+        (root / key / "manifest.json").write_text(json.dumps(manifest))
+    parser = argparse.ArgumentParser()
+    cache_command.configure(parser)
+    assert cache_command.run(parser.parse_args(["--list"])) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:1] in "abcd"}
+    assert "projected 16 x 8 (output x input), seed 3" in lines["a"]
+    assert "projected 8 x 8 (output x input), seed 0, PCA directions of 200 examples" in lines["b"]
+    assert "projected to <= 64 per tensor, seed 0" in lines["c"] and "exact gradients" in lines["d"]
