@@ -296,3 +296,23 @@ def test_an_output_layer_tied_to_the_embedding_keeps_random_directions() -> None
     assert {u.role for uses in engine.uses.values() for u in uses if u.param == tied} == {"embedding", "weight"}
     bases = fit_bases(engine, [dataset(adapter, TRAIN).tensors], seed=0)
     assert bases and not any(param == tied for param, _ in bases)
+
+
+def test_under_bf16_autocast_the_directions_are_fitted_from_the_rounded_activations() -> None:
+    """A bf16 forward hands the hooks bf16 inputs and gradients: the sketches take them in float32, and the factors
+    come out orthonormal in the engine's dtype, spanning nearly what an fp32 forward's span."""
+    adapter = lora_decoder()
+    adapter.model.float()
+    names = [n for n, p in adapter.model.named_parameters() if p.requires_grad]
+    batches = [dataset(adapter, TRAIN + TEST).tensors]
+    fitted = {
+        precision: fit_bases(
+            FactoredGradients(adapter, names, k_in=K, k_out=K, seed=0, precision=precision), batches, 0
+        )
+        for precision in ("fp32", "bf16")
+    }
+    assert fitted["bf16"].keys() == fitted["fp32"].keys()
+    for key, factor in fitted["bf16"].items():
+        assert factor.dtype == torch.float32
+        assert torch.allclose(factor.T @ factor, torch.eye(factor.shape[1]), atol=1e-5)
+        assert same_span(factor.double(), fitted["fp32"][key].double()) < 0.2, key  # 0.06 seen
