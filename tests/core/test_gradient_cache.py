@@ -13,19 +13,24 @@ from gpuopt_tui.core.caches import gradients as gradient_cache
 from gpuopt_tui.core.caches.features import FeatureCache
 
 
-def _clear(capsys: pytest.CaptureFixture[str]) -> str:
+def _command(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     parser = argparse.ArgumentParser()
     cache_command.configure(parser)
-    assert cache_command.run(parser.parse_args(["--clear"])) == 0
+    assert cache_command.run(parser.parse_args(list(argv))) == 0
     return capsys.readouterr().out
 
 
-def test_clear_keeps_symlinked_entries_and_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The gradient cache's folder under a cache dir of the test's own, with wide output."""
     monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("COLUMNS", "300")
-    root = gradient_cache.default_root()
+    return gradient_cache.default_root()
+
+
+def test_clear_keeps_symlinked_entries_and_says_so(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (root / "a").mkdir(parents=True)
     (root / "a" / "block_00000.safetensors").write_bytes(b"x" * 10)
     outside = tmp_path / "elsewhere"
@@ -37,7 +42,7 @@ def test_clear_keeps_symlinked_entries_and_says_so(
     (tmp_path / "user.npy").write_bytes(b"z" * 500)
     (features / ("c" * 40 + ".npy")).symlink_to(tmp_path / "user.npy")
 
-    out = " ".join(_clear(capsys).split())
+    out = " ".join(_command(capsys, "--clear").split())
     assert f"removed 0 entries (0 B) from {features}" in out
     assert f"kept {features / ('c' * 40 + '.npy')}: a symbolic link" in out
     assert f"removed 1 TracIn gradient entries (10 B) from {root}" in out
@@ -53,12 +58,7 @@ def test_a_cache_root_that_is_a_file_lists_as_empty_and_clears_nothing(tmp_path:
     assert gradient_cache.clear(root).removed == 0 and root.read_text() == "not a folder"
 
 
-def test_the_listing_says_how_each_entry_was_projected(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("GPUOPT_TUI_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "300")
-    root = gradient_cache.default_root()
+def test_the_listing_says_how_each_entry_was_projected(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifests = {
         "a": {"model": "m", "method": "factored", "n_train": 200, "projection": [0, 8, 16, 3]},
         "b": {"model": "m", "method": "factored", "n_train": 200, "projection": [0, 8, 8, 0],
@@ -69,10 +69,7 @@ def test_the_listing_says_how_each_entry_was_projected(
     for key, manifest in manifests.items():
         (root / key).mkdir(parents=True)
         (root / key / "manifest.json").write_text(json.dumps(manifest))
-    parser = argparse.ArgumentParser()
-    cache_command.configure(parser)
-    assert cache_command.run(parser.parse_args(["--list"])) == 0
-    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:1] in "abcd"}
+    lines = {line.split()[0]: line for line in _command(capsys, "--list").splitlines() if line[:1] in "abcd"}
     assert "projected 16 x 8 (output x input), seed 3" in lines["a"]
     assert "projected 8 x 8 (output x input), seed 0, PCA directions of 200 examples" in lines["b"]
     assert "projected to <= 64 per tensor, seed 0" in lines["c"] and "exact gradients" in lines["d"]
