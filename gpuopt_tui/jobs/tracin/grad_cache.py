@@ -17,7 +17,7 @@ gradients are known by their optimizer file's digest too (the checkpoint's `comp
 <Γ(g), g> beside them. Gradients projected along directions fitted to the data (projection_basis = pca) keep those
 directions beside them (`BASES`), read when the entry is first named; a block names the directions' digest, so it is
 used only with the directions it was computed with (directions fitted again give other blocks). The ranks of one run
-each fit them; the first to store them wins, and every rank uses what it stored.
+each fit them; the first to store them wins, and every rank uses those.
 """
 
 from __future__ import annotations
