@@ -358,6 +358,9 @@ async def test_a_language_model_run_shows_prompts_completions_and_losses(lm_run:
         await show_tab(pilot, "tracin-self-tab")
         ranking = table(pilot, "#tracin-self")
         assert [str(c.label) for c in ranking.columns.values()] == ["rank", "score", "train", "completion", "prompt"]
+        assert "examples whose completion the model finds wrong or unusual tend to rank high" in widget_text(
+            app, "#tracin-self-note"
+        )
         assert rows(ranking)[0][2:] == [str(ranked[0]["index"]), ranked[0]["completion"], ranked[0]["text"]]
         await show_tab(pilot, "tracin-dataset-tab")
         assert rows(table(pilot, "#tracin-dataset"))[0][3:] == [

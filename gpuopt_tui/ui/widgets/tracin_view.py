@@ -443,15 +443,16 @@ class TracInResultsView(RunResults):
     def _show_ranking(self, loaded: TracInFiles) -> None:
         marked = any(r.flipped is not None for r in loaded.ranked)
         note = self.query_one("#tracin-self-note", Static)
-        ranking = loaded.results.self_influence
+        ranking, lm = loaded.results.self_influence, is_lm(loaded.ranked)
         if ranking is None:
             note.update("No self_influence.jsonl or .csv in this run.")
         else:
+            odd = "examples whose completion the model finds wrong or unusual" if lm else "mislabeled examples"
             note.update(
-                f"{loaded.n_ranked:,} training examples, highest self-influence first: mislabeled examples tend to "
-                "rank high." + (" 'flipped': the data marks this label as flipped on purpose." if marked else "")
+                f"{loaded.n_ranked:,} training examples, highest self-influence first: {odd} tend to rank high."
+                + (" 'flipped': the data marks this label as flipped on purpose." if marked else "")
             )
-        target, text = example_columns(is_lm(loaded.ranked))
+        target, text = example_columns(lm)
         columns = ("rank", "score", "train", target, *(("flipped",) if marked else ()), text)
 
         def row(r: RankedExample) -> tuple[Text, ...]:
