@@ -26,7 +26,7 @@ from gpuopt_tui.jobs.tracin.grad_cache import CheckpointGradients, TrainGradient
 from gpuopt_tui.jobs.tracin.interface import Reporter, TracInOptions
 from gpuopt_tui.jobs.tracin.pca_basis import CovarianceSketch, fit_bases, top_directions
 from gpuopt_tui.jobs.tracin.project import Projector
-from gpuopt_tui.jobs.tracin.scores import tracin_scores
+from gpuopt_tui.jobs.tracin.scores import TracInRun, tracin_scores
 
 peft = pytest.importorskip("peft")
 
@@ -316,3 +316,22 @@ def test_under_bf16_autocast_the_directions_are_fitted_from_the_rounded_activati
         assert factor.dtype == torch.float32
         assert torch.allclose(factor.T @ factor, torch.eye(factor.shape[1]), atol=1e-5)
         assert same_span(factor.double(), fitted["fp32"][key].double()) < 0.2, key  # 0.06 seen
+
+
+def test_given_directions_are_used_instead_of_fitted(
+    lora_run: tuple[CausalLMAdapter, list, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's agreement check scores its subset with the run's own directions (`fitted_bases`): a run on the first
+    rows with them fits nothing and gives the full run's scores of those rows."""
+    adapter, checkpoints, names = lora_run
+    train, test = dataset(adapter, TRAIN), dataset(adapter, TEST)
+    run = TracInRun(adapter, checkpoints, train, test, names, PCA)
+    full = run.gather([run.compute()])
+    assert set(run.fitted_bases) == {c.path for c in checkpoints}
+
+    def no_fit(*args: object, **kwargs: object) -> None:
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(pca_basis, "fit_bases", no_fit)
+    head = tracin_scores(adapter, checkpoints, train.head(3), test, names, replace(PCA, fitted_bases=run.fitted_bases))
+    torch.testing.assert_close(head.matrix, full.matrix[:, :3], rtol=1e-9, atol=1e-12)

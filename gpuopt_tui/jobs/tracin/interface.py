@@ -21,6 +21,8 @@ class TracInOptions:
     seed: int = 0  # projection seed
     projection_basis: str = "random"  # factored: random | pca (pca_basis.py: fitted at each checkpoint)
     pca_examples: int = 256  # pca: the first this many training examples
+    # pca: directions to use, by checkpoint file, instead of fitting them (a run's own, for its agreement check)
+    fitted_bases: dict[Path, dict[tuple[str, int], Tensor]] | None = None
     optimizer_state: str = "off"  # off | adam: Adam-preconditioned training gradients (adam_state.py)
     batch_size: int | Literal["auto"] = "auto"  # micro-batch (examples), halved on out-of-memory
     gradient_checkpointing: bool = False

@@ -23,6 +23,7 @@ Result files (in results/):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -186,8 +187,9 @@ def run_job(profile: TracInProfile, ctx: JobContext) -> dict[str, Any]:
     if preconditioning := optimizer_state(result.stats["optimizer_state"]):
         ctx.log(f"training gradients: {preconditioning.text}")
     if section.agreement_train:
+        own = dataclasses.replace(options, fitted_bases=run.fitted_bases)  # the subset scored with the run's directions
         result.stats["agreement"] = exact_agreement(
-            adapter, checkpoints, train, test, names, options, section.agreement_train, ContextReporter(ctx)
+            adapter, checkpoints, train, test, names, own, section.agreement_train, ContextReporter(ctx)
         )
         ctx.log(f"agreement with exact TracIn ({result.stats['agreement']['reference']}): {result.stats['agreement']}")
         for advice in (

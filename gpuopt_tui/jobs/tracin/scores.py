@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,6 +102,7 @@ class TracInRun:
         self.scored = _scored_rows(train, pair_filter, self.keys)
         self.blocks: list[list[int]] = []
         self.owners: list[int] = []
+        self.fitted_bases: dict[Path, dict[tuple[str, int], Tensor]] = {}  # projection_basis = pca, by checkpoint
 
     def compute(self, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
         """Score this rank's blocks (those without a final shard); returns this rank's statistics."""
@@ -171,7 +173,7 @@ class TracInRun:
             state = load_adam_state(file, self.adapter, self.params, self.adapter.device, scorer.dtype)
             self.adam_described[c] = state.describe()
             train_computer = scorer.computer.preconditioned(state)
-        self._fit_projection(scorer, stage)
+        self._fit_projection(scorer, self.checkpoints[c].path, stage)
         test = _TestGradients(self, scorer, f"{stage}: gradients of {len(self.test)} test examples")
         # The test gradients come first when the run's first micro-batch is to measure the memory an example takes
         # (they are needed anyway), and with vmap, whose per-example gradients are large. Otherwise they come after
@@ -182,12 +184,16 @@ class TracInRun:
         for j in blocks:
             self._score_block(scorer, train_computer, c, j, test, stage)
 
-    def _fit_projection(self, scorer: _Scorer, stage: str) -> None:
-        """projection_basis = pca: the factored projection's directions for the loaded checkpoint, fitted to the
-        first pca_examples training examples (pca_basis.py), or those the cache's blocks were computed with, before
-        any gradient of the checkpoint is projected."""
+    def _fit_projection(self, scorer: _Scorer, checkpoint: Path, stage: str) -> None:
+        """projection_basis = pca: the factored projection's directions for the loaded checkpoint, before any gradient
+        of it is projected: given (`fitted_bases`), those the cache's blocks were computed with, or fitted to the
+        first pca_examples training examples (pca_basis.py); kept in `fitted_bases`."""
         factored = scorer.computer.factored
         if self.opts.projection_basis != "pca" or factored is None:
+            return
+        given = (self.opts.fitted_bases or {}).get(checkpoint)
+        if given is not None:
+            factored.set_bases(given)
             return
         rows = list(range(min(self.opts.pca_examples, len(self.train))))
 
@@ -196,7 +202,8 @@ class TracInRun:
             return fit_to_examples(factored, self.train, rows, self.opts.seed)
 
         with record_function("tracin.fit_projection"):
-            factored.set_bases(scorer.cache.bases(fit) if scorer.cache is not None else fit())
+            self.fitted_bases[checkpoint] = scorer.cache.bases(fit) if scorer.cache is not None else fit()
+        factored.set_bases(self.fitted_bases[checkpoint])
 
     def _score_block(
         self, scorer: _Scorer, computer: GradientComputer, c: int, j: int, test: _TestGradients, stage: str
