@@ -335,3 +335,10 @@ def test_given_directions_are_used_instead_of_fitted(
     monkeypatch.setattr(pca_basis, "fit_bases", no_fit)
     head = tracin_scores(adapter, checkpoints, train.head(3), test, names, replace(PCA, fitted_bases=run.fitted_bases))
     torch.testing.assert_close(head.matrix, full.matrix[:, :3], rtol=1e-9, atol=1e-12)
+
+
+def test_activations_that_are_not_finite_stop_the_fit_with_a_clear_message() -> None:
+    sketch = CovarianceSketch(Projector(1, 0, CPU, torch.float32).factor("test", 0, 8, 4))
+    sketch.add(torch.tensor([[float("inf")] + [0.0] * 7]))
+    with pytest.raises(UserError, match="not finite .*fp16 overflow"):
+        sketch.eig()

@@ -60,11 +60,23 @@ class CovarianceSketch:
     def eig(self) -> tuple[Tensor, Tensor]:
         """(eigenvectors [dim, m], eigenvalues [m], descending) of the sketch's approximation of C, in float64."""
         y, omega = self.y.double().cpu(), self.omega.double().cpu()
-        shift = max(1e-6 * float(y.norm()), 1e-30)  # above the float32 sums' rounding: keeps the Cholesky factor real
-        y = y + shift * omega
-        core = omega.T @ y
-        lower = torch.linalg.cholesky((core + core.T) / 2)
-        u, sigma, _ = torch.linalg.svd(torch.linalg.solve_triangular(lower, y.T, upper=False).T, full_matrices=False)
+        if not torch.isfinite(y).all():
+            raise UserError(
+                "fitting the projection's directions met activations or gradients that are not finite (an fp16 "
+                'overflow?): use tracin.amp_dtype = "bf16", use_amp = false, or projection_basis = "random"'
+            )
+        # a shift above the float32 sums' rounding keeps the Cholesky factor real; larger if the rounding needs it
+        for scale in (1e-6, 1e-4, 1e-2):
+            shift = max(scale * float(y.norm()), 1e-30)
+            shifted = y + shift * omega
+            core = omega.T @ shifted
+            lower, info = torch.linalg.cholesky_ex((core + core.T) / 2)
+            if not info:
+                break
+        else:
+            raise RuntimeError("the projection sketch's core matrix is not positive definite")  # a bug if reached
+        solved = torch.linalg.solve_triangular(lower, shifted.T, upper=False).T
+        u, sigma, _ = torch.linalg.svd(solved, full_matrices=False)
         return u, (sigma**2 - shift).clamp(min=0)
 
 
