@@ -117,7 +117,7 @@ for step in "$@"; do
         --out "$out/tracin_lm_${card}.md" > "$out/tracin_lm.log" 2>&1; tail -30 "$out/tracin_lm.log" ;;
     tracin-lm-pca)  # the same, trained 1B model: exact against 16x16 random, 16x16 PCA and 32x32 random; then the
       # cold and cached rows with PCA directions (their fitting pass's cost, the cache read back with them)
-      python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm --rows exact,cold,cached --basis pca --train 4096 \
+      python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm --rows exact,cold,cached --basis pca --train 2048 \
         --words 264 --pretrain-steps 600 --pretrain-lr 5e-4 --exact-train 256 --exact-queries 16 \
         --exact-projections 16,16pca,32 --out "$out/tracin_lm_pca_${card}.md" > "$out/tracin_lm_pca.log" 2>&1
       tail -30 "$out/tracin_lm_pca.log" ;;
