@@ -44,6 +44,16 @@ from gpuopt_tui.jobs.tracin.lora_layers import LoraLayer, lora_layers, plain_for
 from gpuopt_tui.jobs.tracin.params import only_these_require_grad
 from gpuopt_tui.jobs.tracin.project import Projector
 
+# each matrix role's axes, in its parameter's layout: "in" the layer's input side, "out" its output side (an
+# embedding's input is the one-hot token)
+MATRIX_SIDES = {
+    "weight": ("out", "in"),
+    "lora_a": ("out", "in"),
+    "lora_b": ("out", "in"),
+    "conv_weight": ("in", "out"),
+    "embedding": ("in", "out"),
+}
+
 
 @dataclass(frozen=True)
 class Use:
@@ -351,11 +361,8 @@ def _projected_shape(role: str, shape: tuple[int, ...], k_in: int, k_out: int) -
     def fit(dim: int, k: int) -> int:
         return dim if k == 0 else min(dim, k)
 
-    if role in ("weight", "lora_a", "lora_b"):  # [out, in]
-        return fit(shape[0], k_out), fit(shape[1], k_in)
-    if role in ("conv_weight", "embedding"):  # [in, out]; an embedding's input is the one-hot token
-        return fit(shape[0], k_in), fit(shape[1], k_out)
-    return (fit(shape[0], k_out),)
+    sides = MATRIX_SIDES.get(role, ("out",))  # a vector (bias, norm) has its output side only
+    return tuple(fit(dim, k_in if side == "in" else k_out) for dim, side in zip(shape, sides))
 
 
 def _with_lora_layers(uses: dict[str, list[Use]], layers: Mapping[str, LoraLayer]) -> dict[str, list[Use]]:

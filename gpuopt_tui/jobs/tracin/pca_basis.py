@@ -31,17 +31,14 @@ from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.data import TextDataset, trim_batch
 from gpuopt_tui.jobs.device import free_memory, is_oom
 from gpuopt_tui.jobs.models.base import to_device
-from gpuopt_tui.jobs.tracin.factored import FactoredGradients, Use, example_rows, masked_padding
+from gpuopt_tui.jobs.tracin.factored import MATRIX_SIDES, FactoredGradients, Use, example_rows, masked_padding
 from gpuopt_tui.jobs.tracin.project import Projector
 
 OVERSAMPLE = 16  # sketch columns beyond 2k
 FIT_BATCH = 8  # examples per micro-batch of the fitting pass (halved on out-of-memory)
-SIDES = {  # role -> (the sketch of each axis: "in" = layer inputs, "out" = output gradients)
-    "weight": ("out", "in"),
-    "lora_a": ("out", "in"),
-    "lora_b": ("out", "in"),
-    "conv_weight": ("in", "out"),
-}
+# role -> the sketch of each axis ("in": layer inputs, "out": output gradients); an embedding's input side is its
+# vocabulary (one-hot tokens): embeddings keep random factors
+SIDES = {role: sides for role, sides in MATRIX_SIDES.items() if role != "embedding"}
 
 
 class CovarianceSketch:

@@ -87,14 +87,9 @@ class TracInRun:
         self.pair_filter = pair_filter
         self.store = store if store is not None else MemoryStore()
         self.reporter = reporter or Reporter()
-        if self.opts.optimizer_state not in OPTIMIZER_STATES:
-            raise UserError(
-                f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, got {self.opts.optimizer_state!r}"
-            )
-        if self.opts.projection_basis not in PROJECTION_BASES:
-            raise UserError(
-                f"projection_basis must be one of {', '.join(PROJECTION_BASES)}, got {self.opts.projection_basis!r}"
-            )
+        for name, choices in (("optimizer_state", OPTIMIZER_STATES), ("projection_basis", PROJECTION_BASES)):
+            if (value := getattr(self.opts, name)) not in choices:
+                raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
         self.adam = self.opts.optimizer_state == "adam"
         self.optimizer_files = optimizer_files(checkpoints) if self.adam else []
         self.adam_described: dict[int, dict[str, Any]] = {}  # checkpoint -> its Adam settings, once loaded
