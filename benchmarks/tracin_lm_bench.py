@@ -314,22 +314,27 @@ def _bound(row: dict[str, Any]) -> str:
 
 
 def run_row(name: str, cli: dict[str, Any], n_train: int, n_queries: int, cache: Path) -> dict[str, Any]:
-    """A CLI row's figures, with the 100k extrapolation (linear in the training rows) and the cache's size."""
+    """A CLI row's figures, with the 100k extrapolation (linear in the training rows) and the cache's size. Fitting
+    PCA directions and the stored directions are fixed costs (per checkpoint, not per row): outside the lines."""
     timing, summary = cli["summary"]["timing"], cli["summary"]
     scoring = timing.get("compute_seconds") or 0.0
-    fixed = cli["wall"] - scoring
+    fitting = timing.get("projection_fit_seconds") or 0.0
+    fixed = cli["wall"] - scoring + fitting
     stored = folder_bytes(cache)
+    bases = sum(p.stat().st_size for p in cache.rglob("bases.safetensors")) if cache.is_dir() else 0
     numbers = n_train * len(summary["checkpoints"]) * summary["gradient_size"]
     return {
         "row": name, "train": n_train, "queries": n_queries, "wall": cli["wall"], "scoring_seconds": scoring,
+        "fit_seconds": fitting,
         "examples_per_s": timing.get("train_examples_per_s"), "tokens_per_s": timing.get("train_tokens_per_s"),
         "batch": summary.get("final_batch_size"), "torch_peak": cli["torch_peak"], "torch_reserved": cli["torch_reserved"],
         "nvml_peak": cli["nvml_peak"], "train_cache": summary.get("train_cache"), "cache_bytes": stored,
-        "bytes_per_number": stored / numbers if numbers else None, "gradient_size": summary["gradient_size"],
+        "bases_bytes": bases, "bytes_per_number": (stored - bases) / numbers if numbers else None,
+        "gradient_size": summary["gradient_size"],
         "n_parameters": summary["n_parameters"], "parameter_tensors": len(summary["parameter_tensors"]),
         "excluded": len(summary.get("excluded_parameters") or []), "precision": summary["precision"],
-        "extrapolated_seconds": fixed + scoring * GOAL_TRAIN / n_train,
-        "extrapolated_cache_bytes": stored * GOAL_TRAIN / n_train, "run": str(cli["run"]),
+        "extrapolated_seconds": fixed + (scoring - fitting) * GOAL_TRAIN / n_train,
+        "extrapolated_cache_bytes": bases + (stored - bases) * GOAL_TRAIN / n_train, "run": str(cli["run"]),
     }  # fmt: skip
 
 
@@ -555,7 +560,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"bf16 autocast on a GPU (fp32 on the CPU), train_cache = true, batch_size = {meta['batch']}); wall = the whole command (start-up, model "
         "load, query gradients, writing results); scoring = its summary's compute_seconds",
         "- scaled down: the 100k column is an extrapolation, linear in the training rows (fixed part + scoring x "
-        f"100000 / {meta['train']}), not a measurement; for a row whose training gradients came from the cache an "
+        f"100000 / {meta['train']}; fitting PCA directions and the stored directions are in the fixed part, out of "
+        "scoring and bytes/number), not a measurement; for a row whose training gradients came from the cache an "
         "upper bound (<=): its scoring includes the queries' own gradients, which do not grow with the training rows",
         *([f"- note: {meta['note']}"] if meta.get("note") else []),
         "",
@@ -579,6 +585,9 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                          f"checkpoint; cache blocks {r['train_cache']}; top-10 proponents of the query's own task "
                          f"{r['proponents_same_task']:.2f} (chance {1 / meta['tasks']:.2f}); flipped rows' AUC by "
                          f"self-influence {_fmt(r['flipped_auc'])}")  # fmt: skip
+            if r.get("fit_seconds") or r.get("bases_bytes"):
+                lines.append(f"  PCA directions: {r.get('fit_seconds', 0):.1f} s of the scoring fitting them, "
+                             f"{_gib(r.get('bases_bytes', 0))} GiB of them stored with the cache")  # fmt: skip
         if "spearman_median" in r:
             lines.append(f"\n- {r['row']}: Spearman per query median {r['spearman_median']:.4f}, min "
                          f"{r['spearman_min']:.4f} (mean {r['spearman_mean']:.4f}); top-10 overlap "

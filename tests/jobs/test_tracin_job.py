@@ -332,3 +332,15 @@ def test_bad_checkpoints_are_user_errors(project: Path, tmp_path: Path, checkpoi
     profile = load_profile(write_profile(project, tmp_path, checkpoints=checkpoints.replace("ROOT", str(project))))
     with pytest.raises(UserError, match=message):
         run_job(profile, context(tmp_path / "run", tmp_path))
+
+
+def test_fitting_pca_directions_is_timed_apart_from_the_scoring_rate(project: Path, tmp_path: Path) -> None:
+    """Fitting the projection is a fixed cost per checkpoint: the summary gives its seconds, and the rate of
+    training examples a second is over the rest of the computing."""
+    extra = 'method = "factored"\nprojection_in = 2\nprojection_out = 2\nprojection_basis = "pca"\npca_examples = 6'
+    run_job(load_profile(write_profile(project, tmp_path, extra)), context(tmp_path / "run", tmp_path))
+    summary = json.loads((tmp_path / "run" / "results" / "summary.json").read_text())
+    timing = summary["timing"]
+    fitting, seconds = timing["projection_fit_seconds"], timing["compute_seconds"]
+    assert 0 < fitting < seconds
+    assert timing["train_examples_per_s"] == pytest.approx(summary["n_scored"] / (seconds - fitting))

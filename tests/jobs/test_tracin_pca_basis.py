@@ -194,6 +194,7 @@ def test_a_run_with_pca_directions_fits_them_at_each_checkpoint(
     assert len(fitted) == len(checkpoints) and fitted[0] and fitted[0].keys() == fitted[1].keys()
     assert not torch.equal(*(next(iter(f.values())) for f in fitted))  # each checkpoint's own directions
     assert result.matrix is not None and torch.isfinite(result.matrix).all()
+    assert 0 < result.stats["fit_seconds"] < result.stats["seconds"]  # timed apart: the rate leaves it out
 
 
 def test_cached_gradients_are_read_with_the_directions_they_were_computed_with(
@@ -215,7 +216,7 @@ def test_cached_gradients_are_read_with_the_directions_they_were_computed_with(
     with monkeypatch.context() as patch:
         patch.setattr("gpuopt_tui.jobs.tracin.pca_basis.fit_bases", no_fit)
         again = tracin_scores(adapter, checkpoints, train, test, names, options)
-    assert again.stats["cache_blocks"] == {"read": blocks, "computed": 0}
+    assert again.stats["cache_blocks"] == {"read": blocks, "computed": 0} and again.stats["fit_seconds"] == 0
     assert torch.equal(again.matrix, first.matrix)
 
     damaged = sorted((tmp_path / "cache").rglob("bases.safetensors"))[0]

@@ -153,6 +153,7 @@ class TracInSummary:
     label_names: tuple[str, ...] | None = None  # by class index; None when the model has none (or older runs)
     predictions_checkpoint: str = ""  # where the test predictions come from; "" in older runs
     cached_examples_per_s: float | None = None  # training gradients read from the cache a second, none computed
+    projection_fit_seconds: float | None = None  # of compute_seconds, fitting PCA directions (not in the rate)
     projection: Projection | None = None  # None: exact gradients
     excluded_parameters: tuple[str, ...] = ()  # chosen tensors method = factored left out
     train_cache: CacheUse | None = None  # None: the cache was off
@@ -312,6 +313,7 @@ def parse_summary(data: Mapping[str, Any]) -> TracInSummary:
         label_names=None if names is None else as_texts(names, "label_names"),
         predictions_checkpoint=as_text(data.get("predictions_checkpoint") or "", "predictions_checkpoint"),
         cached_examples_per_s=as_optional_float(timing.get("cached_examples_per_s"), "timing.cached_examples_per_s"),
+        projection_fit_seconds=as_optional_float(timing.get("projection_fit_seconds"), "timing.projection_fit_seconds"),
         projection=_projection(data.get("projection"), projection_dim),
         excluded_parameters=as_texts(data.get("excluded_parameters") or [], "excluded_parameters"),
         train_cache=_cache_use(data.get("train_cache")),

@@ -406,11 +406,15 @@ def _scoring(ctx: JobContext, figures: dict[str, Any], n_checkpoints: int) -> di
     such), or (an earlier attempt had scored every block, then stopped) the last attempt's that did, with a note
     that says so."""
     if figures["computed"]:
-        seconds = figures["seconds"]
+        seconds, fitting = figures["seconds"], figures.get("fit_seconds", 0.0)
         scoring = {
             "final_batch_size": figures["final_batch_size"],
             "compute_seconds": seconds,
-            "train_examples_per_s": figures["computed"] / n_checkpoints / seconds if seconds > 0 else None,
+            # the rate leaves out fitting the PCA projection, a fixed cost that does not grow with the examples
+            "train_examples_per_s": figures["computed"] / n_checkpoints / (seconds - fitting)
+            if seconds > fitting
+            else None,
+            **({"projection_fit_seconds": fitting} if fitting else {}),
         }
         ctx.save_shard(SCORING_SHARD, lambda tmp: tmp.write_text(json.dumps(scoring), encoding="utf-8"))
         return scoring

@@ -98,6 +98,7 @@ class TracInRun:
         self.blocks: list[list[int]] = []
         self.owners: list[int] = []
         self.fitted_bases: dict[Path, dict[tuple[str, int], Tensor]] = {}  # projection_basis = pca, by checkpoint
+        self.fit_seconds = 0.0  # spent fitting those (not in the scoring rate: a fixed cost, not one per example)
 
     def compute(self, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
         """Score this rank's blocks (those without a final shard); returns this rank's statistics."""
@@ -144,6 +145,7 @@ class TracInRun:
             "excluded_parameters": computer.factored.excluded if computer.factored else {},  # name -> why
             "checkpoints_loaded": progress.loaded,
             "seconds": time.perf_counter() - start,
+            "fit_seconds": self.fit_seconds,
             "computed": progress.computed,  # gradients (examples x checkpoints) computed here, none for shards found
             "from_cache": progress.from_cache,  # and read from the training-gradient cache
             "final_batch_size": progress.final_batch or None,  # None: no micro-batch ran
@@ -194,7 +196,11 @@ class TracInRun:
 
         def fit() -> dict[tuple[str, int], Tensor]:
             self.reporter.stage(f"{stage}: fitting the projection to {len(rows)} training examples")
-            return fit_to_examples(factored, self.train, rows, self.opts.seed)
+            started = time.perf_counter()
+            try:
+                return fit_to_examples(factored, self.train, rows, self.opts.seed)
+            finally:
+                self.fit_seconds += time.perf_counter() - started
 
         with record_function("tracin.fit_projection"):
             self.fitted_bases[checkpoint] = scorer.cache.bases(fit) if scorer.cache is not None else fit()
@@ -367,6 +373,7 @@ def attempt_figures(rank_stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ranks' `compute` statistics that say how fast the scoring went, merged."""
     return {
         "seconds": max(s["seconds"] for s in rank_stats),  # the slowest rank's
+        "fit_seconds": max(s.get("fit_seconds", 0.0) for s in rank_stats),
         "computed": sum(s["computed"] for s in rank_stats),
         "from_cache": sum(s.get("from_cache", 0) for s in rank_stats),
         "final_batch_size": next((s["final_batch_size"] for s in rank_stats if s["final_batch_size"]), None),

@@ -71,7 +71,9 @@ def summary_content(s: TracInSummary) -> Content:
         if s.train_tokens_per_s is not None:
             rate += f" ({s.train_tokens_per_s:,.0f} tokens)"
         if s.compute_seconds is not None:
-            rate += f" ({s.compute_seconds:.3g} s computing)"
+            fitting = s.projection_fit_seconds
+            of_it = f", {fitting:.3g} s of it fitting the projection, left out of the rate" if fitting else ""
+            rate += f" ({s.compute_seconds:.3g} s computing{of_it})"
         parts.append(line("Rate", rate))
     elif s.cached_examples_per_s is not None:
         seconds = f" ({s.compute_seconds:.3g} s)" if s.compute_seconds is not None else ""
