@@ -2,7 +2,7 @@
 # Runs benchmark steps on a GPU machine and leaves their results under $OUT (or ./gpu-out).
 # Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
-#        planner-traced planner-recommend startup lm-attribution tracin-lm tracin-lm-pca
+#        planner-traced planner-recommend planner-recommend-all startup lm-attribution tracin-lm tracin-lm-pca
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -106,6 +106,11 @@ for step in "$@"; do
       # budgets; default: up to four cases at a 40 GiB card, no new case after 300 s: about 8 minutes)
       python3 benchmarks/planner_traced.py --recommend ${PLANNER_RECOMMEND_ARGS:---cases llama-1b-full,phi2-lora,gemma-2b-full-ckpt,bert-base-cls --no-card --budget 300} \
         --out "$out/planner_recommend_${card}.json" > "$out/planner_recommend.log" 2>&1; tail -40 "$out/planner_recommend.log" ;;
+    planner-recommend-all)  # RECOMMEND_CASES (default: every case of planner_traced.py) planned 8 at a time, then
+      # each run in the Trainer (40 GiB budget and micro-batch 1); no new case after 420 s: about half the cases a call
+      python3 benchmarks/planner_traced.py --recommend --no-card --plan-jobs 8 --budget 420 \
+        ${RECOMMEND_CASES:+--cases "$RECOMMEND_CASES"} --out "$out/planner_recommend_all_${card}.json" \
+        > "$out/planner_recommend_all.log" 2>&1; tail -40 "$out/planner_recommend_all.log" ;;
     startup)  # time to the first computed batch: the demos and a local 30M model on the GPU
       python3 benchmarks/run_startup.py --model-size 30m --device cuda --rounds 2 --machine "$card" \
         --title "one $card, --device cuda" --out "$out/run_startup_${card}.md" 2>&1 | tail -30 ;;

@@ -20,10 +20,12 @@ and that the Trainer trains at the recommended batch; nothing is measured.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import importlib.metadata
 import json
+import multiprocessing
 import os
 import shlex
 import subprocess
@@ -178,26 +180,28 @@ def _errors(entry: dict[str, Any], peak: int | None) -> None:
         entry["errors"]["predicted"] = round(entry["predicted"] / peak - 1, 4)
 
 
-def recommend_case(
+def plan_case(
     case: Any, budgets: Sequence[tuple[str, float | None, gpu_memory.GpuMemory | None]], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One case: the recommendation under each budget run for real, and the small run."""
+    """One case's plans, no GPU work: the recommendation under each budget, the traced figures there and at the
+    small micro-batch. The Trainer runs them afterwards (`run_planned`)."""
     config = case.config().to_dict()
-    device = "cpu" if args.quick else "cuda:0"
     row: dict[str, Any] = {"case": case.name, "model_type": config["model_type"], "task": case.task}
     row["setup"] = dataclasses.asdict(case.setup)
     target = args.effective_batch or case.setup.effective_batch
-    row.update(effective_batch=target, budgets=[])
+    row.update(
+        effective_batch=target, budgets=[], small={"micro_batch": args.small_batch, "accumulate": SMALL_ACCUMULATE}
+    )
     say = _say(case.name)
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(config))
         inputs = None
         for label, gib, gpu in budgets:
-            entry: dict[str, Any] = {"budget": label}
+            entry: dict[str, Any] = {"budget": label, "smaller_card": gpu is None and not args.quick}
             row["budgets"].append(entry)
             try:
                 inputs = planner_inputs(Path(model_dir), case.task, case.setup, target, gib, gpu)
-                entry.update(gpu_total=inputs.budget.gpu_total, limit=inputs.budget.limit)
+                entry.update(gpu_total=inputs.budget.gpu_total, limit=inputs.budget.limit, card=inputs.gpu.total)
                 started = time.perf_counter()
                 plan = session.trace_probes(inputs, lambda line: say(f"  {line}"))
                 rec = session.recommend_traced(inputs, plan)
@@ -216,31 +220,46 @@ def recommend_case(
                 plan_seconds=round(time.perf_counter() - started, 1),
             )
             entry["traced"] = traced_at(inputs, chosen.micro_batch, chosen.accumulate)
-            say(f"{label}: recommended {chosen.micro_batch} x {chosen.accumulate}; the Trainer runs it")
-            setup = case.setup.with_batch(chosen.micro_batch, chosen.accumulate)
-            smaller = gpu is None and not args.quick  # a --budget-gib card, smaller than this one
-            entry["run"] = trainer_run(
-                config, case.task, setup, device, args.steps, inputs.gpu.total if smaller else None
-            )
-        row["small"] = _small(case, config, inputs, device, args)
-    for entry in row["budgets"]:
-        if "micro_batch" in entry:
-            judge(entry, row["small"], target)
-        say(_line(entry))
+            say(f"{label}: recommended {chosen.micro_batch} x {chosen.accumulate}")
+        if inputs is not None:
+            row["small"]["traced"] = traced_at(inputs, args.small_batch, SMALL_ACCUMULATE)
     return row
 
 
-def _small(
-    case: Any, config: dict[str, Any], inputs: session.PlanInputs | None, device: str, args: argparse.Namespace
-) -> dict[str, Any]:
-    """The small micro-batch, traced and run (accumulating, as runs at small batches do)."""
-    small: dict[str, Any] = {"micro_batch": args.small_batch, "accumulate": SMALL_ACCUMULATE}
-    setup = case.setup.with_batch(args.small_batch, SMALL_ACCUMULATE)
-    if inputs is not None:
-        small["traced"] = traced_at(inputs, args.small_batch, SMALL_ACCUMULATE)
+def run_planned(case: Any, row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The Trainer runs of `plan_case`'s row: each recommendation (a card smaller than this one emulated by a cap),
+    then the small micro-batch on the card without a cap; each judged."""
+    config = case.config().to_dict()
+    device = "cpu" if args.quick else "cuda:0"
+    for entry in row["budgets"]:
+        if "micro_batch" not in entry:
+            continue
+        _say(case.name)(f"{entry['budget']}: the Trainer runs {entry['micro_batch']} x {entry['accumulate']}")
+        setup = case.setup.with_batch(entry["micro_batch"], entry["accumulate"])
+        cap = entry["card"] if entry["smaller_card"] else None
+        entry["run"] = trainer_run(config, case.task, setup, device, args.steps, cap)
+    small = row["small"]
+    setup = case.setup.with_batch(small["micro_batch"], small["accumulate"])
     small["run"] = trainer_run(config, case.task, setup, device, args.steps, None)
     _errors(small, footprint(small["run"]))
-    return small
+    for entry in row["budgets"]:
+        if "micro_batch" in entry:
+            judge(entry, small, row["effective_batch"])
+        _say(case.name)(_line(entry))
+    return row
+
+
+def plan_named(
+    name: str, budgets: Sequence[tuple[str, float | None, gpu_memory.GpuMemory | None]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """`plan_case` of the case called `name`, in a worker process of --plan-jobs (cases hold lambdas: they travel
+    by name), on its share of the CPU threads."""
+    import torch
+    from planner_traced import CASES, tiny
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.plan_jobs))
+    case = next(c for c in (map(tiny, CASES) if args.quick else CASES) if c.name == name)
+    return plan_case(case, budgets, args)
 
 
 def _say(name: str) -> Callable[[str], None]:
@@ -309,6 +328,11 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "- traced error = traced / measured - 1: allocated vs max_memory_allocated, reserved vs max_memory_reserved;"
         " predicted = the search's figure (line through its traces, context included) vs the peak",
         *([f"- {meta['note']}"] if meta.get("note") else []),
+        *(
+            [f"- every case planned first, {meta['plan_jobs']} at a time: the plan seconds are under that load"]
+            if meta.get("plan_jobs", 1) > 1
+            else []
+        ),
         "",
         "| case | budget (limit GiB) | effective | recommended (b_max) | predicted GiB | peak GiB | of budget | OOM"
         " | retries | ok | traced alloc / res error | predicted error | s (plan / run) | note |",
@@ -356,6 +380,25 @@ def _budget_row(row: dict[str, Any], e: dict[str, Any]) -> str:
     )
 
 
+def plan_all(
+    cases: Sequence[Any],
+    budgets: Sequence[tuple[str, float | None, gpu_memory.GpuMemory | None]],
+    args: argparse.Namespace,
+) -> dict[str, dict[str, Any]]:
+    """With --plan-jobs N > 1, every case's plan first, N at a time in fresh processes (the traces are CPU work;
+    their processes end before any Trainer run, so that no other process holds GPU memory while one measures);
+    with 1, nothing here: each case is planned just before its runs."""
+    if args.plan_jobs <= 1:
+        return {}
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.plan_jobs, mp_context=context) as pool:
+        futures = {c.name: pool.submit(plan_named, c.name, budgets, args) for c in cases}
+        planned = {name: future.result() for name, future in futures.items()}
+    print(f"planned {len(planned)} cases in {time.perf_counter() - started:.0f} s, {args.plan_jobs} at a time")
+    return planned
+
+
 def recommend_all(cases: Sequence[Any], args: argparse.Namespace) -> int:
     """Run every case under every budget; JSON after each case, the markdown table at the end."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -372,10 +415,12 @@ def recommend_all(cases: Sequence[Any], args: argparse.Namespace) -> int:
         "versions": _versions(),
         "command": shlex.join(["python", *sys.argv]),
         "steps": args.steps,
+        "plan_jobs": args.plan_jobs,
         "budgets": [label for label, _, _ in budgets],
         "note": "--quick on the CPU: tiny configs, a pretend card; nothing was measured" if args.quick else "",
     }
     started = time.perf_counter()
+    planned = plan_all(cases, budgets, args)
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     for case in cases:
@@ -384,7 +429,8 @@ def recommend_all(cases: Sequence[Any], args: argparse.Namespace) -> int:
             continue
         print(f"{case.name} ...", flush=True)
         case_started = time.perf_counter()
-        rows.append(recommend_case(case, budgets, args))
+        row = planned[case.name] if planned else plan_case(case, budgets, args)
+        rows.append(run_planned(case, row, args))
         rows[-1]["seconds"] = round(time.perf_counter() - case_started, 1)
         print(f"{case.name}: {rows[-1]['seconds']:.0f} s", flush=True)
         out.write_text(json.dumps({**meta, "rows": rows, "skipped": skipped}, indent=1))  # a killed run keeps these

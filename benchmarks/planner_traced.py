@@ -378,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     recommend.add_argument("--small-batch", type=int, default=1, help="the small micro-batch run beside")
     recommend.add_argument("--steps", type=int, default=4, help="optimizer steps of each Trainer run")
+    recommend.add_argument(
+        "--plan-jobs", type=int, default=1, help="plan every case first, this many at a time (1: each before its runs)"
+    )
     args = parser.parse_args(argv)
     if args.render:
         text = render(args.render)
