@@ -107,8 +107,8 @@ for step in "$@"; do
       python3 benchmarks/planner_traced.py --recommend ${PLANNER_RECOMMEND_ARGS:---cases llama-1b-full,phi2-lora,gemma-2b-full-ckpt,bert-base-cls --no-card --budget 300} \
         --out "$out/planner_recommend_${card}.json" > "$out/planner_recommend.log" 2>&1; tail -40 "$out/planner_recommend.log" ;;
     planner-recommend-all)  # RECOMMEND_CASES (default: every case of planner_traced.py) planned 8 at a time, then
-      # each run in the Trainer (40 GiB budget and micro-batch 1); no new case after 420 s: about half the cases a call
-      python3 benchmarks/planner_traced.py --recommend --no-card --plan-jobs 8 --budget 420 \
+      # each run in the Trainer (40 GiB budget and micro-batch 1); no new case after RECOMMEND_BUDGET s (420)
+      python3 benchmarks/planner_traced.py --recommend --no-card --plan-jobs 8 --budget "${RECOMMEND_BUDGET:-420}" \
         ${RECOMMEND_CASES:+--cases "$RECOMMEND_CASES"} --out "$out/planner_recommend_all_${card}.json" \
         > "$out/planner_recommend_all.log" 2>&1; tail -40 "$out/planner_recommend_all.log" ;;
     startup)  # time to the first computed batch: the demos and a local 30M model on the GPU
