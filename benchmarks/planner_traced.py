@@ -394,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(c.name for c in cases))
         return 0
     if args.cases:
-        wanted = set(args.cases.split(","))
-        cases = tuple(c for c in cases if c.name in wanted)
+        by_name = {c.name: c for c in cases}  # in the order given
+        cases = tuple(by_name[name] for name in args.cases.split(",") if name in by_name)
     if args.recommend:
         from planner_recommend import recommend_all
 
