@@ -189,7 +189,8 @@ def measure(
         if not fits_budget(r_lo, budget.limit) and lo > 1:  # over the budget already: bracket from one
             hi, r_hi, lo, r_lo = lo, r_lo, 1, run(1)
         if not fits_budget(r_lo, budget.limit):  # a micro-batch of one, here
-            raise UserError(_hopeless(r_lo, r_hi, budget, noun))
+            checkpointing = bool(request_for(1).get("gradient_checkpointing"))
+            raise UserError(_hopeless(r_lo, r_hi, budget, noun, checkpointing))
         fit = fit_line([(lo * spe, r_lo.max_reserved), (hi * spe, r_hi.max_reserved)])
         b_max = max_batch(fit, budget.limit, _context(results), spe)
         if b_max > FAR * hi:
@@ -229,15 +230,22 @@ def measure_setup(
     return result
 
 
-def _hopeless(one: ProbeResult, more: ProbeResult, budget: Budget, noun: str) -> str:
-    """Why no micro-batch fits: a micro-batch of one is over the budget (`more`: a larger one's result)."""
+def _hopeless(one: ProbeResult, more: ProbeResult, budget: Budget, noun: str, checkpointing: bool) -> str:
+    """Why no micro-batch fits: a micro-batch of one is over the budget (`more`: a larger one's result). The line
+    through the two, taken to no batch at all, is what weights, gradients and optimizer state take: when that alone
+    is over the budget, nothing about activations (sequence length, checkpointing) can help."""
     gib = 1024**3
-    why = (
-        "; a larger batch took no more, so weights, gradients and optimizer state set the peak, not activations: "
-        "train fewer parameters (LoRA), use a lighter optimizer state, or a larger GPU"
-        if more.footprint <= one.footprint * 1.01
-        else ": shorter sequences, gradient checkpointing, fewer trained parameters (LoRA) or a larger GPU"
-    )
+    slope = (more.footprint - one.footprint) / max(1, more.sequences - one.sequences)
+    states = one.footprint - max(0.0, slope) * one.sequences
+    if states > budget.limit:
+        why = (
+            f"; weights, gradients and optimizer state alone take about {states / gib:.1f} GiB (the {noun}s' line "
+            "at no batch), so no change to the activations can fit it: train fewer parameters (LoRA), use a "
+            "lighter optimizer state, or a larger GPU"
+        )
+    else:
+        checkpoint = "" if checkpointing else "gradient checkpointing, "
+        why = f": shorter sequences, {checkpoint}fewer trained parameters (LoRA) or a larger GPU"
     return (
         f"not even a micro-batch of {one.micro_batch} fits: its {noun} peaks at {one.max_reserved / gib:.2f} GiB "
         f"reserved + {one.context / gib:.2f} GiB context, over the budget's {budget.limit / gib:.2f} GiB{why}"
