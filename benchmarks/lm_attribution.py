@@ -3,9 +3,10 @@
 The model is built from a config of a public checkpoint's shapes (--shape; random weights, initializer_range of the
 config: no download), with a word-level tokenizer of numbered words built here (BOS before each prompt, [PAD] = 0).
 Prompts of --min-prompt to --max-prompt random words; the completion is the prompt's last --completion words
-(a copy task). With --train-steps the model first learns the task (AdamW, bf16 autocast, completion-only loss) so
-that the completion's log-probability depends on the prompt as a trained model's does: on random weights it barely
-moves between the prompt and the baseline, and reduced precision's rounding swamps the change integrated. The
+(a copy task; --words distinct words). With --train-steps the model first learns the task (AdamW, bf16 autocast,
+completion-only loss; stopping early at --target-loss or after --train-seconds) so that the completion's
+log-probability depends on the prompt as a trained model's does: on random weights it barely moves between the
+prompt and the baseline, and reduced precision's rounding swamps the change integrated. The
 attributed output is the log-probability of the completion given the prompt (teacher forcing), the baseline [PAD]
 at the prompt's content tokens (BOS kept), as `gpuopt-tui run` does for a causal LM.
 
@@ -109,11 +110,13 @@ def copy_task(n: int, args: argparse.Namespace, n_words: int, gen: torch.Generat
 
 
 def train(adapter: CausalLMAdapter, args: argparse.Namespace, n_words: int) -> dict[str, float]:
-    """--train-steps AdamW steps on the copy task (fresh prompts each step); the last loss and the seconds."""
+    """Up to --train-steps AdamW steps on the copy task (fresh prompts each step), stopping early once the mean loss
+    of the last 10 steps is below --target-loss or after --train-seconds; the steps, the last loss, the seconds."""
     model, device = adapter.model, adapter.device
     model.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    gen, start, loss = torch.Generator().manual_seed(7), time.perf_counter(), torch.zeros(())
+    gen, start, losses = torch.Generator().manual_seed(7), time.perf_counter(), [float("nan")]
+    step = 0
     for step in range(args.train_steps):
         for group in optimizer.param_groups:  # linear warm-up over the first tenth
             group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.train_steps // 10))
@@ -127,11 +130,18 @@ def train(adapter: CausalLMAdapter, args: argparse.Namespace, n_words: int) -> d
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        losses.append(loss.item())
         if step % 25 == 0 or step == args.train_steps - 1:
-            print(f"    train step {step}: loss {loss.item():.3f}", flush=True)
+            print(f"    train step {step}: loss {losses[-1]:.3f}", flush=True)
+        recent = losses[-10:]
+        if (len(losses) > 10 and sum(recent) / len(recent) < args.target_loss) or (
+            args.train_seconds and time.perf_counter() - start > args.train_seconds
+        ):
+            print(f"    stopped after step {step}: loss {losses[-1]:.3f}", flush=True)
+            break
     model.eval().requires_grad_(False)
     del optimizer
-    return {"steps": args.train_steps, "loss": float(loss), "seconds": time.perf_counter() - start}
+    return {"steps": step + 1, "loss": losses[-1], "seconds": time.perf_counter() - start}
 
 
 def dataset(adapter: CausalLMAdapter, prompts: list[str], completions: list[str]) -> TextDataset:
@@ -177,6 +187,11 @@ def captum_rows(
     return {"seconds": time.perf_counter() - start, "scores": seq, "matrices": token}
 
 
+def spread(order: list[int], k: int) -> list[int]:
+    """`k` of `order` (the prompts, longest first) spread evenly over it, the longest and the shortest included."""
+    return [order[round(i * (len(order) - 1) / max(1, k - 1))] for i in range(k)]
+
+
 def errors(rows: list[Tensor], reference: list[Tensor]) -> Tensor:
     return torch.stack([relative_difference(a[None], b[None])[0] for a, b in zip(rows, reference, strict=True)])
 
@@ -185,7 +200,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """The rows in order of what matters most if the run is cut short (each row's figures saved as it ends, to
     --out's .pt): our rate, Captum's, the reference, the per-token rate."""
     model = build_model(args.shape, device)
-    n_words = min(30000, SHAPES[args.shape]["vocab_size"] - len(SPECIAL))
+    n_words = args.words
     tokenizer = word_tokenizer(n_words)
     adapter = CausalLMAdapter(args.shape, model, tokenizer, device)
     trained = train(adapter, args, n_words) if args.train_steps else None
@@ -193,7 +208,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     ds = dataset(adapter, prompts, completions)
     print(f"{adapter.describe()}; {len(ds)} prompts", flush=True)
     order = length_sorted_order(ds)
-    audit = [order[round(k * (len(order) - 1) / max(1, args.audit - 1))] for k in range(args.audit)]
+    audit = spread(order, args.audit)
     audit_ds, saved = ds.subset(audit), {"audit": audit}
 
     def save(name: str, value: Any) -> None:
@@ -217,7 +232,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         row = engine_row(adapter, on_device(audit_ds, args.batch, device), n_steps=steps, **strict)
         refs[steps] = prompt_scores(row, audit_ds)
         save(f"reference_{steps}", refs[steps])
-    per_token_ds = per_token_rows(ds.subset(order[: args.per_token_samples]))
+    per_token_prompts = spread(order, args.per_token_samples)  # as the audited prompts, over the lengths
+    per_token_ds = per_token_rows(ds.subset(per_token_prompts))
     per_token = engine_row(adapter, on_device(per_token_ds, args.batch, device), **auto)
     reference = refs[args.reference_steps]
     ours_scores = prompt_scores(ours, ds)  # every prompt's, once
@@ -248,7 +264,7 @@ def render(meta: dict[str, Any], result: dict[str, Any]) -> str:
         f"{meta['transformers']}, captum {meta['captum']}",
         f"- command: `{meta['command']}`",
         f"- model: {result['model']} ({meta['shape']} shapes, {_weights(result['trained'])}); prompts of "
-        f"{meta['min_prompt']}-{meta['max_prompt']} words + BOS, completions = their last {meta['completion']} words; "
+        f"{meta['min_prompt']}-{meta['max_prompt']} words (of {meta['words']:,}) + BOS, completions = their last {meta['completion']} words; "
         "[PAD] baseline, BOS kept",
         f"- error: per audited prompt ({result['audit']}, spread over the lengths), max |a - b| / max |b| against "
         f"the reference; samples/s: prompts per second of the timed loop (after a warm-up)",
@@ -292,6 +308,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-steps", type=int, default=0, help="steps of the copy task before attributing")
     p.add_argument("--train-batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--target-loss", type=float, default=0.0, help="stop training once the loss is below this")
+    p.add_argument("--train-seconds", type=float, default=0.0, help="stop training after this long (0: no cap)")
+    p.add_argument("--words", type=int, default=30000, help="distinct words of the prompts (capped by the vocabulary)")
     p.add_argument("--memory-fraction", type=float, default=0.9)
     p.add_argument("--skip-captum", action="store_true")
     p.add_argument("--note", default="")
@@ -302,6 +321,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.shape, args.samples, args.per_token_samples, args.audit = "tiny", 6, 2, 2
         args.min_prompt, args.max_prompt, args.completion, args.reference_steps = 6, 20, 3, 32
         args.train_steps = min(args.train_steps, 30)
+    args.words = min(args.words, SHAPES[args.shape]["vocab_size"] - len(SPECIAL))
     return args
 
 
@@ -322,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     MEMORY_FRACTION[0] = args.memory_fraction
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
-    meta = run_meta(device, "captum", args, ("shape", "min_prompt", "max_prompt", "completion", "note"))
+    meta = run_meta(device, "captum", args, ("shape", "min_prompt", "max_prompt", "completion", "words", "note"))
     result = measure(args, device)
     text = render(meta, result)
     print(text)
