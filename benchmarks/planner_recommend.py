@@ -205,6 +205,7 @@ def plan_case(
                 started = time.perf_counter()
                 plan = session.trace_probes(inputs, lambda line: say(f"  {line}"))
                 rec = session.recommend_traced(inputs, plan)
+                entry["traced"] = traced_at(inputs, rec.chosen.micro_batch, rec.chosen.accumulate)
             except UserError as e:
                 entry["run"] = {"error": f"planner: {e}"}
                 say(f"{label}: planner: {e}")
@@ -219,10 +220,12 @@ def plan_case(
                 traces=len(plan.probes),
                 plan_seconds=round(time.perf_counter() - started, 1),
             )
-            entry["traced"] = traced_at(inputs, chosen.micro_batch, chosen.accumulate)
             say(f"{label}: recommended {chosen.micro_batch} x {chosen.accumulate}")
         if inputs is not None:
-            row["small"]["traced"] = traced_at(inputs, args.small_batch, SMALL_ACCUMULATE)
+            try:
+                row["small"]["traced"] = traced_at(inputs, args.small_batch, SMALL_ACCUMULATE)
+            except UserError as e:  # the Trainer still runs it: what the trace could not give, the row says
+                row["small"]["traced_error"] = str(e)
     return row
 
 
@@ -354,10 +357,12 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         measured = f"{_gib(run.get('max_allocated'))} / {_gib(run.get('max_reserved'))}"
         if "error" in run:
             measured = "failed: " + run["error"][:120]
+        traced_text = f"{_gib(traced.get('allocated'))} / {_gib(traced.get('reserved'))}"
+        if "traced_error" in s:
+            traced_text = "failed: " + s["traced_error"][:120]
         lines.append(
-            f"| {row['case']} | {s.get('micro_batch', '—')} | {measured} | {_gib(traced.get('allocated'))} / "
-            f"{_gib(traced.get('reserved'))} | {_pct(err.get('allocated'))} / {_pct(err.get('reserved'))} | "
-            f"{run.get('wall_seconds', '—')} |"
+            f"| {row['case']} | {s.get('micro_batch', '—')} | {measured} | {traced_text} | "
+            f"{_pct(err.get('allocated'))} / {_pct(err.get('reserved'))} | {run.get('wall_seconds', '—')} |"
         )
     if meta.get("skipped"):
         lines += ["", f"Not started (time budget): {', '.join(meta['skipped'])}"]
@@ -384,7 +389,7 @@ def plan_all(
     cases: Sequence[Any],
     budgets: Sequence[tuple[str, float | None, gpu_memory.GpuMemory | None]],
     args: argparse.Namespace,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, dict[str, Any] | None]:
     """With --plan-jobs N > 1, every case's plan first, N at a time in fresh processes (the traces are CPU work;
     their processes end before any Trainer run, so that no other process holds GPU memory while one measures);
     with 1, nothing here: each case is planned just before its runs."""
@@ -394,9 +399,19 @@ def plan_all(
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.plan_jobs, mp_context=context) as pool:
         futures = {c.name: pool.submit(plan_named, c.name, budgets, args) for c in cases}
-        planned = {name: future.result() for name, future in futures.items()}
+        planned = {name: _planned(future) for name, future in futures.items()}
     print(f"planned {len(planned)} cases in {time.perf_counter() - started:.0f} s, {args.plan_jobs} at a time")
     return planned
+
+
+def _planned(future: concurrent.futures.Future[dict[str, Any]]) -> dict[str, Any] | None:
+    """A worker's plan, or None where its process failed (the case is then planned again before its runs, where
+    its error is a row of its own)."""
+    try:
+        return future.result()
+    except Exception as e:  # one case's failure must not end the others'
+        print(f"a planning process failed: {type(e).__name__}: {e}", flush=True)
+        return None
 
 
 def recommend_all(cases: Sequence[Any], args: argparse.Namespace) -> int:
@@ -429,7 +444,7 @@ def recommend_all(cases: Sequence[Any], args: argparse.Namespace) -> int:
             continue
         print(f"{case.name} ...", flush=True)
         case_started = time.perf_counter()
-        row = planned[case.name] if planned else plan_case(case, budgets, args)
+        row = planned.get(case.name) or plan_case(case, budgets, args)
         rows.append(run_planned(case, row, args))
         rows[-1]["seconds"] = round(time.perf_counter() - case_started, 1)
         print(f"{case.name}: {rows[-1]['seconds']:.0f} s", flush=True)

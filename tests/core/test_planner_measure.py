@@ -18,6 +18,7 @@ from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batc
 from gpuopt_tui.core.planner.layouts import LAYOUTS
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, fits_budget, measure, probe_request, run_probe
 from gpuopt_tui.core.planner.search import Budget, recommend
+from gpuopt_tui.core.planner.traced import run_trace
 from gpuopt_tui.core.planner.train_setup import LOOPS, TrainSetup
 
 GIB = 1024**3
@@ -209,3 +210,10 @@ def test_each_framework_has_a_loop_and_requests_carry_it() -> None:
     assert (request["loop"], request["warmup"], request["steps"]) == ("hf", 3, 5)
     with pytest.raises(UserError, match='loop "trainer"'):
         TrainSetup(loop="trainer").check()
+
+
+def test_a_trace_runs_with_torchscript_off(tmp_path: Path) -> None:
+    """Model code compiled by TorchScript cannot run on fake tensors (DeBERTa-v2 in transformers 5.17): the trace's
+    process runs it as plain Python."""
+    python = _fake_python(tmp_path, 'cat > /dev/null\necho "{\\"jit\\": \\"$PYTORCH_JIT\\"}"\n')
+    assert run_trace({"config": {"model_type": "deberta-v2"}}, python=python) == {"jit": "0"}

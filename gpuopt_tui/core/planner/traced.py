@@ -19,6 +19,7 @@ that benchmarks/results/planner_traced_H200.json holds for six families.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -85,6 +86,9 @@ def run_trace(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # one pipe: warnings and a traceback come in order, and cannot block the child
         text=True,
+        # TorchScript functions in model code (DeBERTa-v2's relative positions, transformers 5.17) cannot run on
+        # fake tensors; PYTORCH_JIT=0 leaves them plain Python, whose memory is the same
+        env={**os.environ, "PYTORCH_JIT": "0"},
     ) as child:
         stop = threading.Timer(timeout, child.kill)
         stop.start()
