@@ -216,6 +216,8 @@ def make_batch(model: nn.Module, request: Mapping[str, Any], device: torch.devic
 
 def loss_function(model: nn.Module, request: Mapping[str, Any]) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     if request["task"] != "embedding":
+        if request.get("loop") == "hf" and request.get("precision") in ("bf16-mixed", "fp16-mixed"):
+            return lambda batch: _as_the_trainer_returns(model(**batch)).loss
         return lambda batch: model(**batch).loss
     spe = 1 + int(request["n_positives"]) + int(request["n_negatives"])
 
@@ -229,6 +231,20 @@ def loss_function(model: nn.Module, request: Mapping[str, Any]) -> Callable[[dic
         return F.cross_entropy(scores.float(), positive)
 
     return contrastive
+
+
+def _as_the_trainer_returns(out: Any) -> Any:
+    """The outputs as the HF Trainer's model returns them under mixed precision: accelerate wraps its forward in
+    `convert_outputs_to_fp32`, which copies each 16-bit tensor of the output (an LM's logits) to fp32 at the end of
+    the forward, while the 16-bit ones still exist: a peak of its own for a model whose activations are small."""
+    if not isinstance(out, Mapping):
+        return out
+    return type(out)(
+        **{
+            k: v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v
+            for k, v in out.items()
+        }
+    )
 
 
 def make_optimizer(params: list[nn.Parameter], name: str, foreach: bool | None = None) -> torch.optim.Optimizer:
