@@ -29,6 +29,7 @@ from gpuopt_tui.core.planner.estimate import Estimate
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, MeasuredPlan, measure_setup
 from gpuopt_tui.core.planner.resolve import Origins
 from gpuopt_tui.core.planner.search import Recommendation
+from gpuopt_tui.core.planner.traced import TRACE_LIMITS
 from gpuopt_tui.core.planner.train_setup import LOOPS
 from gpuopt_tui.core.planner.yamledit import MAX_CONFIG_BYTES
 from gpuopt_tui.core.profiles.io import (
@@ -324,10 +325,7 @@ def _traced(out: Console, inputs: session.PlanInputs, closed: Estimate | None) -
         out.print(tiers_table(traced, closed))
     else:
         out.print(Text.assemble(("closed form ", "bold yellow"), f"no estimate: {inputs.refusal}"))
-    out.print(
-        "[dim]not traced, estimated as the closed form does: CUDA context, cuBLAS workspaces, allocator slack; "
-        "fake tensors stand in for CUDA with CUDA's autocast lists and the CPU's attention kernels[/]"
-    )
+    out.print(Text(TRACE_LIMITS, style="dim"))
 
 
 def _measured_current(out: Console, inputs: session.PlanInputs) -> None:

@@ -20,6 +20,7 @@ from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import session
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
 from gpuopt_tui.core.planner.search import Candidate, Recommendation
+from gpuopt_tui.core.planner.traced import TRACE_LIMITS
 from gpuopt_tui.core.planner.yamledit import FilePatch
 from gpuopt_tui.core.profile_paths import resolve_paths
 from gpuopt_tui.core.profiles.io import load_profile
@@ -43,10 +44,6 @@ from gpuopt_tui.ui.widgets.planner_view import TierPlan
 from gpuopt_tui.ui.widgets.profile_values import FORM_SOURCE
 
 CLOSED_FORM = "closed-form estimate"
-TRACE_LIMITS = (
-    "Not traced, estimated as the closed form does: the CUDA context, cuBLAS workspaces and the allocator's slack. "
-    "Fake tensors stand in for CUDA with CUDA's autocast lists and the CPU's attention kernels."
-)
 
 
 def resolved(profile: PlanProfile, base: Path) -> PlanProfile:

@@ -30,7 +30,6 @@ from gpuopt_tui.core.results.tracin import (
 from gpuopt_tui.core.results.tracin_summary import Agreement, CacheUse, Projection, parse_summary
 from gpuopt_tui.core.runs.events import EventWriter
 from gpuopt_tui.core.runs.layout import RunDir
-from gpuopt_tui.ui.widgets.tracin_summary import summary_content
 
 #: the demo over all layers, gradients projected to 8 x 8 per layer, training gradients cached, checked against
 #: exact all-parameter TracIn on 40 training examples
@@ -163,7 +162,6 @@ def test_summary_of_a_run_over_all_layers_says_projection_cache_and_agreement(
     )
     timed = parse_summary({**raw, "timing": {**raw["timing"], "compute_seconds": 9.0, "projection_fit_seconds": 2.5}})
     assert timed.projection_fit_seconds == 2.5
-    assert "(9 s computing, 2.5 s of it fitting the projection, left out of the rate)" in summary_content(timed).plain
     assert s.excluded_parameters == tuple(raw["excluded_parameters"])
     assert s.gradient_size == raw["gradient_size"] < s.n_parameters
     agreement = raw["agreement"]

@@ -430,3 +430,15 @@ async def test_profile_form_offers_the_mode_projection_sizes_and_cache() -> None
         form.edit_key("tracin.projection_in")
         await pilot.pause()
         assert "apply to method = factored only" in screen.form.errors["tracin.projection_in"]
+
+
+def test_the_summary_says_how_long_fitting_the_projection_took_apart_from_the_rate() -> None:
+    from gpuopt_tui.core.results.tracin_summary import parse_summary
+    from gpuopt_tui.ui.widgets.tracin_summary import summary_content
+
+    frozen = Path(__file__).parents[1] / "fixtures" / "browse_runs" / "20261126-161121-tracin-1451" / "results"
+    raw = json.loads((frozen / "summary.json").read_text())
+    timing = {**raw["timing"], "compute_seconds": 9.0, "projection_fit_seconds": 2.5}
+    text = summary_content(parse_summary({**raw, "timing": timing})).plain
+    assert "(9 s computing, 2.5 s of it fitting the projection, left out of the rate)" in text
+    assert "of it fitting" not in summary_content(parse_summary(raw)).plain
