@@ -338,9 +338,10 @@ def test_fitting_pca_directions_is_timed_apart_from_the_scoring_rate(project: Pa
     """Fitting the projection is a fixed cost per checkpoint: the summary gives its seconds, and the rate of
     training examples a second is over the rest of the computing."""
     extra = 'method = "factored"\nprojection_in = 2\nprojection_out = 2\nprojection_basis = "pca"\npca_examples = 6'
-    run_job(load_profile(write_profile(project, tmp_path, extra)), context(tmp_path / "run", tmp_path))
+    outcome = run_job(load_profile(write_profile(project, tmp_path, extra)), context(tmp_path / "run", tmp_path))
     summary = json.loads((tmp_path / "run" / "results" / "summary.json").read_text())
     timing = summary["timing"]
     fitting, seconds = timing["projection_fit_seconds"], timing["compute_seconds"]
     assert 0 < fitting < seconds
     assert timing["train_examples_per_s"] == pytest.approx(summary["n_scored"] / (seconds - fitting))
+    assert outcome["projection_fit_seconds"] == fitting  # the CLI's outcome lines say it too

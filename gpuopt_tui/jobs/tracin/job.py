@@ -389,6 +389,8 @@ def _write_results(
     return {
         "n_scored": stats["n_scored"],
         "train_examples_per_s": rate,
+        # fitting PCA directions: seconds of the scoring that the rate leaves out
+        **({"projection_fit_seconds": timing["projection_fit_seconds"]} if "projection_fit_seconds" in timing else {}),
         **({"flipped_label_auc": auc} if auc is not None else {}),  # only where the data marks flipped labels
         "training_gradients": preconditioning.text if preconditioning else _training_gradients("off"),
     }
