@@ -239,9 +239,9 @@ def _hopeless(one: ProbeResult, more: ProbeResult, budget: Budget, noun: str, ch
     states = one.footprint - max(0.0, slope) * one.sequences
     if states > budget.limit:
         why = (
-            f"; weights, gradients and optimizer state alone take about {states / gib:.1f} GiB (the {noun}s' line "
-            "at no batch), so no change to the activations can fit it: train fewer parameters (LoRA), use a "
-            "lighter optimizer state, or a larger GPU"
+            f"; weights, gradients and optimizer state alone take about {states / gib:.1f} GiB with the context "
+            f"(the {noun}s' line at no batch), so no change to the activations can fit it: train fewer parameters "
+            "(LoRA), use a lighter optimizer state, or a larger GPU"
         )
     else:
         checkpoint = "" if checkpointing else "gradient checkpointing, "
