@@ -405,8 +405,8 @@ def plan_all(
 
 
 def _planned(future: concurrent.futures.Future[dict[str, Any]]) -> dict[str, Any] | None:
-    """A worker's plan, or None where its process failed (the case is then planned again before its runs, where
-    its error is a row of its own)."""
+    """A worker's plan, or None where its process failed (the case is then planned again in this process, just
+    before its runs; a planner error is a row of its own, see `plan_case`)."""
     try:
         return future.result()
     except Exception as e:  # one case's failure must not end the others'
