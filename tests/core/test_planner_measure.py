@@ -18,7 +18,7 @@ from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batc
 from gpuopt_tui.core.planner.layouts import LAYOUTS
 from gpuopt_tui.core.planner.measure import ALLOC_CONF, fits_budget, measure, probe_request, run_probe
 from gpuopt_tui.core.planner.search import Budget, recommend
-from gpuopt_tui.core.planner.traced import run_trace
+from gpuopt_tui.core.planner.traced import difference, run_trace
 from gpuopt_tui.core.planner.train_setup import LOOPS, TrainSetup
 
 GIB = 1024**3
@@ -219,3 +219,10 @@ def test_a_trace_runs_with_torchscript_off(tmp_path: Path) -> None:
     process runs it as plain Python."""
     python = _fake_python(tmp_path, 'cat > /dev/null\necho "{\\"jit\\": \\"$PYTORCH_JIT\\"}"\n')
     assert run_trace({"config": {"model_type": "deberta-v2"}}, python=python) == {"jit": "0"}
+
+
+def test_the_closed_form_s_difference_is_flagged_only_when_large_in_share_and_in_bytes() -> None:
+    """A tiny model's tiers differ by a large share that is the closed form's fixed allocator figure: no flag."""
+    assert difference(int(1.1 * GIB), 837 * MIB) == "+34.6%"
+    assert difference(12 * GIB, 10 * GIB) == "+20.0% (large)"
+    assert difference(int(10.5 * GIB), 10 * GIB) == "+5.0%"

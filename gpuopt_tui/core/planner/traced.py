@@ -39,8 +39,10 @@ TRACED = "traced"  # the tier's name on a recommendation
 # The share of the budget a traced search keeps back: the CPU's kernels standing in for CUDA's, and the allocator
 # model's error (the closed form's figure, until GPU runs of benchmarks/planner_traced.py measure the trace's own)
 TRACED_HEADROOM = 0.05
-# Beyond this share of the traced peak, the closed form's difference is flagged
+# Beyond this share of the traced peak, and this many bytes, the closed form's difference is flagged: below the
+# bytes, the difference is the closed form's fixed allocator constant on a small model, not a disagreement
 LARGE_DIFFERENCE = 0.10
+LARGE_DIFFERENCE_BYTES = 512 * 1024**2
 # trace component key -> (row key for the colours, label, how)
 ROWS = (
     ("weights", "weights", "Weights", "every parameter and buffer of the built model"),
@@ -191,4 +193,5 @@ def traced_estimate(
 def difference(closed: int, traced: int) -> str:
     """The closed form against the trace, as a signed share of the trace ("flag" when it is large)."""
     share = closed / traced - 1
-    return f"{share:+.1%}" + (" (large)" if abs(share) > LARGE_DIFFERENCE else "")
+    large = abs(share) > LARGE_DIFFERENCE and abs(closed - traced) > LARGE_DIFFERENCE_BYTES
+    return f"{share:+.1%}" + (" (large)" if large else "")
