@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.lm_attribution import SHAPES, SPECIAL, build_model, dataset, run_meta, word_tokenizer
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
+from gpuopt_tui.jobs.tracin.grad_cache import BASES
 from gpuopt_tui.jobs.tracin.job import flipped_auc
 
 ROWS = ("cold", "cached", "exact")
@@ -321,7 +322,7 @@ def run_row(name: str, cli: dict[str, Any], n_train: int, n_queries: int, cache:
     fitting = timing.get("projection_fit_seconds") or 0.0
     fixed = cli["wall"] - scoring + fitting
     stored = folder_bytes(cache)
-    bases = sum(p.stat().st_size for p in cache.rglob("bases.safetensors")) if cache.is_dir() else 0
+    bases = sum(p.stat().st_size for p in cache.rglob(BASES)) if cache.is_dir() else 0
     numbers = n_train * len(summary["checkpoints"]) * summary["gradient_size"]
     return {
         "row": name, "train": n_train, "queries": n_queries, "wall": cli["wall"], "scoring_seconds": scoring,
