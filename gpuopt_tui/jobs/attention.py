@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -23,6 +24,14 @@ def padded_batch_kernels(mask: Tensor | None) -> contextlib.AbstractContextManag
     """Within the block, scaled_dot_product_attention does not use cuDNN's kernel when `mask` (a batch's
     attention mask) is on a GPU and has padding (the memory-efficient kernel takes such masks); otherwise nothing
     changes."""
-    if mask is None or mask.device.type != "cuda" or bool(mask.all()):
+    if mask is None or bool(mask.all()):
+        return contextlib.nullcontext()
+    return varied_length_kernels(mask.device)
+
+
+def varied_length_kernels(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Within the block, scaled_dot_product_attention on `device`, a GPU, does not use cuDNN's kernel: for batches
+    whose length changes from one to the next (a causal LM's rows, unmasked but of many lengths)."""
+    if device.type != "cuda":
         return contextlib.nullcontext()
     return sdpa_kernel(_PADDED_BACKENDS)

@@ -8,12 +8,13 @@ Batches of a causal LM hold the prompt as the attributed tokens and the completi
 - ``target_position``                      [N]     -1: the output is the whole completion's log-probability; t: the
   log-probability of completion token t alone (one row of a [completion, prompt] matrix)
 
-The forward (`logits_from_embeds`) runs the model on [prompt | completion] with the attention mask of both and
-position ids that count real tokens only, so that padding (between prompt and completion, after the completion)
-changes nothing a real token sees. A left-padded prompt has its real tokens moved to its front first (a gather,
-which the gradients go back through): a padding position with no real token before it would have nothing to attend
-to, which eager attention turns into NaN. Each completion token is scored by the logits at the real position before it
-(teacher forcing); the output [N, 1] is the sum of the chosen tokens' log-probabilities. Integrated Gradients then
+The forward (`logits_from_embeds`) runs the model on [prompt | completion] with each row's real tokens moved to
+its front (a gather, which the gradients go back through) and its padding, of either part, after them. Causal
+attention never lets a real token see a later position, so padding last changes nothing a real token computes and
+the model runs without an attention mask: plain causal attention, which the fast kernels (flash) take, where a mask
+with holes would need the memory-efficient kernel, and which also holds for models that ignore attention masks
+(state-space layers). Each completion token is scored by the logits at the real position before it (teacher
+forcing); the output [N, 1] is the sum of the chosen tokens' log-probabilities. Integrated Gradients then
 interpolates the prompt's word embeddings only: the completion's embeddings travel as context, the same at every
 step.
 """
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpuopt_tui.core.errors import UserError
+from gpuopt_tui.jobs.attention import varied_length_kernels
 from gpuopt_tui.jobs.models.base import Adapter, Batch, SpecialIds
 from gpuopt_tui.jobs.models.hf import prepared_attention_mask
 
@@ -173,21 +175,23 @@ class CausalLMAdapter(Adapter):
         prepared_mask: bool = False,
     ) -> Tensor:
         """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them,
-        computed at those positions only (`_output_layer_at`); `prepared_mask`: the attention mask given as
-        [N, 1, L, L] (see `completion_loss`)."""
-        prompt_len = inputs_embeds.shape[1]
+        computed at those positions only (`_output_layer_at`); `prepared_mask`: the attention mask handed to the
+        model ready-made, [N, 1, L, L] (see `completion_loss`), instead of none."""
         completion = context["completion_embeds"].to(inputs_embeds.dtype)
         if attention_mask is None:
             attention_mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
-        else:  # real prompt tokens first: a padding position before them would have nothing to attend to (NaN)
-            attention_mask, order = _real_first(attention_mask)
-            inputs_embeds = inputs_embeds.gather(1, order[..., None].expand_as(inputs_embeds))
-        mask = torch.cat([attention_mask.long(), context["completion_mask"].long()], 1)
-        before = previous_real_position(mask)[:, prompt_len - 1 :]  # [N, T + 1]: the position predicting each token
-        with self._output_layer_at(before, mask.shape[1]) as gathered:
+        order, mask, before = sequence_layout(attention_mask, context["completion_mask"], trim=not prepared_mask)
+        embeds = torch.cat([inputs_embeds, completion], 1)
+        embeds = embeds.gather(1, order[..., None].expand(-1, -1, embeds.shape[-1]))
+        return self._logits_at(embeds, mask, before, prepared_mask)
+
+    def _logits_at(self, embeds: Tensor, mask: Tensor, before: Tensor, prepared_mask: bool) -> Tensor:
+        """The model's logits at positions `before` [N, K] of the sequence `embeds` [N, L, hidden], whose padding
+        (0 in `mask`) is last (`sequence_layout`)."""
+        with self._output_layer_at(before, mask.shape[1]) as gathered, varied_length_kernels(embeds.device):
             out = self.model(
-                inputs_embeds=torch.cat([inputs_embeds, completion], 1),
-                attention_mask=causal_mask(mask, self.model) if prepared_mask else mask,
+                inputs_embeds=embeds,
+                attention_mask=causal_mask(mask, self.model) if prepared_mask else None,
                 position_ids=(mask.cumsum(1) - 1).clamp_min(0),
                 use_cache=False,
             )
@@ -238,19 +242,16 @@ class CausalLMAdapter(Adapter):
     def completion_loss(self, batch: Mapping[str, Tensor], *, prepared_mask: bool) -> Tensor:
         """`loss_per_example`; `prepared_mask`: the attention mask handed to the model ready-made, [N, 1, L, L]
         (transformers' own preparation branches on the mask's values, which torch.func.vmap cannot trace)."""
-        prompt_mask, order = _real_first(batch["attention_mask"])
-        ids = torch.cat([batch["input_ids"].gather(1, order), batch["completion_ids"]], 1)
-        embeds = self.word_embeddings()(ids)
-        prompt_len, mask = prompt_mask.shape[1], batch["completion_mask"]
-        context = {"completion_embeds": embeds[:, prompt_len:], "completion_mask": mask}
-        logits = self.next_token_logits(embeds[:, :prompt_len], prompt_mask, context, prepared_mask=prepared_mask)
+        order, mask, before = sequence_layout(batch["attention_mask"], batch["completion_mask"], trim=not prepared_mask)
+        ids = torch.cat([batch["input_ids"], batch["completion_ids"]], 1).gather(1, order)
+        logits = self._logits_at(self.word_embeddings()(ids), mask, before, prepared_mask)
         nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["completion_ids"].long(), reduction="none")
-        weights = mask.to(nll.dtype)
+        weights = batch["completion_mask"].to(nll.dtype)
         return (nll * weights).sum(1) / weights.sum(1).clamp_min(1)
 
     def token_mask(self, batch: Mapping[str, Tensor]) -> Tensor:
-        """[N, P + T]: the mask of [prompt (real tokens first) | completion], the sequence `loss_per_example` runs."""
-        return torch.cat([_real_first(batch["attention_mask"])[0], batch["completion_mask"]], 1)
+        """[N, L]: the mask of the sequence `loss_per_example` runs (`sequence_layout`: real tokens first)."""
+        return sequence_layout(batch["attention_mask"], batch["completion_mask"], trim=True)[1]
 
     def functional_loss(self, params: Mapping[str, Tensor], batch: Mapping[str, Tensor]) -> Tensor:
         """`loss_per_example` with `params` swapped in for the model's own."""
@@ -307,10 +308,19 @@ def causal_mask(mask: Tensor, model: nn.Module) -> Tensor:
     return prepared_attention_mask(mask, model, causal[None, None])
 
 
-def _real_first(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """The mask with each row's real positions moved first (in their order), and the order [N, P] that does it."""
+def sequence_layout(prompt_mask: Tensor, completion_mask: Tensor, *, trim: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """How [prompt | completion] (masks [N, P] and [N, T]) is laid out for the forward: (the order [N, L] that
+    moves each row's real tokens first, in their order; the mask in that order, padding last; the position in that
+    order predicting each completion token and the token after them [N, T + 1], the last real one at or before
+    each such slot). `trim`: L is the longest row's real length, not P + T (a long prompt and another row's long
+    completion need not meet in one row); a size that depends on the values, which torch.func.vmap cannot trace."""
+    mask = torch.cat([prompt_mask.long(), completion_mask.long()], 1)
+    before = previous_real_position(mask)[:, prompt_mask.shape[1] - 1 :]
     order = mask.sort(dim=1, descending=True, stable=True).indices
-    return mask.gather(1, order), order
+    before = order.argsort(1).gather(1, before)
+    if trim:
+        order = order[:, : max(1, int(mask.sum(1).max()))]
+    return order, mask.gather(1, order), before
 
 
 def _special(tokenizer: Any) -> list[int]:
