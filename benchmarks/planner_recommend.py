@@ -204,7 +204,7 @@ def plan_case(
                 entry.update(gpu_total=inputs.budget.gpu_total, limit=inputs.budget.limit, card=inputs.gpu.total)
                 started = time.perf_counter()
                 plan = session.trace_probes(inputs, lambda line: say(f"  {line}"))
-                rec = session.recommend_traced(inputs, plan)
+                rec, plan = session.recommend_traced(inputs, plan, lambda line: say(f"  {line}"))
                 entry["traced"] = traced_at(inputs, rec.chosen.micro_batch, rec.chosen.accumulate)
             except UserError as e:
                 entry["run"] = {"error": f"planner: {e}"}

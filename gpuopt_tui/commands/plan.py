@@ -276,7 +276,7 @@ def _search(out: Console, inputs: session.PlanInputs, measure: bool, trace: bool
         out.print(Text.assemble(("tracing ", "bold"), "the search: each micro-batch traced on fake tensors (seconds)"))
         plan = session.trace_probes(inputs, log)
         _measured(out, plan)
-        return session.recommend_traced(inputs, plan)
+        return session.recommend_traced(inputs, plan, log)[0]
     rec, preferred = session.recommend_preferred(inputs, log)
     if preferred is not None:
         _measured(out, preferred)

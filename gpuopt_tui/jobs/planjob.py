@@ -122,7 +122,7 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         rec = recommend_measured(inputs, measured)
     elif traced:
         ctx.stage("searching by traces on fake tensors", 1, 3, "steps")
-        rec = recommend_traced(inputs, trace_probes(inputs, log=ctx.log))
+        rec, _ = recommend_traced(inputs, trace_probes(inputs, log=ctx.log), log=ctx.log)
     else:
         rec = recommend_closed_form(inputs)
     ctx.progress(2, 3, unit="steps", stage="recommend")

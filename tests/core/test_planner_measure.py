@@ -16,8 +16,16 @@ import pytest
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
 from gpuopt_tui.core.planner.layouts import LAYOUTS
-from gpuopt_tui.core.planner.measure import ALLOC_CONF, fits_budget, measure, probe_request, run_probe
-from gpuopt_tui.core.planner.search import Budget, recommend
+from gpuopt_tui.core.planner.measure import (
+    ALLOC_CONF,
+    MeasuredPlan,
+    confirm_choice,
+    fits_budget,
+    measure,
+    probe_request,
+    run_probe,
+)
+from gpuopt_tui.core.planner.search import Budget, Recommendation, recommend
 from gpuopt_tui.core.planner.traced import difference, run_trace
 from gpuopt_tui.core.planner.train_setup import LOOPS, TrainSetup
 
@@ -117,6 +125,32 @@ def test_a_measured_recommendation_stays_at_the_confirmed_batch_after_a_shrink()
     plan = measure(_request(TrainSetup()), 1, budget, start=100, probe=linear)
     assert plan.ceiling is None
     assert recommend(plan.peak_model(), TrainSetup(), budget, tier="measured").b_max == plan.micro_batch
+
+
+def test_the_chosen_micro_batch_is_probed_and_its_figure_replaces_the_line_s() -> None:
+    """A peak that grows ever slower with the batch (as a mixture-of-experts model's traces did): the line through
+    the bracketing probes is under the curve between them, so the recommended divisor of the effective batch gets
+    a probe of its own, and the recommendation states that probe's figure."""
+    peak = lambda s: 2 * GIB + 3 * GIB * math.sqrt(s)  # noqa: E731
+    gpu = SimulatedGpu(80 * GIB, peak)
+    budget = Budget(gpu.total, 0.85)
+    setup = TrainSetup(micro_batch=4)
+    plan = measure(_request(setup), 1, budget, start=4, probe=gpu)
+    assert plan.micro_batch > 64 and not plan.probed(64)
+
+    def search(p: MeasuredPlan) -> Recommendation:
+        return recommend(p.peak_model(), setup, budget, target=64, tier="measured")
+
+    line = search(plan).chosen
+    assert line.micro_batch == 64 and line.peak < peak(64) + gpu.context  # the line's figure, under the curve's
+    lines: list[str] = []
+    rec, confirmed = confirm_choice(plan, search, lambda b: gpu(_request(setup)(b)), budget, lines.append)
+    assert gpu.calls[-1] == 64 and confirmed.probed(64) and len(confirmed.probes) == len(plan.probes) + 1
+    assert rec.chosen.micro_batch == 64 and rec.chosen.peak == peak(64) + gpu.context
+    assert lines[0] == "micro-batch 64 chosen (dividing the effective batch 64): probed to confirm it"
+    calls = len(gpu.calls)
+    assert confirm_choice(confirmed, search, lambda b: gpu(_request(setup)(b)), budget, lines.append)[1] is confirmed
+    assert len(gpu.calls) == calls  # a probed choice is not probed again
 
 
 def test_probe_failures_and_hopeless_budgets_are_user_errors() -> None:

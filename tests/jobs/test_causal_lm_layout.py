@@ -62,3 +62,23 @@ def test_the_unmasked_forward_equals_the_masked_one(family: str, side: str) -> N
     assert max(float(g.abs().max()) for g in unmasked[1:]) > 1e-3  # not a comparison of zeros
     layout = sequence_layout(batch["attention_mask"], batch["completion_mask"], trim=True)
     assert torch.equal(adapter.token_mask(batch), layout[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sdpa_attention_gets_no_mask_but_the_causal_flag(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What lets a GPU pick the flash kernel: no mask tensor (padding last, positions counting on through it, so
+    transformers builds none, not even one for packed sequences), is_causal set."""
+    model = tiny_decoder(family)
+    model.config._attn_implementation = "sdpa"
+    adapter = CausalLMAdapter(family, model, tiny_tokenizer(), CPU)
+    calls: list[tuple[bool, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        calls.append((mask is None, bool(kwargs.get("is_causal"))))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    adapter.loss_per_example(batch_of(adapter, "left"))
+    assert calls and set(calls) == {(True, True)}

@@ -9,7 +9,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 
 from gpuopt_tui.core.profiles.attribution import AttributionSection
 from gpuopt_tui.jobs.attribution.engine import Settings, attribute_batch
-from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS
+from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS, NonFiniteGradients
 from gpuopt_tui.jobs.attribution.start_precision import GAIN, LOST, PRIOR_FELL_BACK, StartPrecision
 from gpuopt_tui.jobs.models.hf import SequenceClassifierAdapter
 
@@ -116,3 +116,37 @@ def test_the_first_batch_measures_both_precisions_on_its_own_rows(case) -> None:
     attribute_batch(adapter, tokens, settings, settings.planner(), start=start)
     assert start.ratio is not None and start.ratio > 0
     assert sum(start.counts.values()) - start.counts["routed"] - start.counts["fell_back"] == 4
+
+
+def overflowing(reduced: float) -> tuple[list[str], object]:
+    """Timings where fp16's steps overflow (a trained language model's logits) and bf16's take `reduced`."""
+    calls: list[str] = []
+
+    def timed(precision: str) -> float:
+        calls.append(precision)
+        if precision == "fp16":
+            raise NonFiniteGradients("the gradients along the path are not finite in fp16")
+        return reduced if precision == "bf16" else 1.0
+
+    return calls, timed
+
+
+def test_fp16_overflowing_in_the_probe_moves_the_run_to_bf16_or_to_full_precision() -> None:
+    start = StartPrecision("fp16", "tf32")
+    calls, timed = overflowing(0.5)
+    assert start.choose(timed) and (start.reduced, start.overflowed, start.ratio) == ("bf16", "fp16", 0.5)
+    assert calls[0] == "fp16" and "fp16" not in calls[1:]
+    assert start.describe().startswith("steps start in bf16: fp16 overflowed in the probe; the same")
+    assert start.record()["precisions"] == ["bf16", "tf32"] and start.record()["overflowed"] == "fp16"
+    without = StartPrecision("fp16", "tf32", bf16=False)  # a GPU without bf16
+    assert not without.choose(overflowing(0.5)[1]) and not without.choose(overflowing(0.5)[1])
+    assert without.describe() == "steps start in tf32: fp16 overflowed in the probe; the GPU has no bf16"
+    assert without.record()["time_ratio"] is None and without.record()["expected_ratio"] is None
+
+
+def test_bf16_steps_that_are_not_finite_are_the_model_s_and_stop_the_run() -> None:
+    def timed(precision: str) -> float:
+        raise NonFiniteGradients(f"the gradients along the path are not finite in {precision}")
+
+    with pytest.raises(NonFiniteGradients):
+        StartPrecision("bf16", "tf32").choose(timed)

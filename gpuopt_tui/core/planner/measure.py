@@ -16,6 +16,7 @@ the peak exceeds the budget.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any
 
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner.fit import LineFit, ProbeResult, fit_line, max_batch, shrink
-from gpuopt_tui.core.planner.search import Budget, PeakModel
+from gpuopt_tui.core.planner.search import Budget, PeakModel, Recommendation
 from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 PROBE_MODULE = "gpuopt_tui.jobs.memprobe"
@@ -132,15 +133,33 @@ class MeasuredPlan:
         micro-batch and samples per anchor may vary."""
         fit, confirmed, over, ceiling = self.fit, self.confirmed, self.limit + 1, self.ceiling
 
+        probed = {r.sequences: r.footprint for r in self.probes if r.ok}
+
         def peak(setup: TrainSetup) -> int:
             n = setup.sequences
-            if fit is None:
+            if n in probed:  # a probe's own figure rather than the line's
+                predicted = probed[n]
+            elif fit is None:
                 predicted = confirmed.footprint if n <= confirmed.sequences else over
             else:
                 predicted = int(fit.predict(n) + self.context)
             return max(predicted, over) if ceiling is not None and n > ceiling else predicted
 
         return peak
+
+    def probed(self, micro_batch: int) -> bool:
+        """Whether a probe ran at this micro-batch (of the probed setup)."""
+        return any(r.micro_batch == micro_batch for r in self.probes)
+
+    def with_probe(
+        self, result: ProbeResult, budget: Budget, log: Callable[[str], None], noun: str = "probe"
+    ) -> MeasuredPlan:
+        """The plan with one more probe (logged), whose figure `peak_model` takes at its batch; UserError when it
+        failed."""
+        log(_describe(result, budget, noun))
+        if result.error:
+            raise UserError(f"the {noun} at micro-batch {result.micro_batch} failed: {result.error}")
+        return dataclasses.replace(self, probes=(*self.probes, result))
 
 
 def measure(
@@ -218,6 +237,29 @@ def measure(
         confirmed=result,
         limit=budget.limit,
     )
+
+
+def confirm_choice(
+    plan: MeasuredPlan,
+    search: Callable[[MeasuredPlan], Recommendation],
+    probe_at: Callable[[int], ProbeResult],
+    budget: Budget,
+    log: Callable[[str], None],
+    noun: str = "probe",
+    rounds: int = 3,
+) -> tuple[Recommendation, MeasuredPlan]:
+    """`search(plan)`'s recommendation with its micro-batch probed: when the search chose one no probe ran at (a
+    divisor of the effective batch below the largest that fits), `probe_at` it and search again with that probe's
+    figure in place of the line's (`peak_model`), which a refuted choice leaves for a smaller one; up to `rounds`
+    searches. Returns the last search's recommendation and the plan with the added probes."""
+    for _ in range(rounds):
+        rec = search(plan)
+        micro = rec.chosen.micro_batch
+        if plan.probed(micro):
+            break
+        log(f"micro-batch {micro} chosen (dividing the effective batch {rec.target}): {noun}d to confirm it")
+        plan = plan.with_probe(probe_at(micro), budget, log, noun)
+    return rec, plan
 
 
 def measure_setup(

@@ -28,7 +28,7 @@ from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
 from gpuopt_tui.core.planner.estimate import Estimate, Overheads, estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
-from gpuopt_tui.core.planner.measure import MeasuredPlan, measure, probe_request
+from gpuopt_tui.core.planner.measure import MeasuredPlan, confirm_choice, measure, probe_request
 from gpuopt_tui.core.planner.model_spec import (
     SUPPORTED,
     TASKS,
@@ -379,7 +379,22 @@ def trace_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message
     """The measured tier's search with traces for probes (no GPU): two or three traces bracket the largest
     micro-batch under the budget less `TRACED_HEADROOM` on a line, and one more confirms it (seconds each)."""
     worst = _worst_setup(inputs)
-    context = Overheads().context
+    budget = Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM))
+    plan = measure(
+        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b)),
+        worst.sequences_per_example,
+        budget,
+        _first_guess(inputs, worst),
+        probe=_traced_probe(inputs),
+        log=log,
+        noun="trace",
+    )
+    return dataclasses.replace(plan, tier=TRACED)
+
+
+def _traced_probe(inputs: PlanInputs) -> Callable[[Mapping[str, Any]], ProbeResult]:
+    """A probe that traces the request's training step on fake tensors instead of running it."""
+    worst, context = _worst_setup(inputs), Overheads().context
 
     def traced_probe(request: Mapping[str, Any]) -> ProbeResult:
         setup = worst.with_batch(int(request["micro_batch"]))
@@ -393,21 +408,25 @@ def trace_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message
             seconds=est.seconds,
         )
 
-    budget = Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM))
-    plan = measure(
-        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b)),
-        worst.sequences_per_example,
-        budget,
-        _first_guess(inputs, worst),
-        probe=traced_probe,
-        log=log,
+    return traced_probe
+
+
+def recommend_traced(
+    inputs: PlanInputs, plan: MeasuredPlan, log: Callable[[str], None] = lambda message: None
+) -> tuple[Recommendation, MeasuredPlan]:
+    """The traced tier's recommendation with its micro-batch confirmed by a trace of its own (`confirm_choice`),
+    and the plan with that trace. A line through the bracketing traces need not hold between them: a
+    mixture-of-experts model's peak in the HF Trainer at micro-batch 8 was 11% above the line through its traces
+    at 4 and 37 (benchmarks/results/planner_recommend_all_H200.md)."""
+    worst, probe = _worst_setup(inputs), _traced_probe(inputs)
+    return confirm_choice(
+        plan,
+        lambda p: _recommend(inputs, p.peak_model(), TRACED, TRACED_HEADROOM),
+        lambda b: probe(probe_request(inputs.model.config, inputs.task, worst.with_batch(b))),
+        Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM)),
+        log,
         noun="trace",
     )
-    return dataclasses.replace(plan, tier=TRACED)
-
-
-def recommend_traced(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
-    return _recommend(inputs, plan.peak_model(), TRACED, TRACED_HEADROOM)
 
 
 def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:

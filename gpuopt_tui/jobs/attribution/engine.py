@@ -158,13 +158,12 @@ def attribute_batch(
     `compiler` (see `step_compiler`) compiles the forward of the steps of the batched path;
     `target` [B] explains these outputs instead of the settings' target;
     `plain` runs the batched path on the model's own forward (no lean last layer, no fused attention kernels);
-    `start` (see `Settings.start_precision`) chooses whether the steps start in the settings' bf16/fp16 or in full
-    precision, measuring both on this batch the first time.
+    `start` (see `Settings.start_precision`) chooses whether the steps start in its bf16/fp16 (the settings', or
+    bf16 where fp16 overflowed) or in full precision, measuring both on this batch the first time.
     """
     reduced = start is None or start.choose(_probe_timer(adapter, batch, settings, planner))
-    if not reduced:
-        assert start is not None
-        settings = settings.started_in(start.full)
+    if start is not None:  # its reduced precision is bf16 once fp16 overflowed in its probe
+        settings = settings.started_in(start.reduced if reduced else start.full)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
         embeds = adapter.word_embeddings()(ids)

@@ -19,10 +19,15 @@ the first batch (the longest texts, with length bucketing) paid 2.3x for startin
 whose measured ratio was 0.88 (benchmarks/results/ig_conformance_rates_H200.md). Once a run starts in full
 precision it stays there. The choice only decides speed: every sample is refined to its tolerance either way,
 and the samples that start in full precision are named (reason "measured speed").
+
+fp16 has a sixteenth of bf16's range: a trained language model's logits can overflow it (a 1B decoder trained
+here did, in the probe itself). When the probe's fp16 steps overflow, the run's reduced precision becomes bf16
+(where the GPU has it; full precision otherwise) and the probe measures that instead: `overflowed` says so.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +36,8 @@ import torch
 from torch import Tensor
 
 from gpuopt_tui.jobs.attribution.adaptive import precision_chain
-from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS, REDUCED
-from gpuopt_tui.jobs.device import clock
+from gpuopt_tui.jobs.attribution.precision import FALLBACK_REASONS, REDUCED, NonFiniteGradients
+from gpuopt_tui.jobs.device import amp_dtype_supported, clock
 
 PROBE_SAMPLES = 64
 PROBE_STEPS = 4
@@ -50,23 +55,35 @@ TimeFn = Callable[[str], float]
 class StartPrecision:
     """The run's choice of the precision its batches start in (the module docstring)."""
 
-    reduced: str  # bf16 or fp16: the run's precision
+    reduced: str  # bf16 or fp16: the run's precision (bf16 once fp16 overflowed)
     full: str  # the next precision of the chain: tf32 or fp32
     ratio: float | None = None  # measured reduced / full time of the same steps
     counts: dict[str, int] = field(default_factory=lambda: {"reduced": 0, "routed": 0, "fell_back": 0, "full": 0})
+    bf16: bool = field(default=True, compare=False)  # whether the GPU runs bf16 (where fp16 overflows)
+    overflowed: str | None = None  # the precision whose probe overflowed (the module docstring)
 
     @classmethod
     def of(cls, precision: str, tolerance: float, fallback: bool, device: torch.device) -> StartPrecision | None:
         """The choice for a run of "auto" steps in `precision`, or None where there is nothing to choose."""
         if not fallback or precision not in REDUCED or device.type != "cuda":
             return None
-        return cls(precision, precision_chain(precision, tolerance)[1])
+        return cls(precision, precision_chain(precision, tolerance)[1], bf16=amp_dtype_supported(device, "bf16"))
 
     def choose(self, timed: TimeFn) -> bool:
-        """Whether the next batch starts in bf16/fp16 (else in `full`), measuring both with `timed` the first
+        """Whether the next batch starts in `reduced` (else in `full`), measuring both with `timed` the first
         time."""
         if self.ratio is None:
-            self.ratio = _measured_ratio(timed, self.reduced, self.full)
+            try:
+                self.ratio = _measured_ratio(timed, self.reduced, self.full)
+            except NonFiniteGradients:
+                if self.reduced != "fp16":
+                    raise  # bf16 has fp32's range: the model itself gives inf or NaN
+                self.overflowed = "fp16"
+                if self.bf16:
+                    self.reduced = "bf16"
+                    self.ratio = _measured_ratio(timed, self.reduced, self.full)
+                else:
+                    self.ratio = math.inf  # full precision from the start
         return self.expected() <= GAIN
 
     def expected(self) -> float:
@@ -91,8 +108,9 @@ class StartPrecision:
         """What the summary says about the choice."""
         return {
             "precisions": [self.reduced, self.full],
-            "time_ratio": self.ratio,
-            "expected_ratio": None if self.ratio is None else self.expected(),
+            "overflowed": self.overflowed,
+            "time_ratio": self.ratio if self.ratio is None or math.isfinite(self.ratio) else None,
+            "expected_ratio": None if self.ratio is None or not math.isfinite(self.ratio) else self.expected(),
             "samples": dict(self.counts),
             "rule": f"start in {self.reduced} while its expected time (lost points of the samples that fall back "
             f"included) is at most {GAIN:g} x that of starting in {self.full}",
@@ -101,8 +119,11 @@ class StartPrecision:
     def describe(self) -> str:
         """The log line of the choice as it stands."""
         chosen = self.reduced if self.expected() <= GAIN else self.full
+        overflowed = f"{self.overflowed} overflowed in the probe; " if self.overflowed else ""
+        if not math.isfinite(self.ratio or 0):
+            return f"steps start in {chosen}: {overflowed}the GPU has no bf16"
         return (
-            f"steps start in {chosen}: the same {PROBE_SAMPLES} samples x {PROBE_STEPS} steps took "
+            f"steps start in {chosen}: {overflowed}the same {PROBE_SAMPLES} samples x {PROBE_STEPS} steps took "
             f"{self.ratio:.2f}x the time in {self.reduced} as in {self.full} (bf16/fp16 runs only where at most "
             f"{GAIN:g}x, and the run keeps measuring how many samples fall back)"
         )

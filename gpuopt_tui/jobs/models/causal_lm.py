@@ -188,12 +188,13 @@ class CausalLMAdapter(Adapter):
     def _logits_at(self, embeds: Tensor, mask: Tensor, before: Tensor, prepared_mask: bool) -> Tensor:
         """The model's logits at positions `before` [N, K] of the sequence `embeds` [N, L, hidden], whose padding
         (0 in `mask`) is last (`sequence_layout`)."""
+        if prepared_mask:
+            attention_mask, positions = causal_mask(mask, self.model), (mask.cumsum(1) - 1).clamp_min(0)
+        else:  # positions counting on through the padding: repeated ones would read as packed sequences to transformers
+            attention_mask, positions = None, torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
         with self._output_layer_at(before, mask.shape[1]) as gathered, varied_length_kernels(embeds.device):
             out = self.model(
-                inputs_embeds=embeds,
-                attention_mask=causal_mask(mask, self.model) if prepared_mask else None,
-                position_ids=(mask.cumsum(1) - 1).clamp_min(0),
-                use_cache=False,
+                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=positions, use_cache=False
             )
         logits = out.logits
         if not gathered[0]:
