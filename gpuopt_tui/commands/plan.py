@@ -271,7 +271,7 @@ def _search(out: Console, inputs: session.PlanInputs, measure: bool, trace: bool
     if measure:
         plan = session.measure_probes(inputs, log)
         _measured(out, plan)
-        return session.recommend_measured(inputs, plan)
+        return session.recommend_measured(inputs, plan, log)[0]
     if (trace or inputs.spec is None) and not session.measurable_here(inputs):
         out.print(Text.assemble(("tracing ", "bold"), "the search: each micro-batch traced on fake tensors (seconds)"))
         plan = session.trace_probes(inputs, log)

@@ -119,7 +119,7 @@ def run_job(profile: PlanProfile, ctx: JobContext) -> dict[str, Any]:
         ctx.check_cancelled()
         ctx.stage("measuring on the GPU", 1, 3, "steps")
         measured = measure_probes(inputs, log=ctx.log)
-        rec = recommend_measured(inputs, measured)
+        rec, measured = recommend_measured(inputs, measured, log=ctx.log)
     elif traced:
         ctx.stage("searching by traces on fake tensors", 1, 3, "steps")
         rec, _ = recommend_traced(inputs, trace_probes(inputs, log=ctx.log), log=ctx.log)

@@ -28,7 +28,7 @@ from gpuopt_tui.core.planner import gpu as gpu_memory
 from gpuopt_tui.core.planner import modelfind, trainconfig
 from gpuopt_tui.core.planner.estimate import Estimate, Overheads, estimate
 from gpuopt_tui.core.planner.fit import ProbeResult
-from gpuopt_tui.core.planner.measure import MeasuredPlan, confirm_choice, measure, probe_request
+from gpuopt_tui.core.planner.measure import MeasuredPlan, confirm_choice, measure, probe_request, run_probe
 from gpuopt_tui.core.planner.model_spec import (
     SUPPORTED,
     TASKS,
@@ -429,8 +429,19 @@ def recommend_traced(
     )
 
 
-def recommend_measured(inputs: PlanInputs, plan: MeasuredPlan) -> Recommendation:
-    return _recommend(inputs, plan.peak_model(), "measured", plan.headroom)
+def recommend_measured(
+    inputs: PlanInputs, plan: MeasuredPlan, log: Callable[[str], None] = lambda message: None
+) -> tuple[Recommendation, MeasuredPlan]:
+    """The measured tier's recommendation with its micro-batch confirmed by a probe of its own (`confirm_choice`),
+    and the plan with that probe."""
+    worst, index = _worst_setup(inputs), device_index(inputs.profile.run.device)
+    return confirm_choice(
+        plan,
+        lambda p: _recommend(inputs, p.peak_model(), "measured", p.headroom),
+        lambda b: run_probe(probe_request(inputs.model.config, inputs.task, worst.with_batch(b), f"cuda:{index}")),
+        inputs.budget,
+        log,
+    )
 
 
 def measurable_here(inputs: PlanInputs) -> bool:
@@ -450,8 +461,7 @@ def recommend_preferred(
     """The measured recommendation when `measurable_here`, else the closed form's (and no measured plan)."""
     if not measurable_here(inputs):
         return recommend_closed_form(inputs), None
-    plan = measure_probes(inputs, log)
-    return recommend_measured(inputs, plan), plan
+    return recommend_measured(inputs, measure_probes(inputs, log), log)
 
 
 def _recommend(inputs: PlanInputs, peak: PeakModel, tier: str, headroom: float = 0.0) -> Recommendation:
