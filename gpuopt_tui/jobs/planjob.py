@@ -66,6 +66,7 @@ def _recommendation_json(rec: Recommendation) -> dict[str, Any]:
         "chosen": _candidate_json(rec.chosen),
         "current": _candidate_json(rec.current),
         "candidates": [_candidate_json(c) for c in rec.candidates],
+        "within_reserve": _candidate_json(rec.within_reserve),
         "stages": [{**dataclasses.asdict(s), "stage": dataclasses.asdict(s.stage)} for s in rec.stages],
     }
 

@@ -194,11 +194,19 @@ def tier_text(rec: Recommendation) -> Text:
     if not rec.headroom:
         return Text.assemble((rec.tier, "bold"), f": nothing kept back, the whole {limit} budget planned for")
     why = "a long run's drift above the probes" if rec.tier == "measured" else "its error"
-    return Text.assemble(
+    text = Text.assemble(
         (rec.tier, "bold"),
         f"; {rec.headroom:.0%} of the budget kept back for {why}: "
         f"planned for {human_bytes(rec.budget.search_limit(rec.headroom))} of {limit}",
     )
+    if (c := rec.within_reserve) is not None:
+        how = "a longer run than the probes'" if rec.tier == "measured" else "a run on the GPU (plan --profile)"
+        text.append(
+            f"\nmicro-batch {c.micro_batch} x accumulate {c.accumulate} would take {human_bytes(c.peak)} "
+            f"({c.peak / rec.budget.limit:.0%} of the budget): only inside what was kept back; {how} tells whether "
+            "it holds"
+        )
+    return text
 
 
 def probes_text(probes: Sequence[ProbeResult], limit: int, confirmed: int) -> Text:

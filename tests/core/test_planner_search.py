@@ -133,6 +133,23 @@ def test_headroom_keeps_part_of_the_budget_back_for_the_peak_model() -> None:
         recommend(linear(int(0.84 * GIB), 0), setup, Budget(GIB, 0.85), headroom=CLOSED_FORM_HEADROOM)
 
 
+def test_the_next_divisor_inside_the_kept_back_share_is_named() -> None:
+    """Falcon-1B's case on an H200: 16 x 4 chosen, 32 x 2 at 99% of the budget, over what the traced tier plans for
+    (95%) but within the budget: the recommendation names it for the user to measure, and nothing else."""
+    setup, budget = TrainSetup(micro_batch=8, accumulate=8), Budget(40 * GIB, 0.85)
+    per_sequence = 1024**3  # 1 GiB a sequence over 1 GiB of states: 32 sequences are 97% of the 34 GiB limit
+    rec = recommend(linear(GIB, per_sequence), setup, budget, target=64, headroom=0.05)
+    assert (rec.chosen.micro_batch, rec.chosen.accumulate) == (16, 4)
+    nxt = rec.within_reserve
+    assert nxt is not None and (nxt.micro_batch, nxt.accumulate, nxt.effective_batch) == (32, 2, 64)
+    assert rec.limit < nxt.peak == GIB + 32 * per_sequence <= budget.limit and nxt.fits
+    assert recommend(linear(GIB, per_sequence), setup, budget, target=64).within_reserve is None  # nothing kept back
+    too_big = recommend(linear(GIB, int(1.2 * per_sequence)), setup, budget, target=64, headroom=0.05)
+    assert too_big.within_reserve is None  # 32 x 2 over the budget itself
+    approx = recommend(linear(GIB, per_sequence), setup, budget, target=64, mode="approx", headroom=0.05)
+    assert approx.within_reserve is None  # approx mode takes the largest micro-batch anyway
+
+
 def _peak_model(base: int, per_sequence: int, kept: int):
     """A peak that grows with the sequences and is higher while accumulating (gradients kept between steps)."""
     return lambda setup: base + per_sequence * setup.sequences + (kept if setup.accumulate > 1 else 0)

@@ -22,6 +22,7 @@ from gpuopt_tui.core.runs.events import EventWriter, read_events
 from gpuopt_tui.core.runs.layout import RunDir
 from gpuopt_tui.jobs import planjob
 from gpuopt_tui.jobs.context import JobContext
+from gpuopt_tui.ui.plan_report import tier_text
 
 GIB = 1024**3
 MIB = 1024**2
@@ -93,6 +94,33 @@ def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: 
     path.write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"plan.json: not a plan this version can read .*headroom 1.5"):
         read_saved_plan(run)
+
+
+def test_a_next_divisor_inside_the_kept_back_share_is_saved_and_said(tmp_path: Path, tiny_bert_dir: Path) -> None:
+    """A saved plan keeps the recommendation's `within_reserve` candidate (none in older plans), and its report
+    names it with how to check it."""
+    profile = profile_from_data(
+        {"kind": "plan", "model": {"adapter": "hf", "path": str(tiny_bert_dir)}, "plan": {"gpu_memory_gb": 8.0}},
+        "plan.toml",
+    )
+    run = tmp_path / "run"
+    planjob.run_job(profile, JobContext(run, EventWriter(RunDir(tmp_path).events), tmp_path / "cache"))
+    path = RunDir(run).results / "plan.json"
+    data = json.loads(path.read_text())
+    assert (
+        data["recommendation"]["within_reserve"] is None and read_saved_plan(run).recommendation.within_reserve is None
+    )
+    budget = data["recommendation"]["budget_bytes"]
+    nxt = {**data["recommendation"]["chosen"], "label": "next divisor", "micro_batch": 32, "accumulate": 2}
+    data["recommendation"]["within_reserve"] = {**nxt, "peak": int(0.99 * budget)}
+    path.write_text(json.dumps(data))
+    rec = read_saved_plan(run).recommendation
+    assert rec.within_reserve is not None and rec.within_reserve.micro_batch == 32
+    said = " ".join(tier_text(rec).plain.split())
+    assert (
+        "micro-batch 32 x accumulate 2 would take" in said and "(99% of the budget): only inside what was kept" in said
+    )
+    assert said.endswith("a run on the GPU (plan --profile) tells whether it holds")
 
 
 def test_measured_plan_saves_the_gpu_probes_and_fit(

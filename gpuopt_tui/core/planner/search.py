@@ -270,6 +270,9 @@ class Recommendation:
     tier: str
     headroom: float = 0.0  # share of the budget the search kept back for the peak model's error
     b_max_accumulate: int = 1  # the accumulation b_max was evaluated at
+    # the next larger exact micro-batch when its peak is over what the search planned for but within the budget
+    # itself: inside the share kept back, for the user to measure rather than for the planner to risk
+    within_reserve: Candidate | None = None
 
     @property
     def limit(self) -> int:
@@ -336,4 +339,20 @@ def recommend(
         stages=plans,
         tier=tier,
         headroom=headroom,
+        within_reserve=_within_reserve(peak, binding, budget, target, acc, mode) if headroom else None,
     )
+
+
+def _within_reserve(
+    peak: PeakModel, setup: TrainSetup, budget: Budget, target: int, chosen: Accumulation, mode: str
+) -> Candidate | None:
+    """The next divisor of the effective batch above the chosen micro-batch, when its peak fits the budget only
+    by using the share the search kept back (`Recommendation.within_reserve`); None otherwise."""
+    if mode != "exact" or target % setup.n_gpus:
+        return None
+    per_gpu = target // setup.n_gpus
+    bigger = next((d for d in range(chosen.micro_batch + 1, per_gpu + 1) if per_gpu % d == 0), None)
+    if bigger is None:
+        return None
+    found = candidate("next divisor", peak, setup.with_batch(bigger, per_gpu // bigger), budget, target, budget.limit)
+    return found if found.fits else None

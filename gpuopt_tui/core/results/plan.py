@@ -81,6 +81,7 @@ def _recommendation(rec: Mapping[str, Any], budget: Budget) -> Recommendation:
         stages=tuple(StagePlan(**{**s, "stage": Stage(**s["stage"])}) for s in rec["stages"]),
         tier=str(rec["tier"]),
         headroom=_share(rec.get("headroom", 0.0)),  # none before the closed form kept any back
+        within_reserve=Candidate(**rec["within_reserve"]) if rec.get("within_reserve") else None,
     )
 
 
