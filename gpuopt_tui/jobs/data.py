@@ -59,8 +59,14 @@ class TextDataset:
 
     def lengths(self) -> Tensor:
         """Real tokens per example [N] (for several sequences per example, the longest of them)."""
-        mask = self.tensors["attention_mask"]
-        return mask.sum(-1).reshape(mask.shape[0], -1).amax(-1)
+        return _longest(self.tensors["attention_mask"])
+
+    def tokens(self) -> Tensor:
+        """Real tokens per example [N] over all its token fields, each counted as `lengths` counts it: the length
+        of what the model runs (a causal LM's prompt and completion are one sequence). What batches are sorted
+        and sized by; `lengths` is the attributed field's alone."""
+        masks = [self.tensors[m] for m in dict.fromkeys(self.token_fields.values()) if m in self.tensors]
+        return sum((_longest(m) for m in masks[1:]), _longest(masks[0])) if masks else self.lengths()
 
     def batch(self, indices: Sequence[int] | Tensor) -> Batch:
         idx = torch.as_tensor(indices, dtype=torch.long)
@@ -76,11 +82,17 @@ class TextDataset:
         return self if n <= 0 or n >= len(self) else self.subset(range(n))
 
 
+def _longest(mask: Tensor) -> Tensor:
+    """[N]: real positions of each example's mask, the longest of its sequences when it has several."""
+    return mask.sum(-1).reshape(mask.shape[0], -1).amax(-1)
+
+
 # --- batching ------------------------------------------------------------------------------------------------
 def length_sorted_order(ds: TextDataset, *, descending: bool = True) -> list[int]:
-    """Example indices sorted by real length (stable), so that batches hold examples of similar length.
+    """Example indices sorted by real length (`TextDataset.tokens`, stable), so that batches hold examples of
+    similar length.
     Longest first by default: the first batch then shows at once whether memory suffices."""
-    lengths = ds.lengths()
+    lengths = ds.tokens()
     order = torch.sort(-lengths if descending else lengths, stable=True).indices
     return order.tolist()
 

@@ -147,6 +147,26 @@ def test_length_sorted_order(adapter: Adapter) -> None:
     assert length_sorted_order(ds, descending=False) == [2, 4, 6, 0, 3, 1, 5]
 
 
+def test_prompt_and_completion_count_together_in_the_order() -> None:
+    """A causal LM runs [prompt | completion] as one sequence: batches are sorted by both parts' tokens (a short
+    prompt with a long completion is a long row), while `lengths` stays the prompt's (the attributed field's)."""
+
+    def masks(lengths: list[int]) -> torch.Tensor:
+        return (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
+
+    prompt, completion = masks([9, 2, 5, 3]), masks([1, 12, 5, 2])
+    tensors = {
+        "input_ids": prompt,
+        "attention_mask": prompt,
+        "completion_ids": completion,
+        "completion_mask": completion,
+    }
+    fields = {"input_ids": "attention_mask", "completion_ids": "completion_mask"}
+    ds = TextDataset(tensors, ["a", "b", "c", "d"], fields, "test")
+    assert ds.lengths().tolist() == [9, 2, 5, 3] and ds.tokens().tolist() == [10, 14, 10, 5]
+    assert length_sorted_order(ds) == [1, 0, 2, 3]
+
+
 def test_bucketed_trimmed_batches_give_the_padded_logits(adapter: Adapter) -> None:
     ds = dataset(adapter)
     with torch.no_grad():

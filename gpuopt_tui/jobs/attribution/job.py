@@ -203,7 +203,7 @@ def _attribute_pending(
     earlier = len(ds) - sum(len(plan[j]) for j in pending)
     if earlier and ctx.rank == 0:
         ctx.log(f"resuming: {len(plan) - len(pending)} of {len(plan)} batches were already done")
-    lengths = ds.lengths()
+    lengths = ds.tokens()
     costs = [len(plan[j]) * int(lengths[plan[j]].max()) for j in pending]
     pending = mine(pending, costs, ctx.rank, ctx.world_size)
     done = earlier if ctx.rank == 0 else 0

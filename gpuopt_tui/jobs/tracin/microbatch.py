@@ -39,7 +39,7 @@ class MicroBatcher:
         """(offset into `rows`, features of the micro-batch starting there); `what` names the examples
         ("train", "test") in profiler traces."""
         device = computer.adapter.device
-        lengths = self._lengths.setdefault(id(ds), ds.lengths())
+        lengths = self._lengths.setdefault(id(ds), ds.tokens())
         # tokens of the longest row from each offset on: a bound on every later micro-batch's padded length
         longest = lengths[list(rows)].flip(0).cummax(0).values.flip(0).tolist() if len(rows) else []
         start = 0

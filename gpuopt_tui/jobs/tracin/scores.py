@@ -409,7 +409,7 @@ def _scored_rows(
         test_keys, train_keys = keys
         wanted = [pair_filter.mask(test_keys, train_keys[i : i + chunk]).any(0) for i in range(0, len(train), chunk)]
         rows = rows[torch.cat(wanted)]
-    lengths = train.lengths()[rows]
+    lengths = train.tokens()[rows]
     return rows[torch.sort(-lengths, stable=True).indices].tolist()
 
 
