@@ -103,9 +103,13 @@ def texts(n: int, low: int, high: int, n_words: int, gen: torch.Generator) -> li
     return [" ".join(f"w{i}" for i in torch.randint(0, n_words, (k,), generator=gen).tolist()) for k in lengths]
 
 
-def copy_task(n: int, args: argparse.Namespace, n_words: int, gen: torch.Generator) -> tuple[list[str], list[str]]:
-    """Prompts of random words and, as completions, each prompt's last --completion words."""
-    prompts = texts(n, args.min_prompt, args.max_prompt, n_words, gen)
+def copy_task(
+    n: int, args: argparse.Namespace, n_words: int, gen: torch.Generator, longest: int = 0
+) -> tuple[list[str], list[str]]:
+    """Prompts of random words (of --min-prompt to `longest` or --max-prompt words) and, as completions, each
+    prompt's last --completion words."""
+    high = longest or args.max_prompt
+    prompts = texts(n, min(args.min_prompt, high), high, n_words, gen)
     return prompts, [" ".join(p.split()[-args.completion :]) for p in prompts]
 
 
@@ -122,7 +126,9 @@ def train(adapter: CausalLMAdapter, args: argparse.Namespace, n_words: int) -> d
             group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.train_steps // 10))
         batch = {
             k: v.to(device)
-            for k, v in dataset(adapter, *copy_task(args.train_batch, args, n_words, gen)).tensors.items()
+            for k, v in dataset(
+                adapter, *copy_task(args.train_batch, args, n_words, gen, args.train_max_prompt)
+            ).tensors.items()
         }
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             loss = adapter.loss_per_example(batch).mean()
@@ -307,6 +313,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference-steps", type=int, default=256)
     p.add_argument("--train-steps", type=int, default=0, help="steps of the copy task before attributing")
     p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument(
+        "--train-max-prompt",
+        type=int,
+        default=0,
+        help="longest training prompt in words (0: --max-prompt); shorter "
+        "prompts give more steps of the same copy task in the same time",
+    )
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--target-loss", type=float, default=0.0, help="stop training once the loss is below this")
     p.add_argument("--train-seconds", type=float, default=0.0, help="stop training after this long (0: no cap)")
