@@ -51,14 +51,14 @@ class Passes:
         device, n = rows.baselines.device, alphas.shape[0]
         done = 0
         while done < n:
-            steps = self.planner.next_steps(n - done, rows.rows, rows.tokens, device)
+            steps = self.planner.next_steps(n - done, rows.rows, rows.run_tokens, device)
             chunk = dataclasses.replace(rows, alphas=alphas[done : done + steps])
             grads = attempt(chunk, self.forward, self.step, self.planner, self.compiler)
             if grads is None:  # retry, once the failed attempt's frames are released
                 free_memory(device)
                 continue
             yield done, grads
-            self.planner.chunk_done(steps, rows.rows, rows.tokens, device)
+            self.planner.chunk_done(steps, rows.rows, rows.run_tokens, device)
             done += steps
             if self.on_chunk is not None:
                 self._report(done, n)
@@ -84,7 +84,7 @@ def attempt(
         grads = chunk.gradients(forward if compiler is None else compiler.forward(forward), step)
     except Exception as exc:
         if is_oom(exc):
-            if not planner.shrink(chunk.steps, chunk.rows, chunk.tokens):
+            if not planner.shrink(chunk.steps, chunk.rows, chunk.run_tokens):
                 raise
         elif compiler is not None and compiler.active:
             compiler.failed(exc)
@@ -118,6 +118,14 @@ class Rows:
     @property
     def tokens(self) -> int:
         return math.prod(self.baselines.shape[1:-1])
+
+    @property
+    def run_tokens(self) -> int:
+        """Positions the forward runs per row, which chunks are sized by: the attributed tokens, and the tokens of
+        any sequence of embeddings the context carries beside them ([B, T, hidden]: a causal LM's completion)."""
+        hidden = self.baselines.shape[-1]
+        extra = sum(v.shape[1] for v in self.context.values() if v.dim() == 3 and v.shape[-1] == hidden)
+        return self.tokens + extra
 
     @property
     def shape(self) -> tuple[int, ...]:
