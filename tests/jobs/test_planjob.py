@@ -73,9 +73,8 @@ def test_plan_run_saves_recommendation_and_diff_without_editing(tmp_path: Path, 
     ]
 
 
-def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: Path) -> None:
-    """plan.json from before the closed form kept headroom (its search kept none back) reads as 0; a value that is
-    not a share of the budget is refused as a plan this version cannot read."""
+def _closed_form_plan(tmp_path: Path, tiny_bert_dir: Path) -> tuple[Path, Path, dict[str, Any]]:
+    """A closed-form plan run of the tiny BERT for an 8 GB card: its run folder, its plan.json and what it holds."""
     profile = profile_from_data(
         {"kind": "plan", "model": {"adapter": "hf", "path": str(tiny_bert_dir)}, "plan": {"gpu_memory_gb": 8.0}},
         "plan.toml",
@@ -83,7 +82,13 @@ def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: 
     run = tmp_path / "run"
     planjob.run_job(profile, JobContext(run, EventWriter(RunDir(tmp_path).events), tmp_path / "cache"))
     path = RunDir(run).results / "plan.json"
-    data = json.loads(path.read_text())
+    return run, path, json.loads(path.read_text())
+
+
+def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: Path) -> None:
+    """plan.json from before the closed form kept headroom (its search kept none back) reads as 0; a value that is
+    not a share of the budget is refused as a plan this version cannot read."""
+    run, path, data = _closed_form_plan(tmp_path, tiny_bert_dir)
     del data["recommendation"]["headroom"]
     path.write_text(json.dumps(data))
     saved = read_saved_plan(run)
@@ -98,14 +103,7 @@ def test_saved_plans_without_headroom_still_load(tmp_path: Path, tiny_bert_dir: 
 def test_a_next_divisor_inside_the_kept_back_share_is_saved(tmp_path: Path, tiny_bert_dir: Path) -> None:
     """A saved plan keeps the recommendation's `within_reserve` candidate (none in this one: nothing fits only
     inside the share kept back)."""
-    profile = profile_from_data(
-        {"kind": "plan", "model": {"adapter": "hf", "path": str(tiny_bert_dir)}, "plan": {"gpu_memory_gb": 8.0}},
-        "plan.toml",
-    )
-    run = tmp_path / "run"
-    planjob.run_job(profile, JobContext(run, EventWriter(RunDir(tmp_path).events), tmp_path / "cache"))
-    path = RunDir(run).results / "plan.json"
-    data = json.loads(path.read_text())
+    run, path, data = _closed_form_plan(tmp_path, tiny_bert_dir)
     assert (
         data["recommendation"]["within_reserve"] is None and read_saved_plan(run).recommendation.within_reserve is None
     )
