@@ -35,7 +35,6 @@ from torch import Tensor, nn
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.jobs.attention import varied_length_kernels
 from gpuopt_tui.jobs.models.base import Adapter, Batch, SpecialIds
-from gpuopt_tui.jobs.models.hf import prepared_attention_mask
 
 if TYPE_CHECKING:
     from gpuopt_tui.core.profiles.common import DataSection
@@ -172,30 +171,25 @@ class CausalLMAdapter(Adapter):
         attention_mask: Tensor | None,
         context: Mapping[str, Tensor],
         *,
-        prepared_mask: bool = False,
+        fixed_length: bool = False,
     ) -> Tensor:
         """[N, T + 1, V] (fp32 or wider): the logits predicting each completion token, and the token after them,
-        computed at those positions only (`_output_layer_at`); `prepared_mask`: the attention mask handed to the
-        model ready-made, [N, 1, L, L] (see `completion_loss`), instead of none."""
+        computed at those positions only (`_output_layer_at`); `fixed_length`: see `completion_loss`."""
         completion = context["completion_embeds"].to(inputs_embeds.dtype)
         if attention_mask is None:
             attention_mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
-        order, mask, before = sequence_layout(attention_mask, context["completion_mask"], trim=not prepared_mask)
+        order, mask, before = sequence_layout(attention_mask, context["completion_mask"], trim=not fixed_length)
         embeds = torch.cat([inputs_embeds, completion], 1)
         embeds = embeds.gather(1, order[..., None].expand(-1, -1, embeds.shape[-1]))
-        return self._logits_at(embeds, mask, before, prepared_mask)
+        return self._logits_at(embeds, mask, before)
 
-    def _logits_at(self, embeds: Tensor, mask: Tensor, before: Tensor, prepared_mask: bool) -> Tensor:
+    def _logits_at(self, embeds: Tensor, mask: Tensor, before: Tensor) -> Tensor:
         """The model's logits at positions `before` [N, K] of the sequence `embeds` [N, L, hidden], whose padding
-        (0 in `mask`) is last (`sequence_layout`)."""
-        if prepared_mask:
-            attention_mask, positions = causal_mask(mask, self.model), (mask.cumsum(1) - 1).clamp_min(0)
-        else:  # positions counting on through the padding: repeated ones would read as packed sequences to transformers
-            attention_mask, positions = None, torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        (0 in `mask`) is last (`sequence_layout`): run with neither an attention mask nor position ids, so that
+        transformers builds the model's own masks from the shapes alone (causal, and sliding windows where the model
+        has them) and reads nothing from the values (torch.func.vmap traces it)."""
         with self._output_layer_at(before, mask.shape[1]) as gathered, varied_length_kernels(embeds.device):
-            out = self.model(
-                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=positions, use_cache=False
-            )
+            out = self.model(inputs_embeds=embeds, use_cache=False)
         logits = out.logits
         if not gathered[0]:
             logits = logits.gather(1, before[..., None].expand(-1, -1, logits.shape[-1]))
@@ -238,14 +232,14 @@ class CausalLMAdapter(Adapter):
         [prompt | completion] sequence (`token_mask`) but the output layer, which runs on the T + 1 positions that
         predict a completion token (and the one after); the padded ones among them get a zero gradient. The
         embeddings keep their graph and torch.func.vmap can run it (no value-dependent size)."""
-        return self.completion_loss(batch, prepared_mask=False)
+        return self.completion_loss(batch, fixed_length=False)
 
-    def completion_loss(self, batch: Mapping[str, Tensor], *, prepared_mask: bool) -> Tensor:
-        """`loss_per_example`; `prepared_mask`: the attention mask handed to the model ready-made, [N, 1, L, L]
-        (transformers' own preparation branches on the mask's values, which torch.func.vmap cannot trace)."""
-        order, mask, before = sequence_layout(batch["attention_mask"], batch["completion_mask"], trim=not prepared_mask)
+    def completion_loss(self, batch: Mapping[str, Tensor], *, fixed_length: bool) -> Tensor:
+        """`loss_per_example`; `fixed_length`: the sequence keeps the batch's P + T positions rather than its longest
+        row's (a length read from the values, which torch.func.vmap cannot trace)."""
+        order, mask, before = sequence_layout(batch["attention_mask"], batch["completion_mask"], trim=not fixed_length)
         ids = torch.cat([batch["input_ids"], batch["completion_ids"]], 1).gather(1, order)
-        logits = self._logits_at(self.word_embeddings()(ids), mask, before, prepared_mask)
+        logits = self._logits_at(self.word_embeddings()(ids), mask, before)
         nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["completion_ids"].long(), reduction="none")
         weights = batch["completion_mask"].to(nll.dtype)
         return (nll * weights).sum(1) / weights.sum(1).clamp_min(1)
@@ -298,15 +292,7 @@ class _LossOf(nn.Module):
         self.adapter = adapter
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        return self.adapter.completion_loss(batch, prepared_mask=True)
-
-
-def causal_mask(mask: Tensor, model: nn.Module) -> Tensor:
-    """[N, 1, L, L]: query q sees key k <= q where k is real, built without looking at the values, in the form the
-    model's attention takes (bool for SDPA, additive float for eager attention; see hf.prepared_attention_mask)."""
-    length = mask.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
-    return prepared_attention_mask(mask, model, causal[None, None])
+        return self.adapter.completion_loss(batch, fixed_length=True)
 
 
 def sequence_layout(prompt_mask: Tensor, completion_mask: Tensor, *, trim: bool) -> tuple[Tensor, Tensor, Tensor]:
