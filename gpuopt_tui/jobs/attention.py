@@ -24,7 +24,7 @@ def padded_batch_kernels(mask: Tensor | None) -> contextlib.AbstractContextManag
     """Within the block, scaled_dot_product_attention does not use cuDNN's kernel when `mask` (a batch's
     attention mask) is on a GPU and has padding (the memory-efficient kernel takes such masks); otherwise nothing
     changes."""
-    if mask is None or bool(mask.all()):
+    if mask is None or mask.device.type != "cuda" or bool(mask.all()):
         return contextlib.nullcontext()
     return varied_length_kernels(mask.device)
 

@@ -66,7 +66,7 @@ class TextDataset:
         of what the model runs (a causal LM's prompt and completion are one sequence). What batches are sorted
         and sized by; `lengths` is the attributed field's alone."""
         masks = [self.tensors[m] for m in dict.fromkeys(self.token_fields.values()) if m in self.tensors]
-        return sum((_longest(m) for m in masks[1:]), _longest(masks[0])) if masks else self.lengths()
+        return torch.stack([_longest(m) for m in masks]).sum(0) if masks else self.lengths()
 
     def batch(self, indices: Sequence[int] | Tensor) -> Batch:
         idx = torch.as_tensor(indices, dtype=torch.long)

@@ -364,10 +364,9 @@ def _first_guess(inputs: PlanInputs, setup: TrainSetup) -> int:
 def measure_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message: None) -> MeasuredPlan:
     """Probe the most demanding stage (or the setup) on the GPU, starting from the closed-form guess."""
     measuring_gpu(inputs.profile.run.device)
-    index = device_index(inputs.profile.run.device)
     worst = _worst_setup(inputs)
     return measure(
-        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b), f"cuda:{index}"),
+        _requests(inputs, _gpu(inputs)),
         worst.sequences_per_example,
         inputs.budget,
         _first_guess(inputs, worst),
@@ -379,17 +378,31 @@ def trace_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message
     """The measured tier's search with traces for probes (no GPU): two or three traces bracket the largest
     micro-batch under the budget less `TRACED_HEADROOM` on a line, and one more confirms it (seconds each)."""
     worst = _worst_setup(inputs)
-    budget = Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM))
     plan = measure(
-        lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b)),
+        _requests(inputs),
         worst.sequences_per_example,
-        budget,
+        _traced_budget(inputs),
         _first_guess(inputs, worst),
         probe=_traced_probe(inputs),
         log=log,
         noun="trace",
     )
     return dataclasses.replace(plan, tier=TRACED)
+
+
+def _requests(inputs: PlanInputs, device: str = "cuda") -> Callable[[int], dict[str, Any]]:
+    """The probe request of the most demanding stage (or the setup) at a micro-batch."""
+    worst = _worst_setup(inputs)
+    return lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b), device)
+
+
+def _gpu(inputs: PlanInputs) -> str:
+    return f"cuda:{device_index(inputs.profile.run.device)}"
+
+
+def _traced_budget(inputs: PlanInputs) -> Budget:
+    """The budget traces are judged against: the plan's, less the share kept back for the trace's error."""
+    return Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM))
 
 
 def _traced_probe(inputs: PlanInputs) -> Callable[[Mapping[str, Any]], ProbeResult]:
@@ -418,12 +431,12 @@ def recommend_traced(
     and the plan with that trace. A line through the bracketing traces need not hold between them: a
     mixture-of-experts model's peak in the HF Trainer at micro-batch 8 was 11% above the line through its traces
     at 4 and 37 (benchmarks/results/planner_recommend_all_H200.md)."""
-    worst, probe = _worst_setup(inputs), _traced_probe(inputs)
+    requests, probe = _requests(inputs), _traced_probe(inputs)
     return confirm_choice(
         plan,
         lambda p: _recommend(inputs, p.peak_model(), TRACED, TRACED_HEADROOM),
-        lambda b: probe(probe_request(inputs.model.config, inputs.task, worst.with_batch(b))),
-        Budget(inputs.budget.gpu_total, inputs.budget.margin * (1 - TRACED_HEADROOM)),
+        lambda b: probe(requests(b)),
+        _traced_budget(inputs),
         log,
         noun="trace",
     )
@@ -434,11 +447,11 @@ def recommend_measured(
 ) -> tuple[Recommendation, MeasuredPlan]:
     """The measured tier's recommendation with its micro-batch confirmed by a probe of its own (`confirm_choice`),
     and the plan with that probe."""
-    worst, index = _worst_setup(inputs), device_index(inputs.profile.run.device)
+    requests = _requests(inputs, _gpu(inputs))
     return confirm_choice(
         plan,
         lambda p: _recommend(inputs, p.peak_model(), "measured", p.headroom),
-        lambda b: run_probe(probe_request(inputs.model.config, inputs.task, worst.with_batch(b), f"cuda:{index}")),
+        lambda b: run_probe(requests(b)),
         inputs.budget,
         log,
     )

@@ -106,11 +106,12 @@ class StartPrecision:
 
     def record(self) -> dict[str, Any]:
         """What the summary says about the choice."""
+        measured = self.ratio is not None and math.isfinite(self.ratio)  # inf: fp16 overflowed, no bf16 to time
         return {
             "precisions": [self.reduced, self.full],
             "overflowed": self.overflowed,
-            "time_ratio": self.ratio if self.ratio is None or math.isfinite(self.ratio) else None,
-            "expected_ratio": None if self.ratio is None or not math.isfinite(self.ratio) else self.expected(),
+            "time_ratio": self.ratio if measured else None,
+            "expected_ratio": self.expected() if measured else None,
             "samples": dict(self.counts),
             "rule": f"start in {self.reduced} while its expected time (lost points of the samples that fall back "
             f"included) is at most {GAIN:g} x that of starting in {self.full}",
