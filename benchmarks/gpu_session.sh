@@ -3,6 +3,7 @@
 # Usage: benchmarks/gpu_session.sh STEP...   steps: env ig ig-conformance ig-conformance-split ig-auto ig-auto-cli tracin tracin-projected planner
 #        ablation panel gputests scaling
 #        planner-traced planner-recommend planner-recommend-all startup lm-attribution tracin-lm tracin-lm-pca
+#        tracin-lm-dattri
 # Packages missing on the machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -126,6 +127,12 @@ for step in "$@"; do
         --words 264 --pretrain-steps 600 --pretrain-lr 5e-4 --exact-train 256 --exact-queries 16 \
         --exact-projections 16,16pca,32 --out "$out/tracin_lm_pca_${card}.md" > "$out/tracin_lm_pca.log" 2>&1
       tail -30 "$out/tracin_lm_pca.log" ;;
+    tracin-lm-dattri)  # the trained 1B model: our cold run and dattri's LoGra (a wheel in .whl/) side by side, both
+      # against exact LoRA-gradient TracIn on a subset
+      python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm --rows cold,exact,dattri --train 1024 --queries 64 \
+        --words 264 --pretrain-steps 600 --pretrain-lr 5e-4 --exact-train 256 --exact-queries 16 --dattri-train 1024 \
+        ${TRACIN_LM_ARGS:-} --out "$out/tracin_lm_dattri_${card}.md" > "$out/tracin_lm_dattri.log" 2>&1
+      tail -30 "$out/tracin_lm_dattri.log" ;;
     gputests)
       python3 -m pytest -m gpu -p no:cacheprovider -q -rs tests/core tests/jobs 2>&1 | tee "$out/gpu_tests_${card}.txt" | tail -40 ;;
     *) echo "unknown step $step" ;;

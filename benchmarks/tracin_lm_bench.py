@@ -26,6 +26,9 @@ Rows (each logged and written to --out as it ends; a killed run keeps what finis
   that subset (read from its scores.safetensors; a small CLI run on the subset when the cold row is not run) against
   them, median and min, and top-10 overlap. Also reported: the share of each query's top-10 proponents of its own
   task, and the flipped rows' AUC by self-influence.
+- dattri (with exact): dattri's LoGra on the same adapter checkpoints (tracin_lm_dattri.py) on the first
+  --dattri-train training rows against the first query set: examples/s and tokens/s side by side with the cold
+  row's, its peak GPU memory, and its agreement with the exact scores on the exact row's subset.
 
 The 100k-example figures are extrapolations, linear in the number of training rows, from the rows measured here.
 
@@ -45,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +58,13 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.lm_attribution import SHAPES, SPECIAL, build_model, dataset, run_meta, word_tokenizer
+from benchmarks.tracin_lm_dattri import dattri_logra_scores
 from gpuopt_tui.jobs.models.causal_lm import CausalLMAdapter
 from gpuopt_tui.jobs.tracin.agreement import top_k_overlap
 from gpuopt_tui.jobs.tracin.grad_cache import BASES
 from gpuopt_tui.jobs.tracin.job import flipped_auc
 
-ROWS = ("cold", "cached", "exact")
+ROWS = ("cold", "cached", "exact", "dattri")
 META_ARGS = ("shape", "base_dtype", "train", "tokens", "queries", "tasks", "words", "flipped", "rank", "projection",
              "basis", "batch", "note")  # fmt: skip
 GOAL_TRAIN = 100_000  # issue 35's training set
@@ -494,7 +499,32 @@ def agreement(
             "spearman_mean": float(rho.mean()), "top10_overlap": top_k_overlap(ours, exact, 10),
             "cosine_median": cosine, "resolution": run["summary"]["gradient_size"] ** -0.5,
         })  # fmt: skip
+    if "dattri" in args.rows:
+        rows.append(dattri_row(args, model, tokenizer, checkpoints, train, queries, exact, cold))
     return rows
+
+
+def dattri_row(
+    args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any, checkpoints: list[dict[str, Any]],
+    train: list[dict[str, Any]], queries: list[dict[str, Any]], exact: Tensor, cold: dict[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """dattri's LoGra on the first --dattri-train rows x the query set: its rate beside the cold run's, and its
+    Spearman against `exact` (the first rows x the first queries)."""
+    rows = train[: max(args.dattri_train, exact.shape[1])]
+    got = dattri_logra_scores(model, tokenizer, checkpoints, rows, queries, args.projection, args.dattri_batch,
+                              args.dattri_fp32)  # fmt: skip
+    theirs = got["scores"][: exact.shape[0], : exact.shape[1]]
+    rho = spearman_per_query(theirs, exact)
+    tokens = sum(len(token_ids(tokenizer, r, torch.device("cpu"))[0]) for r in rows)
+    ours = (cold or {}).get("summary", {}).get("timing", {}).get("train_examples_per_s")
+    return {
+        "row": f"dattri {version('dattri')} LoGra ({got['settings']}) on {len(rows)} train x {len(queries)} queries",
+        "dattri": True, "train": len(rows), "queries": len(queries), "wall": got["seconds"],
+        "examples_per_s": len(rows) / got["seconds"], "tokens_per_s": tokens / got["seconds"],
+        "torch_peak": got["peak"], "ours_examples_per_s": ours,
+        "spearman_median": float(rho.median()), "spearman_min": float(rho.min()), "spearman_mean": float(rho.mean()),
+        "top10_overlap": top_k_overlap(theirs, exact, 10),
+    }  # fmt: skip
 
 
 class Report:
@@ -589,7 +619,15 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             if r.get("fit_seconds") or r.get("bases_bytes"):
                 lines.append(f"  PCA directions: {r.get('fit_seconds', 0):.1f} s of the scoring fitting them, "
                              f"{_gib(r.get('bases_bytes', 0))} GiB of them stored with the cache")  # fmt: skip
-        if "spearman_median" in r:
+        if "dattri" in r:
+            ratio = f"; ours (cold row) {r['ours_examples_per_s'] / r['examples_per_s']:.1f}x its rate" if r[
+                "ours_examples_per_s"] else ""  # fmt: skip
+            lines.append(f"\n- {r['row']}: {r['wall']:.1f} s, {r['examples_per_s']:.1f} train ex/s, "
+                         f"{r['tokens_per_s']:.0f} tokens/s{ratio}; torch peak {_gib(r['torch_peak'])} GiB; against "
+                         f"the exact rows: Spearman per query median {r['spearman_median']:.4f}, min "
+                         f"{r['spearman_min']:.4f} (mean {r['spearman_mean']:.4f}); top-10 overlap "
+                         f"{r['top10_overlap']:.3f}")  # fmt: skip
+        elif "spearman_median" in r:
             lines.append(f"\n- {r['row']}: Spearman per query median {r['spearman_median']:.4f}, min "
                          f"{r['spearman_min']:.4f} (mean {r['spearman_mean']:.4f}); top-10 overlap "
                          f"{r['top10_overlap']:.3f}; the reference took {r['wall']:.0f} s; exact query-training "
@@ -644,7 +682,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--exact-train", type=int, default=512)
     p.add_argument("--exact-queries", type=int, default=16)
-    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    p.add_argument("--dattri-train", type=int, default=1024, help="training rows of the dattri row")
+    p.add_argument("--dattri-batch", type=int, default=8, help="the dattri row's data loader batch")
+    p.add_argument("--dattri-fp32", action="store_true", help="the dattri row without bf16 autocast")
+    p.add_argument("--rows", default="cold,cached,exact", help=f"comma-separated, of {', '.join(ROWS)}")
     p.add_argument("--work", type=Path, help="where the model, data, adapters and runs go (default: a temp folder)")
     p.add_argument("--note", default="")
     p.add_argument("--quick", action="store_true", help="tiny shapes on the CPU: checks the script")
@@ -653,6 +694,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     if unknown := [r for r in args.rows if r not in ROWS]:
         p.error(f"--rows: unknown {', '.join(unknown)} (expected some of {', '.join(ROWS)})")
+    if "dattri" in args.rows and "exact" not in args.rows:
+        p.error("--rows: dattri needs exact (its agreement is measured against the exact scores)")
     args.batch = '"auto"' if args.batch == "auto" else int(args.batch)
     if args.quick:  # the sizes not given on the command line (a value equal to the default counts as given)
         given = sys.argv[1:] if argv is None else argv
