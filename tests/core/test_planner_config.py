@@ -253,3 +253,31 @@ def test_a_defaults_entry_leading_outside_the_config_tree_is_refused(conf: Path,
     (conf / "config.yaml").write_text(text.replace("defaults:\n", f"defaults:\n  - data_loader: {entry}\n", 1))
     with pytest.raises(UserError, match=r"config\.yaml: the defaults list names data_loader/.*outside the config"):
         compose(conf / "config.yaml")
+
+
+def test_the_traced_search_traces_each_micro_batch_at_the_accumulation_it_would_get(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a step's second micro-batch on, the gradients of the first are kept: a trace at accumulation 1 misses
+    them wherever the recommendation accumulates. Here they are 1 GiB of a synthetic trace: the recommendation's
+    figure holds them, and every trace ran at the accumulation its micro-batch gets for the effective batch (2
+    standing for more)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_BERT))
+    inputs = session.prepare(_profile(model=tmp_path / "model", effective_batch=64), gpu=GpuMemory(40 * GIB, "card"))
+    seen: dict[int, int] = {}
+
+    def trace(request: dict, log: object = None) -> dict:
+        micro, accumulate = int(request["micro_batch"]), int(request["accumulate"])
+        seen[micro] = accumulate
+        kept = GIB if accumulate > 1 else 0
+        return {"components": {}, "max_allocated": 2 * GIB + kept + micro * GIB // 2, "peak_phase": "backward",
+                "peak_step": 2, "params": 1, "trainable_params": 1}  # fmt: skip
+
+    monkeypatch.setattr(session, "run_trace", trace)
+    plan = session.trace_probes(inputs)
+    rec, plan = session.recommend_traced(inputs, plan)
+    assert seen and all(acc == min(2, session.accumulate_for(b, 64)) for b, acc in seen.items())
+    assert rec.chosen.accumulate > 1 and seen[rec.chosen.micro_batch] == 2
+    at_chosen = 2 * GIB + GIB + rec.chosen.micro_batch * GIB // 2
+    assert rec.chosen.peak >= at_chosen

@@ -44,6 +44,7 @@ from gpuopt_tui.core.planner.search import (
     PeakModel,
     Recommendation,
     Stage,
+    accumulate_for,
     closed_form,
     largest_batch,
     recommend,
@@ -391,9 +392,17 @@ def trace_probes(inputs: PlanInputs, log: Callable[[str], None] = lambda message
 
 
 def _requests(inputs: PlanInputs, device: str = "cuda") -> Callable[[int], dict[str, Any]]:
-    """The probe request of the most demanding stage (or the setup) at a micro-batch."""
+    """The probe request of the most demanding stage (or the setup) at a micro-batch (`_search_setup`)."""
+    return lambda b: probe_request(inputs.model.config, inputs.task, _search_setup(inputs, b), device)
+
+
+def _search_setup(inputs: PlanInputs, micro_batch: int) -> TrainSetup:
+    """The most demanding stage's setup at `micro_batch` with the accumulation the search gives it for the effective
+    batch, 2 standing for any above 1: from the second micro-batch of a step on, the gradients of the ones before
+    are kept, which raises the peak by up to their size (a mixture-of-experts model trained in full: 2.9 GiB, 11% of
+    its peak at 8 x 8, which traces at accumulation 1 missed; benchmarks/results/planner_recommend_all_H200.md)."""
     worst = _worst_setup(inputs)
-    return lambda b: probe_request(inputs.model.config, inputs.task, worst.with_batch(b), device)
+    return worst.with_batch(micro_batch, min(2, accumulate_for(micro_batch, inputs.target, worst.n_gpus)))
 
 
 def _gpu(inputs: PlanInputs) -> str:
@@ -407,10 +416,10 @@ def _traced_budget(inputs: PlanInputs) -> Budget:
 
 def _traced_probe(inputs: PlanInputs) -> Callable[[Mapping[str, Any]], ProbeResult]:
     """A probe that traces the request's training step on fake tensors instead of running it."""
-    worst, context = _worst_setup(inputs), Overheads().context
+    context = Overheads().context
 
     def traced_probe(request: Mapping[str, Any]) -> ProbeResult:
-        setup = worst.with_batch(int(request["micro_batch"]))
+        setup = _search_setup(inputs, int(request["micro_batch"]))
         est = traced_estimate(run_trace(request), inputs.task, setup)
         return ProbeResult(
             setup.micro_batch,
@@ -428,9 +437,7 @@ def recommend_traced(
     inputs: PlanInputs, plan: MeasuredPlan, log: Callable[[str], None] = lambda message: None
 ) -> tuple[Recommendation, MeasuredPlan]:
     """The traced tier's recommendation with its micro-batch confirmed by a trace of its own (`confirm_choice`),
-    and the plan with that trace. A line through the bracketing traces need not hold between them: a
-    mixture-of-experts model's peak in the HF Trainer at micro-batch 8 was 11% above the line through its traces
-    at 4 and 37 (benchmarks/results/planner_recommend_all_H200.md)."""
+    and the plan with that trace: a line through the bracketing traces need not hold between them."""
     requests, probe = _requests(inputs), _traced_probe(inputs)
     return confirm_choice(
         plan,
