@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
 from gpuopt_tui.core.planner.model_spec import ENCODERS
+from gpuopt_tui.core.planner.train_setup import TrainSetup
 
 LORA_ALPHA = 16.0
 _IN_LAYER = re.compile(r"\.\d+\.")  # module paths inside a stack of layers: "encoder.layer.3.attention..."
@@ -247,10 +248,15 @@ def _as_the_trainer_returns(out: Any) -> Any:
     )
 
 
-def make_optimizer(params: list[nn.Parameter], name: str, foreach: bool | None = None) -> torch.optim.Optimizer:
-    """The optimizer the setup names; `foreach` None is torch's default for the parameters' device."""
+def make_optimizer(
+    params: list[nn.Parameter], request: Mapping[str, Any], foreach: bool | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer the request names, as its loop builds it: torch's fused AdamW where the loop's is
+    (`TrainSetup.fused_adamw`), else `foreach` (None: torch's default for the parameters' device)."""
+    name = request["optimizer"]
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-5, foreach=foreach)
+        fused = TrainSetup(optimizer=name, loop=request.get("loop", "lightning")).fused_adamw
+        return torch.optim.AdamW(params, lr=1e-5, **({"fused": True} if fused else {"foreach": foreach}))
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
     try:
@@ -337,7 +343,7 @@ def probe(request: Mapping[str, Any]) -> dict[str, Any]:
         params = [p for p in model.parameters() if p.requires_grad]
         result["params"] = sum(p.numel() for p in model.parameters())
         result["trainable_params"] = sum(p.numel() for p in params)
-        optimizer = make_optimizer(params, request["optimizer"])
+        optimizer = make_optimizer(params, request)
         scaler = torch.amp.GradScaler("cuda") if cuda and amp_dtype is torch.float16 else None
         batch = make_batch(model, request, device)
         loss_of = loss_function(model, request)

@@ -132,7 +132,7 @@ def trace(request: Mapping[str, Any], say: Callable[[str], None] = lambda messag
                 model = build_model(request, device)
             model.tie_weights()
             params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = make_optimizer(params, request["optimizer"], foreach=True)
+            optimizer = make_optimizer(params, request, foreach=True)
             batch = make_batch(model, request, device)
             if model.config.model_type not in ENCODERS and skips_all_ones_masks(model):
                 # all ones: a real step reads that and builds no mask; a fake one cannot read it and would

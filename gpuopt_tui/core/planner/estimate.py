@@ -291,7 +291,10 @@ def _working(s: StepSizes, peak: _Peak) -> Component:
 
 
 def _optimizer_temp(s: StepSizes, peak: _Peak) -> Component:
-    note = "foreach AdamW builds one fp32 tensor per parameter while stepping"
+    if s.setup.fused_adamw:
+        note = "none: the loop's AdamW is torch's fused one (the HF Trainer's default), which updates in place"
+    else:
+        note = "foreach AdamW builds one fp32 tensor per parameter while stepping"
     label = "Optimizer step temporaries"
     return Component("optimizer_temp", label, s.opt_temp, "optimizer_temp" in peak.holds, note)
 

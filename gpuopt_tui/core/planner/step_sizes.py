@@ -10,7 +10,7 @@ from functools import cached_property
 from gpuopt_tui.core.errors import UserError
 from gpuopt_tui.core.planner import activations as act
 from gpuopt_tui.core.planner.model_spec import ModelSpec
-from gpuopt_tui.core.planner.train_setup import OPTIMIZER_STATE, OPTIMIZER_TEMP, TrainSetup
+from gpuopt_tui.core.planner.train_setup import OPTIMIZER_STATE, TrainSetup
 
 
 class StepSizes:
@@ -69,7 +69,7 @@ class StepSizes:
 
     @cached_property
     def opt_temp(self) -> int:
-        return self.shard(self.p_t * OPTIMIZER_TEMP[self.setup.optimizer], 1)
+        return self.shard(self.p_t * self.setup.optimizer_temp, 1)
 
     @cached_property
     def cache(self) -> int:

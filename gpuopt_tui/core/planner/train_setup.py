@@ -18,9 +18,14 @@ TRAINABLE = ("all", "frozen_encoder", "lora")
 LOOPS = ("hf", "lightning", "plain")
 # bytes of optimizer state per trainable parameter
 OPTIMIZER_STATE = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 2 * 4 / 2048}
-# bytes of temporaries per trainable parameter while the optimizer steps: the foreach AdamW builds one fp32
-# list (sqrt of the second moment); SGD momentum and bitsandbytes update in place
+# bytes of temporaries per trainable parameter while the optimizer steps: the foreach AdamW (torch's default on a
+# GPU) builds one fp32 list (sqrt of the second moment); SGD momentum, bitsandbytes and fused AdamW update in place
 OPTIMIZER_TEMP = {"adamw": 4.0, "sgd": 0.0, "adam8bit": 0.0}
+# Loops whose AdamW is torch's fused one: the HF Trainer's default optimizer (`TrainingArguments.optim`) is
+# "adamw_torch_fused" with torch 2.8 and later. Traced with the foreach one, a Mixtral-shaped model trained in full
+# at micro-batch 1 peaked in its update (its 2.9 GiB list of square roots), 8.7% above the Trainer's real peak, which
+# was its backward's (benchmarks/results/planner_recommend_all_H200.md)
+FUSED_ADAMW_LOOPS = ("hf",)
 MAX_BATCH = 1 << 20  # the largest micro-batch a search tries
 # The most of each count that any GPU could hold, whatever the model (a larger value is a slip of the keyboard):
 # sequences in a micro-batch or per anchor, tokens in a sequence, LoRA's rank
@@ -77,6 +82,16 @@ class TrainSetup:
     @property
     def mixed(self) -> bool:
         return self.precision != "fp32"
+
+    @property
+    def fused_adamw(self) -> bool:
+        """Whether the loop's AdamW is torch's fused one (`FUSED_ADAMW_LOOPS`), which steps without temporaries."""
+        return self.optimizer == "adamw" and self.loop in FUSED_ADAMW_LOOPS
+
+    @property
+    def optimizer_temp(self) -> float:
+        """Bytes of temporaries per trainable parameter while the optimizer steps (`OPTIMIZER_TEMP`)."""
+        return 0.0 if self.fused_adamw else OPTIMIZER_TEMP[self.optimizer]
 
     def with_batch(self, micro_batch: int, accumulate: int | None = None) -> TrainSetup:
         return dataclasses.replace(
