@@ -71,7 +71,7 @@ SHAPES: dict[str, dict[str, Any]] = {  # public checkpoints' shapes (config.json
     },
     "tiny": {  # --quick: the script's plumbing on the CPU
         "class": "LlamaConfig", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 1024,
     },
 }  # fmt: skip
 
