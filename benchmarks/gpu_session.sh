@@ -128,8 +128,8 @@ for step in "$@"; do
         --exact-projections 16,16pca,32 --out "$out/tracin_lm_pca_${card}.md" > "$out/tracin_lm_pca.log" 2>&1
       tail -30 "$out/tracin_lm_pca.log" ;;
     tracin-lm-dattri)  # the trained 1B model: our cold run and dattri's LoGra (a wheel in .whl/) side by side, both
-      # against exact LoRA-gradient TracIn on a subset
-      python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm --rows cold,exact,dattri --train 1024 --queries 64 \
+      # against exact LoRA-gradient TracIn on a subset (TQDM_DISABLE: dattri's progress bars, read when tqdm is imported)
+      TQDM_DISABLE=1 python3 benchmarks/tracin_lm_bench.py --work /tmp/tracin-lm --rows cold,exact,dattri --train 1024 --queries 64 \
         --words 264 --pretrain-steps 600 --pretrain-lr 5e-4 --exact-train 256 --exact-queries 16 --dattri-train 1024 \
         ${TRACIN_LM_ARGS:-} --out "$out/tracin_lm_dattri_${card}.md" > "$out/tracin_lm_dattri.log" 2>&1
       tail -30 "$out/tracin_lm_dattri.log" ;;

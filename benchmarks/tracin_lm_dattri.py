@@ -12,7 +12,6 @@ last scores (gradients of the training rows and of the queries, the products), t
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -77,8 +76,6 @@ def dattri_logra_scores(
 ) -> dict[str, Any]:  # fmt: skip
     """([queries, train] scores, seconds, peak GPU memory, settings) of dattri's LoGra (see the module docstring)."""
     import peft
-
-    os.environ.setdefault("TQDM_DISABLE", "1")  # its progress bars, one per pass and checkpoint
     from dattri.algorithm.logra import LoGraAttributor
     from dattri.task import AttributionTask
     from safetensors.torch import load_file
