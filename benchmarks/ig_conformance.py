@@ -147,8 +147,14 @@ def engine_row(adapter: SequenceClassifierAdapter, batches: list[dict[str, Tenso
     chooser = settings.start_precision(adapter.device)  # the job's: measured on the first timed batch
     sync(adapter.device)
     start, outs = time.perf_counter(), []
-    for batch in batches:
+    for k, batch in enumerate(batches):
         outs.append(attribute_batch(adapter, batch, settings, planner, start=chooser))
+        if len(batches) > 1:  # a call cut short still says how far it got
+            steps = outs[-1]["steps"].double().mean()
+            print(
+                f"      batch {k + 1}/{len(batches)}: {time.perf_counter() - start:.1f} s, {steps:.0f} steps",
+                flush=True,
+            )
     sync(adapter.device)
     seconds = time.perf_counter() - start
     choice = None if chooser is None else chooser.record()
