@@ -75,6 +75,7 @@ def _probe_json(r: ProbeResult) -> dict[str, Any]:
     return {
         "micro_batch": r.micro_batch,
         "sequences": r.sequences,
+        "accumulate": r.accumulate,
         "oom": r.oom,
         "peak_reserved": r.max_reserved,
         "peak_allocated": r.max_allocated,

@@ -275,9 +275,12 @@ def test_the_traced_search_traces_each_micro_batch_at_the_accumulation_it_would_
                 "peak_step": 2, "params": 1, "trainable_params": 1}  # fmt: skip
 
     monkeypatch.setattr(session, "run_trace", trace)
-    plan = session.trace_probes(inputs)
-    rec, plan = session.recommend_traced(inputs, plan)
+    lines: list[str] = []
+    plan = session.trace_probes(inputs, lines.append)
+    rec, plan = session.recommend_traced(inputs, plan, lines.append)
     assert seen and all(acc == min(2, session.accumulate_for(b, 64)) for b, acc in seen.items())
+    said = {int(line.split("b=")[1].split()[0].rstrip(":")): "accumulating" in line for line in lines if "b=" in line}
+    assert said == {b: acc > 1 for b, acc in seen.items()}  # each trace's line says whether it accumulated
     assert rec.chosen.accumulate > 1 and seen[rec.chosen.micro_batch] == 2
     at_chosen = 2 * GIB + GIB + rec.chosen.micro_batch * GIB // 2
     assert rec.chosen.peak >= at_chosen

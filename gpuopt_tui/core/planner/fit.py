@@ -24,6 +24,7 @@ class ProbeResult:
 
     micro_batch: int
     sequences: int  # micro_batch x sequences per example
+    accumulate: int = 1  # micro-batches per optimizer step (above 1: the gradients of the first are kept)
     oom: bool = False
     max_reserved: int = 0  # torch.cuda.max_memory_reserved() over the measured steps
     max_allocated: int = 0

@@ -83,7 +83,9 @@ def run_probe(request: Mapping[str, Any], timeout: float = 600.0, python: str = 
     if not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         return ProbeResult(batch, sequences, error=f"the probe exited with code {done.returncode}: " + " | ".join(tail))
-    return ProbeResult.from_dict(json.loads(lines[-1]))
+    return dataclasses.replace(
+        ProbeResult.from_dict(json.loads(lines[-1])), accumulate=int(request.get("accumulate", 1))
+    )
 
 
 def fits_budget(result: ProbeResult, limit: int) -> bool:
@@ -299,14 +301,16 @@ def _context(results: list[ProbeResult]) -> int:
 
 
 def _describe(r: ProbeResult, budget: Budget, noun: str = "probe") -> str:
+    # accumulating: the step ran two micro-batches, keeping the first's gradients, as the batch's accumulation will
+    at = f"{noun} b={r.micro_batch}" + (" accumulating" if r.accumulate > 1 else "")
     if r.error:
-        return f"{noun} b={r.micro_batch}: failed: {r.error}"
+        return f"{at}: failed: {r.error}"
     if r.oom:
-        return f"{noun} b={r.micro_batch}: out of memory"
+        return f"{at}: out of memory"
     gib = 1024**3
     retries = f", {r.num_alloc_retries} allocator retries" if r.num_alloc_retries else ""
     drift = f", rose {r.drift / gib:.2f} GiB after warm-up" if r.drift else ""
     return (
-        f"{noun} b={r.micro_batch}: peak reserved {r.max_reserved / gib:.2f} GiB + context {r.context / gib:.2f} "
+        f"{at}: peak reserved {r.max_reserved / gib:.2f} GiB + context {r.context / gib:.2f} "
         f"GiB = {r.footprint / budget.gpu_total:.0%} of the GPU{retries}{drift} ({r.seconds:.1f} s)"
     )

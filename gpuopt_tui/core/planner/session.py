@@ -424,6 +424,7 @@ def _traced_probe(inputs: PlanInputs) -> Callable[[Mapping[str, Any]], ProbeResu
         return ProbeResult(
             setup.micro_batch,
             setup.sequences,
+            setup.accumulate,
             max_reserved=est.reserved,
             max_allocated=est.allocated,
             context=context,

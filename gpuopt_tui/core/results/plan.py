@@ -111,6 +111,7 @@ def _probes(measured: Mapping[str, Any]) -> Probes:
         ProbeResult(
             micro_batch=int(p["micro_batch"]),
             sequences=int(p["sequences"]),
+            accumulate=int(p.get("accumulate", 1)),  # plans saved before probes ran at the batch's accumulation
             oom=bool(p["oom"]),
             max_reserved=int(p["peak_reserved"]),
             max_allocated=int(p["peak_allocated"]),
