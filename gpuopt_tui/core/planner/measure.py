@@ -65,7 +65,7 @@ def probe_env() -> dict[str, str]:
 
 def run_probe(request: Mapping[str, Any], timeout: float = 600.0, python: str = sys.executable) -> ProbeResult:
     """Run one probe in a fresh Python process and return what it measured."""
-    batch = int(request["micro_batch"])
+    batch, accumulate = int(request["micro_batch"]), int(request.get("accumulate", 1))
     sequences = batch * (1 + int(request.get("n_positives", 0)) + int(request.get("n_negatives", 0)))
     try:
         done = subprocess.run(
@@ -78,14 +78,13 @@ def run_probe(request: Mapping[str, Any], timeout: float = 600.0, python: str = 
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return ProbeResult(batch, sequences, error=f"the probe took longer than {timeout:.0f} s")
+        return ProbeResult(batch, sequences, accumulate, error=f"the probe took longer than {timeout:.0f} s")
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        return ProbeResult(batch, sequences, error=f"the probe exited with code {done.returncode}: " + " | ".join(tail))
-    return dataclasses.replace(
-        ProbeResult.from_dict(json.loads(lines[-1])), accumulate=int(request.get("accumulate", 1))
-    )
+        failed = f"the probe exited with code {done.returncode}: " + " | ".join(tail)
+        return ProbeResult(batch, sequences, accumulate, error=failed)
+    return dataclasses.replace(ProbeResult.from_dict(json.loads(lines[-1])), accumulate=accumulate)
 
 
 def fits_budget(result: ProbeResult, limit: int) -> bool:
