@@ -510,12 +510,14 @@ def dattri_row(
 ) -> dict[str, Any]:  # fmt: skip
     """dattri's LoGra on the first --dattri-train rows x the query set: its rate beside the cold run's, and its
     Spearman against `exact` (the first rows x the first queries)."""
-    rows = train[: max(args.dattri_train, exact.shape[1])]
-    got = dattri_logra_scores(model, tokenizer, checkpoints, rows, queries, args.projection, args.dattri_batch,
-                              args.dattri_fp32)  # fmt: skip
+    cpu = torch.device("cpu")
+    rows = [token_ids(tokenizer, r, cpu) for r in train[: max(args.dattri_train, exact.shape[1])]]
+    asked = [token_ids(tokenizer, q, cpu) for q in queries]
+    got = dattri_logra_scores(model, tokenizer.pad_token_id, checkpoints, rows, asked, args.projection,
+                              args.dattri_batch, args.dattri_fp32)  # fmt: skip
     theirs = got["scores"][: exact.shape[0], : exact.shape[1]]
     rho = spearman_per_query(theirs, exact)
-    tokens = sum(len(token_ids(tokenizer, r, torch.device("cpu"))[0]) for r in rows)
+    tokens = sum(len(ids) for ids, _ in rows)
     ours = (cold or {}).get("summary", {}).get("timing", {}).get("train_examples_per_s")
     return {
         "row": f"dattri {version('dattri')} LoGra ({got['settings']}) on {len(rows)} train x {len(queries)} queries",

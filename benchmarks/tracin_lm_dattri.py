@@ -30,16 +30,12 @@ def lora_sub_layers(model: nn.Module) -> list[str]:
     ]
 
 
-def padded_rows(tokenizer: Any, rows: list[dict[str, Any]]) -> list[dict[str, Tensor]]:
-    """Each row's [prompt | completion] ids (prompt with the tokenizer's special tokens, completion without) and
-    its labels (-100 on the prompt)."""
+def labelled(rows: list[tuple[Tensor, int]]) -> list[dict[str, Tensor]]:
+    """Each row's [prompt | completion] ids (with its prompt's length) and its labels (-100 on the prompt)."""
     out = []
-    for row in rows:
-        prompt = tokenizer(row["prompt"])["input_ids"]
-        completion = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
-        ids = torch.tensor(prompt + completion)
+    for ids, n_prompt in rows:
         labels = ids.clone()
-        labels[: len(prompt)] = -100
+        labels[:n_prompt] = -100
         out.append({"input_ids": ids, "labels": labels})
     return out
 
@@ -71,10 +67,11 @@ def completion_loss(model: nn.Module, data: dict[str, Tensor], device: str, auto
 
 
 def dattri_logra_scores(
-    model: nn.Module, tokenizer: Any, checkpoints: list[dict[str, Any]], train: list[dict[str, Any]],
-    queries: list[dict[str, Any]], projection: int, batch: int, fp32: bool,
+    model: nn.Module, pad_id: int, checkpoints: list[dict[str, Any]], train: list[tuple[Tensor, int]],
+    queries: list[tuple[Tensor, int]], projection: int, batch: int, fp32: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    """([queries, train] scores, seconds, peak GPU memory, settings) of dattri's LoGra (see the module docstring)."""
+    """([queries, train] scores, seconds, peak GPU memory, settings) of dattri's LoGra (see the module docstring) on
+    rows given as (token ids of [prompt | completion], prompt length)."""
     import peft
     from dattri.algorithm.logra import LoGraAttributor
     from dattri.task import AttributionTask
@@ -84,8 +81,8 @@ def dattri_logra_scores(
     device = next(model.parameters()).device
     autocast = device.type == "cuda" and not fp32
     layers = lora_sub_layers(model)
-    pad = collate(tokenizer.pad_token_id)
-    train_rows, query_rows = padded_rows(tokenizer, train), padded_rows(tokenizer, queries)
+    pad = collate(pad_id)
+    train_rows, query_rows = labelled(train), labelled(queries)
 
     def load(model: nn.Module, path: str) -> nn.Module:
         state = load_file(str(Path(path) / "adapter_model.safetensors"))

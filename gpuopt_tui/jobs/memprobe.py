@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_leaves
 
 from gpuopt_tui.core.planner.measure import ALLOC_CONF
 from gpuopt_tui.core.planner.model_spec import ENCODERS
-from gpuopt_tui.core.planner.train_setup import TrainSetup
+from gpuopt_tui.core.planner.train_setup import fused_adamw
 
 LORA_ALPHA = 16.0
 _IN_LAYER = re.compile(r"\.\d+\.")  # module paths inside a stack of layers: "encoder.layer.3.attention..."
@@ -252,10 +252,10 @@ def make_optimizer(
     params: list[nn.Parameter], request: Mapping[str, Any], foreach: bool | None = None
 ) -> torch.optim.Optimizer:
     """The optimizer the request names, as its loop builds it: torch's fused AdamW where the loop's is
-    (`TrainSetup.fused_adamw`), else `foreach` (None: torch's default for the parameters' device)."""
+    (`fused_adamw`), else `foreach` (None: torch's default for the parameters' device)."""
     name = request["optimizer"]
     if name == "adamw":
-        fused = TrainSetup(optimizer=name, loop=request.get("loop", "lightning")).fused_adamw
+        fused = fused_adamw(name, request.get("loop", "lightning"))
         return torch.optim.AdamW(params, lr=1e-5, **({"fused": True} if fused else {"foreach": foreach}))
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)

@@ -214,13 +214,12 @@ def probes_text(probes: Sequence[ProbeResult], limit: int, confirmed: int) -> Te
     included), those that did not fit `limit` marked, and the `confirmed` micro-batch."""
     parts: list[Text] = []
     for r in probes:
-        at = f"b={r.micro_batch}" + (" accumulating" if r.accumulate > 1 else "")
         if not r.ok:
-            parts.append(Text(f"{at} {'out of memory' if r.oom else 'failed'}", style="red"))
+            parts.append(Text(f"{r.label} {'out of memory' if r.oom else 'failed'}", style="red"))
             continue
         retries = f", {r.num_alloc_retries} allocator retries" if r.num_alloc_retries else ""
         over = " over the budget" if r.footprint > limit else ""
-        part = Text(f"{at} {human_bytes(r.footprint)}{over}{retries}")
+        part = Text(f"{r.label} {human_bytes(r.footprint)}{over}{retries}")
         if not fits_budget(r, limit):
             part.stylize("yellow")
         elif r.micro_batch == confirmed:

@@ -45,6 +45,12 @@ class ProbeResult:
         return not self.oom and not self.error
 
     @property
+    def label(self) -> str:
+        """ "b=8", or "b=8 accumulating" for a step of two micro-batches that kept the first's gradients (as the
+        batch's accumulation will)."""
+        return f"b={self.micro_batch}" + (" accumulating" if self.accumulate > 1 else "")
+
+    @property
     def footprint(self) -> int:
         """The process's peak on the GPU: torch's reserved memory plus the context."""
         return self.max_reserved + self.context

@@ -300,8 +300,7 @@ def _context(results: list[ProbeResult]) -> int:
 
 
 def _describe(r: ProbeResult, budget: Budget, noun: str = "probe") -> str:
-    # accumulating: the step ran two micro-batches, keeping the first's gradients, as the batch's accumulation will
-    at = f"{noun} b={r.micro_batch}" + (" accumulating" if r.accumulate > 1 else "")
+    at = f"{noun} {r.label}"
     if r.error:
         return f"{at}: failed: {r.error}"
     if r.oom:

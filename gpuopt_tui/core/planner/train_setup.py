@@ -26,6 +26,7 @@ OPTIMIZER_TEMP = {"adamw": 4.0, "sgd": 0.0, "adam8bit": 0.0}
 # at micro-batch 1 peaked in its update (its 2.9 GiB list of square roots), 8.7% above the Trainer's real peak, which
 # was its backward's (benchmarks/results/planner_recommend_all_H200.md)
 FUSED_ADAMW_LOOPS = ("hf",)
+
 MAX_BATCH = 1 << 20  # the largest micro-batch a search tries
 # The most of each count that any GPU could hold, whatever the model (a larger value is a slip of the keyboard):
 # sequences in a micro-batch or per anchor, tokens in a sequence, LoRA's rank
@@ -42,6 +43,11 @@ def out_of_range(name: str, value: int) -> str:
     """What a TrainSetup count `name` must be when `value` is above its maximum, else ""."""
     most = MAXIMA.get(name)
     return f"expected at most {most:,}: no GPU holds more" if most is not None and value > most else ""
+
+
+def fused_adamw(optimizer: str, loop: str) -> bool:
+    """Whether `optimizer` in `loop` is torch's fused AdamW (`FUSED_ADAMW_LOOPS`), which steps without temporaries."""
+    return optimizer == "adamw" and loop in FUSED_ADAMW_LOOPS
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,8 @@ class TrainSetup:
 
     @property
     def fused_adamw(self) -> bool:
-        """Whether the loop's AdamW is torch's fused one (`FUSED_ADAMW_LOOPS`), which steps without temporaries."""
-        return self.optimizer == "adamw" and self.loop in FUSED_ADAMW_LOOPS
+        """Whether the loop's AdamW is torch's fused one (`fused_adamw`)."""
+        return fused_adamw(self.optimizer, self.loop)
 
     @property
     def optimizer_temp(self) -> float:
