@@ -148,6 +148,10 @@ def test_the_next_divisor_inside_the_kept_back_share_is_named() -> None:
     assert too_big.within_reserve is None  # 32 x 2 over the budget itself
     approx = recommend(linear(GIB, per_sequence), setup, budget, target=64, mode="approx", headroom=0.05)
     assert approx.within_reserve is None  # approx mode takes the largest micro-batch anyway
+    # an effective batch of twice a 19-digit prime: its only divisor above 2 is out of reach of any budget, and
+    # looking for it stops at the largest micro-batch the budget holds instead of counting up to the prime
+    huge = recommend(linear(GIB, per_sequence), setup, budget, target=2 * (2**61 - 1), headroom=0.05)
+    assert huge.chosen.micro_batch == 2 and huge.within_reserve is None
 
 
 def _peak_model(base: int, per_sequence: int, kept: int):

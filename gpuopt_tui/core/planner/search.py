@@ -351,7 +351,10 @@ def _within_reserve(
     if mode != "exact" or target % setup.n_gpus:
         return None
     per_gpu = target // setup.n_gpus
-    bigger = next((d for d in range(chosen.micro_batch + 1, per_gpu + 1) if per_gpu % d == 0), None)
+    # no divisor beyond the largest micro-batch within the whole budget can fit it: at most that many remainders,
+    # whatever the target (as in `accumulation`)
+    upper = min(per_gpu, largest_batch_for(peak, setup, budget.limit, target))
+    bigger = next((d for d in range(chosen.micro_batch + 1, upper + 1) if per_gpu % d == 0), None)
     if bigger is None:
         return None
     found = candidate("next divisor", peak, setup.with_batch(bigger, per_gpu // bigger), budget, target, budget.limit)
